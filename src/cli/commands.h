@@ -1,0 +1,48 @@
+#pragma once
+// One function per `promptly` sub-command; main.cpp parses flags into these option structs.
+#include <cstdint>
+#include <string>
+
+#include "engine/generate.h"
+
+namespace promptly::cli {
+
+struct RunOptions {
+  std::string model;  // empty: generate and use the demo model
+  std::string prompt;
+  std::string prompt_file;
+  GenerateOptions gen;
+  int threads = 0;
+  bool json = false;
+  bool no_bos = false;
+  bool parse_special = false;
+};
+int run(const RunOptions& o);
+
+struct InfoOptions {
+  std::string model;
+  bool tensors = false;
+  bool metadata = false;
+};
+int info(const InfoOptions& o);
+
+struct GenModelOptions {
+  std::string preset = "tiny";
+  std::string dtype = "F32";
+  std::string out;
+  std::uint64_t seed = 42;
+  std::string chat_template_file;
+  int threads = 0;
+};
+int gen_model(const GenModelOptions& o);
+
+struct QuantizeOptions {
+  std::string in, out, type;
+  int threads = 0;
+};
+int quantize(const QuantizeOptions& o);
+
+// Path of the demo model, generated on first use (tiny preset), for `run` without -m.
+std::string ensure_demo_model(int threads);
+
+}  // namespace promptly::cli

@@ -1,0 +1,65 @@
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "convert/quantize.h"
+#include "convert/synthetic_model.h"
+#include "util/clock.h"
+#include "util/error.h"
+
+namespace promptly::cli {
+
+int gen_model(const GenModelOptions& o) {
+  const SyntheticModelSpec spec = synthetic_preset(o.preset);
+  const auto dtype = dtype_from_name(o.dtype);
+  if (!dtype) throw Error("unknown --dtype '" + o.dtype + "'; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K");
+  std::string tmpl;
+  if (!o.chat_template_file.empty()) {
+    std::ifstream in(o.chat_template_file, std::ios::binary);
+    if (!in) throw Error("cannot read chat template '" + o.chat_template_file + "'");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    tmpl = ss.str();
+  }
+  ThreadPool pool(o.threads > 0 ? o.threads : default_thread_count());
+  const auto t0 = SteadyClock::now();
+  write_synthetic_model(spec, *dtype, o.seed, o.out, pool, tmpl);
+  std::fprintf(stderr, "wrote %s (preset %s, %s, %.1f MB) in %.1f s\n", o.out.c_str(), o.preset.c_str(), o.dtype.c_str(),
+               static_cast<double>(std::filesystem::file_size(o.out)) / 1e6, seconds_since(t0));
+  return 0;
+}
+
+int quantize(const QuantizeOptions& o) {
+  ThreadPool pool(o.threads > 0 ? o.threads : default_thread_count());
+  const auto t0 = SteadyClock::now();
+  const std::string summary = quantize_model(o.in, o.out, o.type, pool);
+  std::fprintf(stderr, "%s (%.1f s)\n", summary.c_str(), seconds_since(t0));
+  return 0;
+}
+
+std::string ensure_demo_model(int threads) {
+  namespace fs = std::filesystem;
+  fs::path dir;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+    dir = fs::path(xdg) / "promptly";
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    dir = fs::path(home) / ".cache" / "promptly";
+  } else {
+    dir = fs::temp_directory_path() / "promptly";
+  }
+  const fs::path path = dir / "demo-tiny-f32.gguf";
+  if (fs::exists(path)) return path.string();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error("cannot create cache directory '" + dir.string() + "': " + ec.message());
+  ThreadPool pool(threads);
+  const fs::path tmp = path.string() + ".tmp";
+  write_synthetic_model(synthetic_preset("tiny"), DType::F32, 42, tmp.string(), pool);
+  fs::rename(tmp, path);  // atomic: a concurrent run never sees half a file
+  return path.string();
+}
+
+}  // namespace promptly::cli

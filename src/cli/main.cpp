@@ -1,0 +1,76 @@
+// `promptly`: the command line. Flag parsing lives here; each command is in its own file.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+#include "util/error.h"
+
+using namespace promptly;
+
+int main(int argc, char** argv) {
+  CLI::App app{"Promptly: low-latency LLM inference for GGUF models"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "promptly 0.1.0");
+
+  cli::RunOptions run;
+  auto* run_cmd = app.add_subcommand("run", "Generate a continuation of a prompt, streaming it to stdout");
+  run_cmd->add_option("-m,--model", run.model, "GGUF model file (default: a generated demo model)");
+  run_cmd->add_option("-p,--prompt", run.prompt, "Prompt text (empty: start from BOS alone)");
+  run_cmd->add_option("-f,--file", run.prompt_file, "Read the prompt from a file");
+  run_cmd->add_option("-n,--n-predict", run.gen.max_tokens, "Tokens to generate (-1: until the context is full)")->capture_default_str();
+  run_cmd->add_option("--temp", run.gen.sampling.temperature, "Temperature (0: greedy)")->capture_default_str();
+  run_cmd->add_option("--top-k", run.gen.sampling.top_k, "Top-k (0: off)")->capture_default_str();
+  run_cmd->add_option("--top-p", run.gen.sampling.top_p, "Top-p (1: off)")->capture_default_str();
+  run_cmd->add_option("--min-p", run.gen.sampling.min_p, "Min-p (0: off)")->capture_default_str();
+  run_cmd->add_option("--repeat-penalty", run.gen.sampling.repeat_penalty, "Repetition penalty (1: off)")->capture_default_str();
+  run_cmd->add_option("--repeat-last-n", run.gen.sampling.repeat_last_n, "Tokens the penalties look back over")->capture_default_str();
+  run_cmd->add_option("--presence-penalty", run.gen.sampling.presence_penalty, "Presence penalty")->capture_default_str();
+  run_cmd->add_option("--frequency-penalty", run.gen.sampling.frequency_penalty, "Frequency penalty")->capture_default_str();
+  run_cmd->add_option("-s,--seed", run.gen.sampling.seed, "Sampling seed")->capture_default_str();
+  run_cmd->add_option("-t,--threads", run.threads, "Threads (default: all cores)");
+  run_cmd->add_option("-c,--ctx-size", run.gen.ctx_size, "Context size (default: the model's)");
+  run_cmd->add_option("-b,--batch-size", run.gen.prefill_chunk, "Prompt tokens per forward pass")->capture_default_str();
+  run_cmd->add_flag("--ignore-eos", run.gen.ignore_eos, "Keep generating past end-of-generation tokens");
+  run_cmd->add_flag("--no-bos", run.no_bos, "Do not add BOS/EOS to the prompt");
+  run_cmd->add_flag("--special", run.parse_special, "Parse control tokens written in the prompt");
+  run_cmd->add_flag("--json", run.json, "Print one JSON object with ids, text and timings instead of streaming");
+
+  cli::InfoOptions info;
+  auto* info_cmd = app.add_subcommand("info", "Describe a GGUF model: architecture, shape, tensor types, tokenizer");
+  info_cmd->add_option("model", info.model, "GGUF file")->required();
+  info_cmd->add_flag("--tensors", info.tensors, "List every tensor");
+  info_cmd->add_flag("--metadata", info.metadata, "List every metadata key");
+
+  cli::GenModelOptions gen;
+  auto* gen_cmd = app.add_subcommand("gen-model", "Write a random-weight model with a real shape");
+  gen_cmd->add_option("--preset", gen.preset, "tiny, tiny-qwen2, 125m, tinyllama-1.1b")->capture_default_str();
+  gen_cmd->add_option("--dtype", gen.dtype, "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K")->capture_default_str();
+  gen_cmd->add_option("-o,--output", gen.out, "Output GGUF path")->required();
+  gen_cmd->add_option("--seed", gen.seed, "Weight seed")->capture_default_str();
+  gen_cmd->add_option("--chat-template", gen.chat_template_file, "Jinja chat template file to embed");
+  gen_cmd->add_option("-t,--threads", gen.threads, "Threads");
+
+  cli::QuantizeOptions quant;
+  auto* quant_cmd = app.add_subcommand("quantize", "Convert a GGUF model's matrices to another type");
+  quant_cmd->add_option("input", quant.in, "Input GGUF")->required();
+  quant_cmd->add_option("output", quant.out, "Output GGUF")->required();
+  quant_cmd->add_option("type", quant.type, "Q8_0, Q4_0, Q4_K, Q4_K_M, Q6_K, F16, BF16, F32")->required();
+  quant_cmd->add_option("-t,--threads", quant.threads, "Threads");
+
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (*run_cmd) return cli::run(run);
+    if (*info_cmd) return cli::info(info);
+    if (*gen_cmd) return cli::gen_model(gen);
+    if (*quant_cmd) return cli::quantize(quant);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

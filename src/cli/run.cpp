@@ -1,0 +1,74 @@
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+#include "util/clock.h"
+#include "util/error.h"
+
+namespace promptly::cli {
+
+int run(const RunOptions& o) {
+  const int threads = o.threads > 0 ? o.threads : default_thread_count();
+  std::string model_path = o.model;
+  if (model_path.empty()) {
+    model_path = ensure_demo_model(threads);
+    std::fprintf(stderr, "no model given (-m); using the generated demo model %s (random weights)\n", model_path.c_str());
+  }
+  std::string prompt = o.prompt;
+  if (!o.prompt_file.empty()) {
+    std::ifstream in(o.prompt_file, std::ios::binary);
+    if (!in) throw Error("cannot read prompt file '" + o.prompt_file + "'");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    prompt = ss.str();
+  }
+
+  const auto t_load = SteadyClock::now();
+  std::shared_ptr<const gguf::File> file = gguf::File::open(model_path);
+  Model model(file);
+  Tokenizer tokenizer(Vocab::from_gguf(*file));
+  ThreadPool pool(threads);
+  const double load_ms = seconds_since(t_load) * 1000.0;
+
+  std::vector<std::int32_t> prompt_ids = tokenizer.encode(prompt, !o.no_bos, o.parse_special);
+  if (prompt_ids.empty()) {
+    if (tokenizer.vocab().bos < 0) throw Error("empty prompt and the model has no BOS token to start from");
+    prompt_ids.push_back(tokenizer.vocab().bos);
+  }
+
+  auto stream = [&](const std::string& text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  };
+  if (!o.json) stream(prompt);
+  const GenerateResult r = generate(model, tokenizer, prompt_ids, o.gen, pool, o.json ? nullptr : std::function<void(const std::string&)>(stream));
+  const GenerateTimings& t = r.timings;
+
+  if (o.json) {
+    nlohmann::json j;
+    j["prompt_ids"] = prompt_ids;
+    j["ids"] = r.ids;
+    j["text"] = r.text;
+    j["finish_reason"] = r.finish_reason;
+    j["timings"] = {{"load_ms", load_ms}, {"ttft_ms", t.ttft_ms}, {"prompt_ms", t.prompt_ms}, {"prompt_tps", t.prompt_tps()},
+                    {"gen_ms", t.gen_ms}, {"gen_tps", t.gen_tps()}, {"n_prompt", t.n_prompt}, {"n_gen", t.n_gen},
+                    {"threads", threads}};
+    // Invalid UTF-8 cannot occur in text (the detokenizer holds partial sequences), but replace rather than throw.
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("\n");
+    std::fprintf(stderr,
+                 "\nload: %.1f ms | prompt: %zu tokens, %.1f tokens/s | time to first token: %.1f ms | "
+                 "generation: %zu tokens, %.1f tokens/s | threads: %d | finish: %s\n",
+                 load_ms, t.n_prompt, t.prompt_tps(), t.ttft_ms, t.n_gen, t.gen_tps(), threads, r.finish_reason.c_str());
+  }
+  return 0;
+}
+
+}  // namespace promptly::cli

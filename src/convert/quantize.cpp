@@ -1,0 +1,93 @@
+#include "convert/quantize.h"
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "convert/file_type.h"
+#include "gguf/writer.h"
+#include "tensor/quant.h"
+#include "util/error.h"
+
+namespace promptly {
+namespace {
+
+// llama.cpp's rule for which layers get more bits in the _M mixes: the first and last eighth of the
+// layers and every third layer in between.
+bool use_more_bits(int layer, int n_layers) {
+  return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
+}
+
+int layer_of(const std::string& name) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  return std::atoi(name.c_str() + 4);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+std::string quantize_model(const std::string& in_path, const std::string& out_path, const std::string& target,
+                           ThreadPool& pool) {
+  const bool mix_m = target == "Q4_K_M";
+  const auto base = dtype_from_name(mix_m ? "Q4_K" : target);
+  if (!base || !can_quantize_to(*base)) {
+    throw Error("cannot quantize to '" + target + "'; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q4_K_M, Q6_K");
+  }
+  if (in_path == out_path) throw Error("quantize: the output must be a different file from the input");
+  std::shared_ptr<gguf::File> in = gguf::File::open(in_path);
+
+  int n_layers = 0;
+  for (const auto& t : in->tensors()) n_layers = std::max(n_layers, layer_of(t.name) + 1);
+
+  gguf::Writer w;
+  for (const auto& [key, value] : in->metadata()) w.set(key, value);
+  w.set_u32("general.file_type", mix_m ? kFileTypeQ4_K_M : file_type_for(*base));
+  w.set_u32("general.quantization_version", 2);
+
+  std::map<std::string, int> counts;
+  for (const gguf::TensorInfo& t : in->tensors()) {
+    DType type = t.type;
+    if (t.dims.size() >= 2 && ends_with(t.name, ".weight")) {
+      type = *base;
+      if (mix_m) {
+        const int layer = layer_of(t.name);
+        if (t.name == "output.weight" ||
+            ((ends_with(t.name, "attn_v.weight") || ends_with(t.name, "ffn_down.weight")) && use_more_bits(layer, n_layers))) {
+          type = DType::Q6_K;
+        }
+      }
+      // Rows that do not divide into the format's blocks fall back, as llama.cpp does.
+      if (t.dims[0] % dtype_info(type).block_size != 0) type = t.dims[0] % kQK8_0 == 0 ? DType::Q8_0 : DType::F16;
+      if (!dtype_info(t.type).supported) {
+        throw Error("cannot requantize tensor '" + t.name + "' of unsupported type " + std::string(dtype_name(t.type)));
+      }
+    }
+    ++counts[std::string(dtype_name(type))];
+    const gguf::TensorInfo* src = &t;
+    w.add_tensor(t.name, t.dims, type, [src, type, &pool](std::uint8_t* out) {
+      if (type == src->type) {
+        std::copy_n(src->data, src->n_bytes, out);
+        return;
+      }
+      const std::size_t cols = src->dims[0];
+      const std::size_t in_stride = row_bytes(src->type, cols), out_stride = row_bytes(type, cols);
+      pool.parallel_for(src->rows(), 16, [&](std::size_t begin, std::size_t end, int) {
+        std::vector<float> row(cols);
+        for (std::size_t r = begin; r < end; ++r) {
+          dequantize_row(src->type, src->data + r * in_stride, row.data(), cols);
+          quantize_row(type, row.data(), out + r * out_stride, cols);
+        }
+      });
+    });
+  }
+  w.write(out_path);
+
+  std::string summary = "wrote " + out_path + ":";
+  for (const auto& [name, n] : counts) summary.append(" ").append(std::to_string(n)).append(" x ").append(name);
+  return summary;
+}
+
+}  // namespace promptly

@@ -1,0 +1,199 @@
+#include "convert/synthetic_model.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "convert/file_type.h"
+#include "gguf/writer.h"
+#include "tensor/quant.h"
+#include "util/error.h"
+
+namespace promptly {
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [-a, a] with a = sqrt(3) * stddev; each row has its own stream, so rows can be
+// generated in parallel and the file is the same for any thread count.
+void random_row(float* out, std::size_t n, float stddev, std::uint64_t seed) {
+  std::uint64_t state = seed;
+  const float a = std::sqrt(3.0f) * stddev;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double u = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
+    out[i] = static_cast<float>((2.0 * u - 1.0) * a);
+  }
+}
+
+const char* const kWords[] = {
+    "the", "and", "was", "to", "a", "he", "she", "it", "of", "in", "you", "that", "his", "her", "they", "with",
+    "for", "on", "said", "day", "one", "time", "little", "big", "happy", "play", "friend", "friends", "upon",
+    "once", "there", "girl", "boy", "named", "loved", "mom", "dad", "saw", "wanted", "went", "very", "not",
+    "but", "so", "is", "are", "were", "be", "have", "had", "do", "did", "can", "could", "would", "will", "what",
+    "when", "where", "who", "how", "why", "this", "these", "those", "from", "at", "by", "up", "down", "out",
+    "all", "some", "more", "like", "good", "new", "first", "last", "long", "great", "old", "right", "people",
+    "water", "world", "work", "know", "think", "make", "take", "see", "come", "look", "want", "give", "use",
+    "find", "tell", "ask", "feel", "try", "leave", "call", "hello", "help", "thank", "thanks", "please", "yes",
+    "no", "model", "answer", "question", "chat", "token", "server", "fast", "code", "data", "user", "system",
+    "assistant", "function", "return", "value", "string", "number", "list", "file", "name", "about", "because",
+};
+
+}  // namespace
+
+std::vector<std::string> synthetic_preset_names() { return {"tiny", "tiny-qwen2", "125m", "tinyllama-1.1b"}; }
+
+SyntheticModelSpec synthetic_preset(const std::string& name) {
+  SyntheticModelSpec s;
+  s.preset = name;
+  if (name == "tiny") {
+    s.n_layer = 2; s.n_embd = 256; s.n_head = 4; s.n_head_kv = 2; s.n_ff = 768; s.n_vocab = 1024; s.n_ctx = 2048;
+  } else if (name == "tiny-qwen2") {
+    s.arch = "qwen2";
+    s.n_layer = 2; s.n_embd = 256; s.n_head = 4; s.n_head_kv = 2; s.n_ff = 768; s.n_vocab = 1024; s.n_ctx = 4096;
+    s.rope_freq_base = 1000000.0f;
+  } else if (name == "125m") {
+    s.n_layer = 12; s.n_embd = 768; s.n_head = 12; s.n_head_kv = 12; s.n_ff = 2048; s.n_vocab = 32000; s.n_ctx = 2048;
+  } else if (name == "tinyllama-1.1b") {
+    s.n_layer = 22; s.n_embd = 2048; s.n_head = 32; s.n_head_kv = 4; s.n_ff = 5632; s.n_vocab = 32000; s.n_ctx = 8192;
+  } else {
+    std::string names;
+    for (const auto& n : synthetic_preset_names()) names += (names.empty() ? "" : ", ") + n;
+    throw Error("unknown preset '" + name + "'; available: " + names);
+  }
+  return s;
+}
+
+SyntheticVocab synthetic_vocab(std::uint32_t n_vocab) {
+  SyntheticVocab v;
+  std::set<std::string> seen;
+  auto add = [&](const std::string& piece, std::int32_t type) {
+    if (v.tokens.size() >= n_vocab || !seen.insert(piece).second) return;
+    v.scores.push_back(type == 1 ? -static_cast<float>(v.tokens.size()) : 0.0f);
+    v.tokens.push_back(piece);
+    v.types.push_back(type);
+  };
+  const std::string sp = "\xe2\x96\x81";
+  add("<unk>", 2);
+  add("<s>", 3);
+  add("</s>", 3);
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    add(name, 6);
+  }
+  if (v.tokens.size() < 259) throw Error("a synthetic vocabulary needs at least 259 tokens");
+  add(sp, 1);
+  for (char c = 32; c < 127; ++c) {
+    if (c != ' ') add(std::string(1, c), 1);
+  }
+  for (char c = 'a'; c <= 'z'; ++c) add(sp + c, 1);
+  for (char c = 'A'; c <= 'Z'; ++c) add(sp + c, 1);
+  for (const char* w : kWords) {  // every prefix, so SentencePiece merges can reach the whole word
+    const std::string word = w;
+    for (std::size_t len = 2; len <= word.size(); ++len) add(sp + word.substr(0, len), 1);
+    std::string cap = word;
+    cap[0] = static_cast<char>(cap[0] - 'a' + 'A');
+    for (std::size_t len = 2; len <= cap.size(); ++len) add(sp + cap.substr(0, len), 1);
+  }
+  for (char a = 'a'; a <= 'z'; ++a)
+    for (char b = 'a'; b <= 'z'; ++b) add(std::string{a, b}, 1);
+  for (char a = 'a'; a <= 'z'; ++a)
+    for (char b = 'a'; b <= 'z'; ++b) add(sp + std::string{a, b}, 1);
+  for (char a = 'a'; a <= 'z' && v.tokens.size() < n_vocab; ++a)
+    for (char b = 'a'; b <= 'z'; ++b)
+      for (char c = 'a'; c <= 'z'; ++c) add(std::string{a, b, c}, 1);
+  for (std::uint32_t i = 0; v.tokens.size() < n_vocab; ++i) add("<unused" + std::to_string(i) + ">", 5);
+  return v;
+}
+
+void write_synthetic_model(const SyntheticModelSpec& s, DType dtype, std::uint64_t seed, const std::string& path,
+                           ThreadPool& pool, const std::string& chat_template) {
+  if (!can_quantize_to(dtype)) throw Error("gen-model cannot write " + std::string(dtype_name(dtype)));
+  const std::uint32_t head_dim = s.n_embd / s.n_head;
+  gguf::Writer w;
+  const std::string a = s.arch + ".";
+  w.set_string("general.architecture", s.arch);
+  w.set_string("general.name", "promptly-synthetic-" + s.preset);
+  w.set_u32("general.file_type", file_type_for(dtype));
+  w.set_u32("general.quantization_version", 2);
+  w.set_u32(a + "context_length", s.n_ctx);
+  w.set_u32(a + "embedding_length", s.n_embd);
+  w.set_u32(a + "block_count", s.n_layer);
+  w.set_u32(a + "feed_forward_length", s.n_ff);
+  w.set_u32(a + "attention.head_count", s.n_head);
+  w.set_u32(a + "attention.head_count_kv", s.n_head_kv);
+  w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
+  w.set_f32(a + "rope.freq_base", s.rope_freq_base);
+  w.set_u32(a + "rope.dimension_count", head_dim);
+
+  const SyntheticVocab vocab = synthetic_vocab(s.n_vocab);
+  w.set_string("tokenizer.ggml.model", "llama");
+  w.set_string("tokenizer.ggml.pre", "default");
+  w.set_string_array("tokenizer.ggml.tokens", vocab.tokens);
+  w.set_f32_array("tokenizer.ggml.scores", vocab.scores);
+  w.set_i32_array("tokenizer.ggml.token_type", vocab.types);
+  w.set_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.set_u32("tokenizer.ggml.bos_token_id", 1);
+  w.set_u32("tokenizer.ggml.eos_token_id", 2);
+  w.set_bool("tokenizer.ggml.add_bos_token", true);
+  w.set_bool("tokenizer.ggml.add_eos_token", false);
+  w.set_bool("tokenizer.ggml.add_space_prefix", true);
+  if (!chat_template.empty()) w.set_string("tokenizer.chat_template", chat_template);
+
+  std::uint64_t tensor_index = 0;
+  auto matrix = [&](const std::string& name, std::uint32_t cols, std::uint32_t rows, float stddev, DType type) {
+    const std::uint64_t tensor_seed = seed * 0x100000001b3ull + (++tensor_index) * 0x9e3779b97f4a7c15ull;
+    w.add_tensor(name, {cols, rows}, type, [=, &pool](std::uint8_t* out) {
+      const std::size_t stride = row_bytes(type, cols);
+      pool.parallel_for(rows, 64, [&](std::size_t begin, std::size_t end, int) {
+        std::vector<float> row(cols);
+        for (std::size_t r = begin; r < end; ++r) {
+          random_row(row.data(), cols, stddev, tensor_seed ^ (r * 0xd1b54a32d192ed03ull));
+          quantize_row(type, row.data(), out + r * stride, cols);
+        }
+      });
+    });
+  };
+  auto vector = [&](const std::string& name, std::uint32_t n, float value, float jitter) {
+    const std::uint64_t tensor_seed = seed + (++tensor_index) * 0x9e3779b97f4a7c15ull;
+    w.add_tensor(name, {n}, DType::F32, [=](std::uint8_t* out) {
+      std::vector<float> v(n);
+      random_row(v.data(), n, jitter, tensor_seed);
+      for (float& x : v) x += value;
+      std::memcpy(out, v.data(), n * sizeof(float));
+    });
+  };
+
+  const std::uint32_t q_dim = s.n_head * head_dim, kv_dim = s.n_head_kv * head_dim;
+  const float in_embd = 1.0f / std::sqrt(static_cast<float>(s.n_embd));
+  const float residual = 1.0f / std::sqrt(2.0f * s.n_layer);  // keeps the residual stream's variance bounded
+  matrix("token_embd.weight", s.n_embd, s.n_vocab, 1.0f, dtype);
+  vector("output_norm.weight", s.n_embd, 1.0f, 0.0f);
+  matrix("output.weight", s.n_embd, s.n_vocab, 3.0f * in_embd, dtype);
+  for (std::uint32_t i = 0; i < s.n_layer; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    vector(p + "attn_norm.weight", s.n_embd, 1.0f, 0.0f);
+    matrix(p + "attn_q.weight", s.n_embd, q_dim, in_embd, dtype);
+    matrix(p + "attn_k.weight", s.n_embd, kv_dim, in_embd, dtype);
+    matrix(p + "attn_v.weight", s.n_embd, kv_dim, in_embd, dtype);
+    if (s.arch == "qwen2") {
+      vector(p + "attn_q.bias", q_dim, 0.0f, 0.1f);
+      vector(p + "attn_k.bias", kv_dim, 0.0f, 0.1f);
+      vector(p + "attn_v.bias", kv_dim, 0.0f, 0.1f);
+    }
+    matrix(p + "attn_output.weight", q_dim, s.n_embd, residual / std::sqrt(static_cast<float>(q_dim)), dtype);
+    vector(p + "ffn_norm.weight", s.n_embd, 1.0f, 0.0f);
+    matrix(p + "ffn_gate.weight", s.n_embd, s.n_ff, in_embd, dtype);
+    matrix(p + "ffn_up.weight", s.n_embd, s.n_ff, in_embd, dtype);
+    matrix(p + "ffn_down.weight", s.n_ff, s.n_embd, residual / std::sqrt(static_cast<float>(s.n_ff)) * 2.0f, dtype);
+  }
+  w.write(path);
+}
+
+}  // namespace promptly

@@ -1,0 +1,49 @@
+#pragma once
+// Single-sequence generation: prefill the prompt in chunks, then decode token by token. This is what
+// `promptly run` uses; the multi-request scheduler (issue "KV cache and scheduler") builds on the same
+// Model::forward batches.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "sampling/sampler.h"
+#include "tokenizer/tokenizer.h"
+#include "util/thread_pool.h"
+
+namespace promptly {
+
+struct GenerateOptions {
+  int max_tokens = 128;
+  SamplingParams sampling;
+  bool ignore_eos = false;
+  std::size_t ctx_size = 0;          // 0: the model's training context
+  std::size_t prefill_chunk = 512;   // prompt tokens per forward call
+};
+
+struct GenerateTimings {
+  double prompt_ms = 0;  // prefill wall time
+  double ttft_ms = 0;    // from the start of prefill to the first sampled token
+  double gen_ms = 0;     // decode wall time after the first token
+  std::size_t n_prompt = 0;
+  std::size_t n_gen = 0;
+  double prompt_tps() const { return prompt_ms > 0 ? n_prompt * 1000.0 / prompt_ms : 0; }
+  // The first token's time belongs to the prompt, so generation speed counts the n_gen - 1 after it.
+  double gen_tps() const { return gen_ms > 0 && n_gen > 1 ? (n_gen - 1) * 1000.0 / gen_ms : 0; }
+};
+
+struct GenerateResult {
+  std::vector<std::int32_t> ids;
+  std::string text;
+  std::string finish_reason;  // "stop" (end-of-generation token) or "length"
+  GenerateTimings timings;
+  std::vector<std::vector<float>> logits;  // per generated token, only when asked
+};
+
+// on_text receives each completed UTF-8 piece as soon as it exists.
+GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const std::vector<std::int32_t>& prompt,
+                        const GenerateOptions& options, ThreadPool& pool,
+                        const std::function<void(const std::string&)>& on_text = {}, bool keep_logits = false);
+
+}  // namespace promptly

@@ -1,0 +1,47 @@
+#include "kernels/ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace promptly::kernels {
+
+void rmsnorm(const float* x, const float* weight, std::size_t n, float eps, float* out) {
+  double sum = 0.0;  // double: the mean of squares over thousands of values loses bits in float
+  for (std::size_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  const float scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
+  for (std::size_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+}
+
+void rope(float* x, std::size_t n_rot, const float* inv_freq, float position, bool neox) {
+  const std::size_t half = n_rot / 2;
+  for (std::size_t i = 0; i < half; ++i) {
+    const float theta = position * inv_freq[i];
+    const float c = std::cos(theta), s = std::sin(theta);
+    const std::size_t a = neox ? i : 2 * i;
+    const std::size_t b = neox ? i + half : 2 * i + 1;
+    const float x0 = x[a], x1 = x[b];
+    x[a] = x0 * c - x1 * s;
+    x[b] = x0 * s + x1 * c;
+  }
+}
+
+void softmax(float* x, std::size_t n) {
+  if (n == 0) return;
+  const float mx = *std::max_element(x, x + n);
+  double sum = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (std::size_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void silu_mul(float* gate, const float* up, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+}  // namespace promptly::kernels

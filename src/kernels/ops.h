@@ -1,0 +1,21 @@
+#pragma once
+// The element-wise and row-wise operations of a llama-family layer.
+#include <cstddef>
+
+namespace promptly::kernels {
+
+// out = x / rms(x) * weight
+void rmsnorm(const float* x, const float* weight, std::size_t n, float eps, float* out);
+
+// Rotary position embedding applied in place to one head vector of `head_dim` values, of which the
+// first `n_rot` rotate. `inv_freq[i]` is the angular speed of pair i (n_rot / 2 entries).
+// Normal ordering rotates adjacent pairs (x[2i], x[2i+1]); NeoX ordering rotates (x[i], x[i + n_rot/2]).
+void rope(float* x, std::size_t n_rot, const float* inv_freq, float position, bool neox);
+
+// In place, numerically stable (subtracts the max).
+void softmax(float* x, std::size_t n);
+
+// gate = silu(gate) * up
+void silu_mul(float* gate, const float* up, std::size_t n);
+
+}  // namespace promptly::kernels

@@ -1,0 +1,208 @@
+#include "model/model.h"
+
+#include <cmath>
+#include <string>
+
+#include "kernels/ops.h"
+#include "tensor/quant.h"
+#include "util/error.h"
+
+namespace promptly {
+namespace {
+
+std::string shape_str(const std::vector<std::uint64_t>& dims) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+class TensorLoader {
+ public:
+  explicit TensorLoader(const gguf::File& f) : f_(f) {}
+
+  const gguf::TensorInfo* find(const std::string& name, const std::vector<std::uint64_t>& shape, bool required) {
+    const gguf::TensorInfo* t = f_.find_tensor(name);
+    if (!t) {
+      if (required) throw Error("model '" + f_.path() + "' lacks tensor '" + name + "'");
+      return nullptr;
+    }
+    if (t->dims != shape) {
+      throw Error("model '" + f_.path() + "': tensor '" + name + "' has shape " + t->shape_string() + ", expected " +
+                  shape_str(shape));
+    }
+    if (!dtype_info(t->type).supported) {
+      throw Error("unsupported tensor type " + std::string(dtype_name(t->type)) + " in tensor '" + name +
+                  "'; supported: " + supported_dtype_list());
+    }
+    return t;
+  }
+
+  kernels::WeightMatrix matrix(const std::string& name, std::uint64_t cols, std::uint64_t rows) {
+    const gguf::TensorInfo* t = find(name, {cols, rows}, true);
+    return {t->type, t->data, rows, cols};
+  }
+
+  std::optional<kernels::WeightMatrix> optional_matrix(const std::string& name, std::uint64_t cols, std::uint64_t rows) {
+    const gguf::TensorInfo* t = find(name, {cols, rows}, false);
+    if (!t) return std::nullopt;
+    return kernels::WeightMatrix{t->type, t->data, rows, cols};
+  }
+
+  // 1-D tensors (norms, biases) are used directly as floats, so they must be F32.
+  const float* vector(const std::string& name, std::uint64_t n, bool required = true) {
+    const gguf::TensorInfo* t = find(name, {n}, required);
+    if (!t) return nullptr;
+    if (t->type != DType::F32) {
+      throw Error("model '" + f_.path() + "': tensor '" + name + "' is " + std::string(dtype_name(t->type)) +
+                  "; 1-D tensors must be F32");
+    }
+    if (reinterpret_cast<std::uintptr_t>(t->data) % alignof(float) != 0) {
+      throw Error("model '" + f_.path() + "': tensor '" + name + "' is misaligned");
+    }
+    return reinterpret_cast<const float*>(t->data);
+  }
+
+ private:
+  const gguf::File& f_;
+};
+
+}  // namespace
+
+Model::Model(std::shared_ptr<const gguf::File> file) : file_(std::move(file)), config_(ModelConfig::from_gguf(*file_)) {
+  ModelConfig& c = config_;
+  const gguf::TensorInfo* embd = file_->find_tensor("token_embd.weight");
+  if (!embd) throw Error("model '" + file_->path() + "' lacks tensor 'token_embd.weight'");
+  if (embd->dims.size() != 2) throw Error("model '" + file_->path() + "': token_embd.weight must be 2-D");
+  c.n_vocab = static_cast<std::uint32_t>(embd->dims[1]);
+
+  TensorLoader load(*file_);
+  token_embd_ = load.matrix("token_embd.weight", c.n_embd, c.n_vocab);
+  output_norm_ = load.vector("output_norm.weight", c.n_embd);
+  // Tied embeddings: models without output.weight reuse the token embedding matrix.
+  output_ = load.optional_matrix("output.weight", c.n_embd, c.n_vocab).value_or(token_embd_);
+
+  layers_.resize(c.n_layer);
+  for (std::uint32_t i = 0; i < c.n_layer; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    LayerWeights& l = layers_[i];
+    l.attn_norm = load.vector(p + "attn_norm.weight", c.n_embd);
+    l.ffn_norm = load.vector(p + "ffn_norm.weight", c.n_embd);
+    l.wq = load.matrix(p + "attn_q.weight", c.n_embd, c.q_dim());
+    l.wk = load.matrix(p + "attn_k.weight", c.n_embd, c.kv_dim());
+    l.wv = load.matrix(p + "attn_v.weight", c.n_embd, c.kv_dim());
+    l.wo = load.matrix(p + "attn_output.weight", c.q_dim(), c.n_embd);
+    l.w_gate = load.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
+    l.w_up = load.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
+    l.w_down = load.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
+    l.bq = load.vector(p + "attn_q.bias", c.q_dim(), false);
+    l.bk = load.vector(p + "attn_k.bias", c.kv_dim(), false);
+    l.bv = load.vector(p + "attn_v.bias", c.kv_dim(), false);
+  }
+
+  inv_freq_.resize(c.n_rot / 2);
+  const float* freq_factors = load.vector("rope_freqs.weight", c.n_rot / 2, false);
+  for (std::uint32_t i = 0; i < c.n_rot / 2; ++i) {
+    double f = c.rope_freq_scale * std::pow(static_cast<double>(c.rope_freq_base), -2.0 * i / c.n_rot);
+    if (freq_factors) f /= freq_factors[i];
+    inv_freq_[i] = static_cast<float>(f);
+  }
+}
+
+KvCache Model::make_cache(std::size_t max_positions) const {
+  return KvCache(config_.n_layer, config_.kv_dim(), max_positions);
+}
+
+void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits) const {
+  const ModelConfig& c = config_;
+  const std::size_t T = batch.size();
+  logits.clear();
+  if (T == 0) return;
+  const std::size_t D = c.n_embd, QD = c.q_dim(), KVD = c.kv_dim(), HD = c.head_dim, F = c.n_ff;
+
+  for (std::size_t t = 0; t < T; ++t) {
+    if (batch.tokens[t] < 0 || static_cast<std::uint32_t>(batch.tokens[t]) >= c.n_vocab) {
+      throw Error("token id " + std::to_string(batch.tokens[t]) + " is outside the vocabulary of " + std::to_string(c.n_vocab));
+    }
+    if (batch.positions[t] < 0) throw Error("negative position in batch");
+    cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.positions[t]) + 1);
+  }
+
+  std::vector<float> x(T * D), xn(T * D), q(T * QD), k(T * KVD), v(T * KVD), attn(T * QD), tmp(T * D);
+  std::vector<float> gate(T * F), up(T * F);
+
+  for (std::size_t t = 0; t < T; ++t) {
+    dequantize_row(token_embd_.type, token_embd_.row(static_cast<std::size_t>(batch.tokens[t])), &x[t * D], D);
+  }
+
+  const float attn_scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  const std::size_t group = c.n_head / c.n_head_kv;
+
+  for (std::size_t il = 0; il < c.n_layer; ++il) {
+    const LayerWeights& L = layers_[il];
+
+    for (std::size_t t = 0; t < T; ++t) kernels::rmsnorm(&x[t * D], L.attn_norm, D, c.rms_eps, &xn[t * D]);
+    kernels::matmul(L.wq, xn.data(), T, q.data(), pool);
+    kernels::matmul(L.wk, xn.data(), T, k.data(), pool);
+    kernels::matmul(L.wv, xn.data(), T, v.data(), pool);
+
+    for (std::size_t t = 0; t < T; ++t) {
+      if (L.bq) for (std::size_t i = 0; i < QD; ++i) q[t * QD + i] += L.bq[i];
+      if (L.bk) for (std::size_t i = 0; i < KVD; ++i) k[t * KVD + i] += L.bk[i];
+      if (L.bv) for (std::size_t i = 0; i < KVD; ++i) v[t * KVD + i] += L.bv[i];
+      const auto pos = static_cast<float>(batch.positions[t]);
+      for (std::size_t h = 0; h < c.n_head; ++h) kernels::rope(&q[t * QD + h * HD], c.n_rot, inv_freq_.data(), pos, c.rope_neox);
+      for (std::size_t h = 0; h < c.n_head_kv; ++h) kernels::rope(&k[t * KVD + h * HD], c.n_rot, inv_freq_.data(), pos, c.rope_neox);
+      const auto p = static_cast<std::size_t>(batch.positions[t]);
+      std::copy_n(&k[t * KVD], KVD, cache.key(il, batch.seq_ids[t], p));
+      std::copy_n(&v[t * KVD], KVD, cache.value(il, batch.seq_ids[t], p));
+    }
+
+    // Causal attention: token t sees positions [0, pos_t] of its own sequence, which the cache now
+    // holds whether they came from earlier calls or from this batch.
+    pool.parallel_for(T * c.n_head, 1, [&](std::size_t begin, std::size_t end, int) {
+      thread_local std::vector<float> scores;
+      for (std::size_t job = begin; job < end; ++job) {
+        const std::size_t t = job / c.n_head, h = job % c.n_head, kvh = h / group;
+        const int seq = batch.seq_ids[t];
+        const std::size_t n_ctx = static_cast<std::size_t>(batch.positions[t]) + 1;
+        const float* qh = &q[t * QD + h * HD];
+        scores.resize(n_ctx);
+        for (std::size_t j = 0; j < n_ctx; ++j) {
+          scores[j] = kernels::dot_f32(qh, cache.key(il, seq, j) + kvh * HD, HD) * attn_scale;
+        }
+        kernels::softmax(scores.data(), n_ctx);
+        float* out = &attn[t * QD + h * HD];
+        std::fill_n(out, HD, 0.0f);
+        for (std::size_t j = 0; j < n_ctx; ++j) {
+          const float* vj = cache.value(il, seq, j) + kvh * HD;
+          for (std::size_t i = 0; i < HD; ++i) out[i] += scores[j] * vj[i];
+        }
+      }
+    });
+
+    kernels::matmul(L.wo, attn.data(), T, tmp.data(), pool);
+    for (std::size_t i = 0; i < T * D; ++i) x[i] += tmp[i];
+
+    for (std::size_t t = 0; t < T; ++t) kernels::rmsnorm(&x[t * D], L.ffn_norm, D, c.rms_eps, &xn[t * D]);
+    kernels::matmul(L.w_gate, xn.data(), T, gate.data(), pool);
+    kernels::matmul(L.w_up, xn.data(), T, up.data(), pool);
+    kernels::silu_mul(gate.data(), up.data(), T * F);
+    kernels::matmul(L.w_down, gate.data(), T, tmp.data(), pool);
+    for (std::size_t i = 0; i < T * D; ++i) x[i] += tmp[i];
+  }
+
+  for (std::size_t t = 0; t < T; ++t) {
+    const auto len = static_cast<std::size_t>(batch.positions[t]) + 1;
+    if (len > cache.length(batch.seq_ids[t])) cache.set_length(batch.seq_ids[t], len);
+  }
+
+  // Only the rows that need logits pay for the (large) output projection.
+  std::size_t n_out = 0;
+  for (std::size_t t = 0; t < T; ++t) {
+    if (batch.want_logits[t]) kernels::rmsnorm(&x[t * D], output_norm_, D, c.rms_eps, &xn[n_out++ * D]);
+  }
+  logits.resize(n_out * c.n_vocab);
+  if (n_out) kernels::matmul(output_, xn.data(), n_out, logits.data(), pool);
+}
+
+}  // namespace promptly

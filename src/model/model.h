@@ -1,0 +1,52 @@
+#pragma once
+// The llama-family transformer (llama, mistral, qwen2, ...). Weights are used in place from the
+// mapped GGUF file in their stored type; the forward pass reads like the math and leaves speed to the
+// kernels.
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "kernels/matmul.h"
+#include "kv/kv_cache.h"
+#include "model/batch.h"
+#include "model/config.h"
+#include "util/thread_pool.h"
+
+namespace promptly {
+
+struct LayerWeights {
+  kernels::WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float* bq = nullptr;  // qwen2 QKV biases; null when absent
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+};
+
+class Model {
+ public:
+  // Loads and validates every tensor; throws Error naming the tensor and what is wrong.
+  explicit Model(std::shared_ptr<const gguf::File> file);
+
+  const ModelConfig& config() const { return config_; }
+  const gguf::File& file() const { return *file_; }
+
+  // Runs the batch, appending K/V to `cache`, and writes the logits of each token whose
+  // want_logits is set, in batch order, to `logits` (n_vocab floats per such token).
+  void forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits) const;
+
+  KvCache make_cache(std::size_t max_positions) const;
+
+ private:
+  std::shared_ptr<const gguf::File> file_;
+  ModelConfig config_;
+  kernels::WeightMatrix token_embd_;
+  kernels::WeightMatrix output_;
+  const float* output_norm_ = nullptr;
+  std::vector<LayerWeights> layers_;
+  std::vector<float> inv_freq_;  // n_rot / 2 rope speeds, with llama3 frequency factors applied
+};
+
+}  // namespace promptly

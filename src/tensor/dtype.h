@@ -1,0 +1,75 @@
+#pragma once
+// ggml tensor types as stored in GGUF: ids, block sizes and bytes per block. The table covers every
+// type GGUF files may carry so that any file can be bounds-checked and described; `is_supported`
+// says which ones Promptly can compute with.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace promptly {
+
+enum class DType : std::uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
+  IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22,
+  IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
+  TQ1_0 = 34, TQ2_0 = 35, MXFP4 = 39,
+};
+
+struct DTypeInfo {
+  std::string_view name;
+  std::uint32_t block_size;   // elements per block
+  std::uint32_t block_bytes;  // bytes per block
+  bool supported;             // Promptly can dequantize and compute with it
+};
+
+// nullopt for ids no known ggml version uses.
+std::optional<DTypeInfo> dtype_info(std::uint32_t id);
+const DTypeInfo& dtype_info(DType t);
+inline std::string_view dtype_name(DType t) { return dtype_info(t).name; }
+std::optional<DType> dtype_from_name(std::string_view name);
+// "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K" for error messages.
+std::string supported_dtype_list();
+
+// Bytes of one row of `n` elements; n must be a multiple of the block size.
+inline std::size_t row_bytes(DType t, std::size_t n) {
+  const DTypeInfo& info = dtype_info(t);
+  return n / info.block_size * info.block_bytes;
+}
+
+// Block layouts, exactly as ggml stores them (little-endian, no padding).
+constexpr int kQK8_0 = 32;
+struct BlockQ8_0 {
+  std::uint16_t d;  // fp16 scale
+  std::int8_t qs[kQK8_0];
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+
+constexpr int kQK4_0 = 32;
+struct BlockQ4_0 {
+  std::uint16_t d;               // fp16 scale
+  std::uint8_t qs[kQK4_0 / 2];   // element j in the low nibble of qs[j], element j+16 in the high
+};
+static_assert(sizeof(BlockQ4_0) == 18);
+
+constexpr int kQK_K = 256;
+constexpr int kKScaleBytes = 12;
+struct BlockQ4_K {
+  std::uint16_t d;                     // fp16 super-block scale for the sub-block scales
+  std::uint16_t dmin;                  // fp16 super-block scale for the sub-block mins
+  std::uint8_t scales[kKScaleBytes];   // 8 scales and 8 mins, 6 bits each
+  std::uint8_t qs[kQK_K / 2];          // 4-bit quants
+};
+static_assert(sizeof(BlockQ4_K) == 144);
+
+struct BlockQ6_K {
+  std::uint8_t ql[kQK_K / 2];      // low 4 bits
+  std::uint8_t qh[kQK_K / 4];      // high 2 bits
+  std::int8_t scales[kQK_K / 16];  // 8-bit sub-block scales
+  std::uint16_t d;                 // fp16 super-block scale
+};
+static_assert(sizeof(BlockQ6_K) == 210);
+
+}  // namespace promptly

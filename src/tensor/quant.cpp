@@ -1,0 +1,340 @@
+#include "tensor/quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "util/error.h"
+#include "util/fp16.h"
+
+namespace promptly {
+namespace {
+
+int nearest_int(float v) { return static_cast<int>(std::lrintf(v)); }
+
+void dequantize_q8_0(const BlockQ8_0* b, float* y, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(b[i].d);
+    for (int j = 0; j < kQK8_0; ++j) y[i * kQK8_0 + j] = d * static_cast<float>(b[i].qs[j]);
+  }
+}
+
+void dequantize_q4_0(const BlockQ4_0* b, float* y, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(b[i].d);
+    float* out = y + i * kQK4_0;
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      out[j] = d * static_cast<float>((b[i].qs[j] & 0x0f) - 8);
+      out[j + kQK4_0 / 2] = d * static_cast<float>((b[i].qs[j] >> 4) - 8);
+    }
+  }
+}
+
+// Sub-block j's 6-bit scale and min from the 12 packed bytes of a Q4_K block.
+inline void q4k_scale_min(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = static_cast<std::uint8_t>((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4));
+    m = static_cast<std::uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+void dequantize_q4_k(const BlockQ4_K* b, float* y, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(b[i].d);
+    const float dmin = fp16_to_fp32(b[i].dmin);
+    const std::uint8_t* q = b[i].qs;
+    for (int j = 0, is = 0; j < kQK_K; j += 64, is += 2) {
+      std::uint8_t sc, m;
+      q4k_scale_min(is, b[i].scales, sc, m);
+      const float d1 = d * sc, m1 = dmin * m;
+      q4k_scale_min(is + 1, b[i].scales, sc, m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0xf) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+      q += 32;
+    }
+  }
+}
+
+void dequantize_q6_k(const BlockQ6_K* b, float* y, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(b[i].d);
+    const std::uint8_t* ql = b[i].ql;
+    const std::uint8_t* qh = b[i].qh;
+    const std::int8_t* sc = b[i].scales;
+    for (int n = 0; n < kQK_K; n += 128) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l] = d * sc[is + 0] * static_cast<float>(q1);
+        y[l + 32] = d * sc[is + 2] * static_cast<float>(q2);
+        y[l + 64] = d * sc[is + 4] * static_cast<float>(q3);
+        y[l + 96] = d * sc[is + 6] * static_cast<float>(q4);
+      }
+      y += 128;
+      ql += 64;
+      qh += 32;
+      sc += 8;
+    }
+  }
+}
+
+// ggml's reference Q8_0: symmetric, scale = max|x| / 127.
+void quantize_q8_0(const float* x, BlockQ8_0* b, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i, x += kQK8_0) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    b[i].d = fp32_to_fp16(d);
+    for (int j = 0; j < kQK8_0; ++j) b[i].qs[j] = static_cast<std::int8_t>(std::round(x[j] * id));
+  }
+}
+
+// ggml's reference Q4_0: the largest-magnitude value maps to -8, so its sign picks the scale's sign
+// and the asymmetric range [-8, 7] is used in full.
+void quantize_q4_0(const float* x, BlockQ4_0* b, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i, x += kQK4_0) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < kQK4_0; ++j) {
+      if (amax < std::fabs(x[j])) {
+        amax = std::fabs(x[j]);
+        max = x[j];
+      }
+    }
+    const float d = max / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    b[i].d = fp32_to_fp16(d);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      const int x0 = std::min(15, static_cast<int>(static_cast<std::int8_t>(x[j] * id + 8.5f)));
+      const int x1 = std::min(15, static_cast<int>(static_cast<std::int8_t>(x[j + kQK4_0 / 2] * id + 8.5f)));
+      b[i].qs[j] = static_cast<std::uint8_t>(x0 | (x1 << 4));
+    }
+  }
+}
+
+// Fits x ~= scale * q - min (q in 0..nmax) for one sub-block: starts from the min/max fit and tries
+// a few nearby scales, keeping the one with the least squared error.
+void fit_scale_min(const float* x, int n, int nmax, float& scale, float& min) {
+  float lo = x[0], hi = x[0];
+  for (int i = 1; i < n; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  lo = std::min(lo, 0.0f);
+  if (hi <= lo) {
+    scale = 0.0f;
+    min = -lo;
+    return;
+  }
+  float best_err = INFINITY;
+  scale = (hi - lo) / nmax;
+  min = -lo;
+  for (int step = -4; step <= 4; ++step) {
+    const float iscale = (nmax + 0.1f * step) / (hi - lo);
+    if (iscale <= 0) continue;
+    // Least-squares refit of scale and min for the rounding this iscale produces.
+    float sum_l = 0, sum_l2 = 0, sum_xl = 0, sum_x = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = std::clamp(nearest_int(iscale * (x[i] - lo)), 0, nmax);
+      sum_l += l;
+      sum_l2 += static_cast<float>(l) * l;
+      sum_xl += x[i] * l;
+      sum_x += x[i];
+    }
+    const float det = n * sum_l2 - sum_l * sum_l;
+    if (det <= 0) continue;
+    float s = (n * sum_xl - sum_x * sum_l) / det;
+    float m = (sum_l2 * sum_x - sum_l * sum_xl) / det;  // offset, x ~= s*l + m
+    if (m > 0) {  // the format needs min <= 0 offset; fall back to a pure-scale fit
+      m = 0;
+      s = sum_l2 > 0 ? sum_xl / sum_l2 : 0;
+    }
+    if (s <= 0) continue;
+    float err = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = std::clamp(nearest_int((x[i] - m) / s), 0, nmax);
+      const float diff = s * l + m - x[i];
+      err += diff * diff;
+    }
+    if (err < best_err) {
+      best_err = err;
+      scale = s;
+      min = -m;
+    }
+  }
+}
+
+void quantize_q4_k(const float* x, BlockQ4_K* b, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i, x += kQK_K) {
+    float scales[8], mins[8];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; ++j) {
+      fit_scale_min(x + 32 * j, 32, 15, scales[j], mins[j]);
+      max_scale = std::max(max_scale, scales[j]);
+      max_min = std::max(max_min, mins[j]);
+    }
+    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+    std::uint8_t ls[8], lm[8];
+    for (int j = 0; j < 8; ++j) {
+      ls[j] = static_cast<std::uint8_t>(std::min(63, nearest_int(inv_scale * scales[j])));
+      lm[j] = static_cast<std::uint8_t>(std::min(63, nearest_int(inv_min * mins[j])));
+    }
+    std::memset(b[i].scales, 0, sizeof b[i].scales);
+    for (int j = 0; j < 8; ++j) {
+      if (j < 4) {
+        b[i].scales[j] = ls[j];
+        b[i].scales[j + 4] = lm[j];
+      } else {
+        b[i].scales[j + 4] = static_cast<std::uint8_t>((ls[j] & 0xf) | ((lm[j] & 0xf) << 4));
+        b[i].scales[j - 4] |= static_cast<std::uint8_t>((ls[j] >> 4) << 6);
+        b[i].scales[j] |= static_cast<std::uint8_t>((lm[j] >> 4) << 6);
+      }
+    }
+    b[i].d = fp32_to_fp16(max_scale / 63.0f);
+    b[i].dmin = fp32_to_fp16(max_min / 63.0f);
+    // Quantize against the scales as they will be decoded (after fp16 and 6-bit rounding).
+    std::uint8_t L[kQK_K];
+    const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
+    for (int j = 0; j < 8; ++j) {
+      std::uint8_t sc, m;
+      q4k_scale_min(j, b[i].scales, sc, m);
+      const float ds = d * sc, dm = dmin * m;
+      for (int l = 0; l < 32; ++l) {
+        const int q = ds != 0 ? nearest_int((x[32 * j + l] + dm) / ds) : 0;
+        L[32 * j + l] = static_cast<std::uint8_t>(std::clamp(q, 0, 15));
+      }
+    }
+    std::uint8_t* q = b[i].qs;
+    for (int j = 0; j < kQK_K; j += 64) {
+      for (int l = 0; l < 32; ++l) q[l] = static_cast<std::uint8_t>(L[j + l] | (L[j + l + 32] << 4));
+      q += 32;
+    }
+  }
+}
+
+void quantize_q6_k(const float* x, BlockQ6_K* b, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i, x += kQK_K) {
+    // Per 16-element sub-block, the largest-magnitude value maps to -32 (as Q4_0 does with -8).
+    float scales[16];
+    float max_scale = 0, max_abs_scale = 0;
+    for (int ib = 0; ib < 16; ++ib) {
+      float amax = 0, mx = 0;
+      for (int l = 0; l < 16; ++l) {
+        const float v = x[16 * ib + l];
+        if (std::fabs(v) > amax) {
+          amax = std::fabs(v);
+          mx = v;
+        }
+      }
+      scales[ib] = mx / -32.0f;
+      if (std::fabs(scales[ib]) > max_abs_scale) {
+        max_abs_scale = std::fabs(scales[ib]);
+        max_scale = scales[ib];
+      }
+    }
+    std::memset(&b[i], 0, sizeof b[i]);
+    if (max_abs_scale == 0) continue;  // d = 0 decodes every element to 0
+    const float iscale = -128.0f / max_scale;
+    b[i].d = fp32_to_fp16(1.0f / iscale);
+    for (int ib = 0; ib < 16; ++ib) b[i].scales[ib] = static_cast<std::int8_t>(std::min(127, nearest_int(iscale * scales[ib])));
+    std::uint8_t L[kQK_K];
+    const float d = fp16_to_fp32(b[i].d);
+    for (int ib = 0; ib < 16; ++ib) {
+      const float ds = d * b[i].scales[ib];
+      for (int l = 0; l < 16; ++l) {
+        const int q = ds != 0 ? nearest_int(x[16 * ib + l] / ds) : 0;
+        L[16 * ib + l] = static_cast<std::uint8_t>(std::clamp(q, -32, 31) + 32);
+      }
+    }
+    std::uint8_t* ql = b[i].ql;
+    std::uint8_t* qh = b[i].qh;
+    for (int j = 0; j < kQK_K; j += 128) {
+      for (int l = 0; l < 32; ++l) {
+        const int q1 = L[j + l] & 0xf, q2 = L[j + l + 32] & 0xf, q3 = L[j + l + 64] & 0xf, q4 = L[j + l + 96] & 0xf;
+        ql[l] = static_cast<std::uint8_t>(q1 | (q3 << 4));
+        ql[l + 32] = static_cast<std::uint8_t>(q2 | (q4 << 4));
+        qh[l] = static_cast<std::uint8_t>((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4) |
+                                          ((L[j + l + 96] >> 4) << 6));
+      }
+      ql += 64;
+      qh += 32;
+    }
+  }
+}
+
+void check_row(DType type, std::size_t n) {
+  const DTypeInfo& info = dtype_info(type);
+  if (n % info.block_size != 0) {
+    throw Error("row of " + std::to_string(n) + " elements is not a multiple of the " + std::string(info.name) +
+                " block size " + std::to_string(info.block_size));
+  }
+}
+
+}  // namespace
+
+void dequantize_row(DType type, const void* src, float* dst, std::size_t n) {
+  check_row(type, n);
+  switch (type) {
+    case DType::F32: std::memcpy(dst, src, n * sizeof(float)); return;
+    case DType::F16: {
+      const auto* h = static_cast<const std::uint16_t*>(src);
+      for (std::size_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
+      return;
+    }
+    case DType::BF16: {
+      const auto* h = static_cast<const std::uint16_t*>(src);
+      for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
+      return;
+    }
+    case DType::Q8_0: dequantize_q8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK8_0); return;
+    case DType::Q4_0: dequantize_q4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK4_0); return;
+    case DType::Q4_K: dequantize_q4_k(static_cast<const BlockQ4_K*>(src), dst, n / kQK_K); return;
+    case DType::Q6_K: dequantize_q6_k(static_cast<const BlockQ6_K*>(src), dst, n / kQK_K); return;
+    default:
+      throw Error("unsupported tensor type " + std::string(dtype_name(type)) + "; supported: " + supported_dtype_list());
+  }
+}
+
+bool can_quantize_to(DType type) {
+  switch (type) {
+    case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
+    case DType::Q4_K: case DType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void quantize_row(DType type, const float* src, void* dst, std::size_t n) {
+  check_row(type, n);
+  switch (type) {
+    case DType::F32: std::memcpy(dst, src, n * sizeof(float)); return;
+    case DType::F16: {
+      auto* h = static_cast<std::uint16_t*>(dst);
+      for (std::size_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(src[i]);
+      return;
+    }
+    case DType::BF16: {
+      auto* h = static_cast<std::uint16_t*>(dst);
+      for (std::size_t i = 0; i < n; ++i) h[i] = fp32_to_bf16(src[i]);
+      return;
+    }
+    case DType::Q8_0: quantize_q8_0(src, static_cast<BlockQ8_0*>(dst), n / kQK8_0); return;
+    case DType::Q4_0: quantize_q4_0(src, static_cast<BlockQ4_0*>(dst), n / kQK4_0); return;
+    case DType::Q4_K: quantize_q4_k(src, static_cast<BlockQ4_K*>(dst), n / kQK_K); return;
+    case DType::Q6_K: quantize_q6_k(src, static_cast<BlockQ6_K*>(dst), n / kQK_K); return;
+    default:
+      throw Error("cannot quantize to " + std::string(dtype_name(type)) + "; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K");
+  }
+}
+
+}  // namespace promptly

@@ -1,0 +1,268 @@
+#include "tokenizer/tokenizer.h"
+
+#include <algorithm>
+#include <queue>
+#include <unordered_map>
+
+#include "util/error.h"
+
+namespace promptly {
+namespace {
+
+constexpr std::string_view kSpaceMarker = "\xe2\x96\x81";  // U+2581, SentencePiece's visible space
+
+std::size_t utf8_len(unsigned char lead) {
+  if (lead < 0x80) return 1;
+  if ((lead & 0xe0) == 0xc0) return 2;
+  if ((lead & 0xf0) == 0xe0) return 3;
+  if ((lead & 0xf8) == 0xf0) return 4;
+  return 1;  // stray continuation or invalid byte: a symbol of its own
+}
+
+std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  out.reserve(s.size());
+  std::size_t i = 0;
+  while (i < s.size()) {
+    if (s.compare(i, from.size(), from) == 0) {
+      out += to;
+      i += from.size();
+    } else {
+      out += s[i++];
+    }
+  }
+  return out;
+}
+
+// SentencePiece BPE over scored pieces: repeatedly merge the adjacent pair whose concatenation is the
+// highest-scoring vocabulary piece (leftmost on ties), then map each final symbol to its id, falling
+// back to the merges that built it and finally to byte tokens.
+class SpmSession {
+ public:
+  SpmSession(const Vocab& vocab, std::string_view text) : vocab_(vocab), text_(text) {}
+
+  void run(std::vector<std::int32_t>& out) {
+    std::size_t offs = 0;
+    while (offs < text_.size()) {
+      const std::size_t n = std::min(utf8_len(static_cast<unsigned char>(text_[offs])), text_.size() - offs);
+      const int index = static_cast<int>(symbols_.size());
+      symbols_.push_back({index - 1, offs + n == text_.size() ? -1 : index + 1, offs, n});
+      offs += n;
+    }
+    for (int i = 1; i < static_cast<int>(symbols_.size()); ++i) try_add_bigram(i - 1, i);
+    while (!queue_.empty()) {
+      const Bigram b = queue_.top();
+      queue_.pop();
+      Symbol& left = symbols_[static_cast<std::size_t>(b.left)];
+      Symbol& right = symbols_[static_cast<std::size_t>(b.right)];
+      if (left.n == 0 || right.n == 0 || left.n + right.n != b.size) continue;  // stale entry
+      left.n += right.n;
+      right.n = 0;
+      left.next = right.next;
+      if (right.next >= 0) symbols_[static_cast<std::size_t>(right.next)].prev = b.left;
+      try_add_bigram(left.prev, b.left);
+      try_add_bigram(b.left, left.next);
+    }
+    for (int i = symbols_.empty() ? -1 : 0; i != -1; i = symbols_[static_cast<std::size_t>(i)].next) {
+      resegment(symbols_[static_cast<std::size_t>(i)], out);
+    }
+  }
+
+ private:
+  struct Symbol {
+    int prev, next;
+    std::size_t start, n;
+  };
+  struct Bigram {
+    int left, right;
+    float score;
+    std::size_t size;
+  };
+  struct Order {
+    bool operator()(const Bigram& a, const Bigram& b) const {
+      return a.score < b.score || (a.score == b.score && a.left > b.left);
+    }
+  };
+
+  std::string_view text_of(const Symbol& s) const { return text_.substr(s.start, s.n); }
+
+  void try_add_bigram(int left, int right) {
+    if (left == -1 || right == -1) return;
+    const Symbol& l = symbols_[static_cast<std::size_t>(left)];
+    const Symbol& r = symbols_[static_cast<std::size_t>(right)];
+    const std::string_view merged = text_.substr(l.start, l.n + r.n);
+    const std::int32_t id = vocab_.find(merged);
+    if (id < 0) return;
+    queue_.push({left, right, vocab_.scores[static_cast<std::size_t>(id)], merged.size()});
+    rev_merge_[std::string(merged)] = {left, right};
+  }
+
+  void resegment(const Symbol& s, std::vector<std::int32_t>& out) {
+    const std::string_view text = text_of(s);
+    const std::int32_t id = vocab_.find(text);
+    if (id >= 0) {
+      out.push_back(id);
+      return;
+    }
+    auto it = rev_merge_.find(std::string(text));
+    if (it == rev_merge_.end()) {
+      for (unsigned char c : text) {
+        const std::int32_t byte_id = vocab_.byte_tokens[c];
+        out.push_back(byte_id >= 0 ? byte_id : vocab_.unk);
+      }
+      return;
+    }
+    resegment(symbols_[static_cast<std::size_t>(it->second.first)], out);
+    resegment(symbols_[static_cast<std::size_t>(it->second.second)], out);
+  }
+
+  const Vocab& vocab_;
+  std::string_view text_;
+  std::vector<Symbol> symbols_;
+  std::priority_queue<Bigram, std::vector<Bigram>, Order> queue_;
+  std::unordered_map<std::string, std::pair<int, int>> rev_merge_;
+};
+
+}  // namespace
+
+Tokenizer::Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {
+  if (vocab_.kind != VocabKind::Spm) {
+    throw Error("tokenizer model '" + vocab_.model_name + "' (byte-level BPE) is not supported yet; supported: llama (SentencePiece)");
+  }
+}
+
+void Tokenizer::encode_spm(std::string_view text, std::vector<std::int32_t>& out) const {
+  SpmSession(vocab_, text).run(out);
+}
+
+std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
+  std::vector<std::int32_t> out;
+  if (add_special && vocab_.add_bos && vocab_.bos >= 0) out.push_back(vocab_.bos);
+
+  // Split out special tokens: user-defined pieces always, control tokens only when asked. Longest
+  // match first so that e.g. "<|im_start|>" wins over any shorter special it contains.
+  std::vector<std::int32_t> specials;
+  for (std::size_t i = 0; i < vocab_.size(); ++i) {
+    const TokenType t = vocab_.types[i];
+    if (vocab_.tokens[i].empty()) continue;
+    if (t == TokenType::UserDefined || (parse_special && t == TokenType::Control)) specials.push_back(static_cast<std::int32_t>(i));
+  }
+  std::sort(specials.begin(), specials.end(), [&](std::int32_t a, std::int32_t b) {
+    return vocab_.tokens[static_cast<std::size_t>(a)].size() > vocab_.tokens[static_cast<std::size_t>(b)].size();
+  });
+
+  bool prev_special = true;  // the dummy prefix goes before text that starts the input or follows a special token
+  auto emit_text = [&](std::string_view fragment) {
+    if (fragment.empty()) return;
+    std::string s;
+    if (vocab_.add_space_prefix && prev_special) s += ' ';
+    s += fragment;
+    encode_spm(replace_all(s, " ", kSpaceMarker), out);
+    prev_special = false;
+  };
+
+  std::size_t start = 0, i = 0;
+  while (i < text.size()) {
+    std::int32_t match = -1;
+    for (std::int32_t id : specials) {
+      const std::string& piece = vocab_.tokens[static_cast<std::size_t>(id)];
+      if (text.compare(i, piece.size(), piece) == 0) {
+        match = id;
+        break;
+      }
+    }
+    if (match < 0) {
+      ++i;
+      continue;
+    }
+    emit_text(text.substr(start, i - start));
+    out.push_back(match);
+    prev_special = true;
+    i += vocab_.tokens[static_cast<std::size_t>(match)].size();
+    start = i;
+  }
+  emit_text(text.substr(start));
+
+  if (add_special && vocab_.add_eos && vocab_.eos >= 0) out.push_back(vocab_.eos);
+  return out;
+}
+
+std::string Tokenizer::piece(std::int32_t id, bool render_special) const {
+  if (id < 0 || static_cast<std::size_t>(id) >= vocab_.size()) return {};
+  const std::string& text = vocab_.tokens[static_cast<std::size_t>(id)];
+  switch (vocab_.types[static_cast<std::size_t>(id)]) {
+    case TokenType::Control:
+      return render_special ? text : std::string();
+    case TokenType::Unused:
+      return {};
+    case TokenType::Unknown:
+      return "\xe2\x96\x85";  // U+2585, the visible stand-in SentencePiece prints for <unk>
+    case TokenType::UserDefined:
+      return text;
+    case TokenType::Byte:
+      if (text.size() == 6 && text.starts_with("<0x")) {
+        return std::string(1, static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
+      }
+      return text;
+    default:
+      return replace_all(text, kSpaceMarker, " ");
+  }
+}
+
+std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool render_special) const {
+  std::string out;
+  bool at_start = true;
+  for (std::int32_t id : ids) {
+    std::string p = piece(id, render_special);
+    if (at_start && !p.empty()) {
+      if (vocab_.add_space_prefix && p[0] == ' ') p.erase(0, 1);
+      at_start = false;
+    }
+    out += p;
+  }
+  return out;
+}
+
+std::size_t complete_utf8_prefix(std::string_view s) {
+  // Look back at most 3 bytes for a lead byte whose sequence runs past the end.
+  const std::size_t n = s.size();
+  for (std::size_t back = 1; back <= 3 && back <= n; ++back) {
+    const auto c = static_cast<unsigned char>(s[n - back]);
+    if ((c & 0xc0) == 0x80) continue;  // continuation byte: keep looking for the lead
+    const std::size_t need = utf8_len(c);
+    return need > back ? n - back : n;
+  }
+  return n;
+}
+
+StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tokenizer, const std::vector<std::int32_t>& context)
+    : tokenizer_(tokenizer) {
+  for (std::int32_t id : context) {
+    if (!tokenizer_.piece(id).empty()) {
+      at_start_ = false;
+      break;
+    }
+  }
+}
+
+std::string StreamingDetokenizer::push(std::int32_t id) {
+  std::string p = tokenizer_.piece(id);
+  if (at_start_ && !p.empty()) {
+    if (tokenizer_.vocab().add_space_prefix && p[0] == ' ') p.erase(0, 1);
+    at_start_ = false;
+  }
+  pending_ += p;
+  const std::size_t ready = complete_utf8_prefix(pending_);
+  std::string out = pending_.substr(0, ready);
+  pending_.erase(0, ready);
+  return out;
+}
+
+std::string StreamingDetokenizer::flush() {
+  std::string out;
+  for (std::size_t i = 0; i < pending_.size(); ++i) out += "\xef\xbf\xbd";
+  pending_.clear();
+  return out;
+}
+
+}  // namespace promptly

@@ -1,0 +1,43 @@
+#pragma once
+// A model's vocabulary as GGUF stores it (`tokenizer.ggml.*`).
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "gguf/gguf.h"
+
+namespace promptly {
+
+enum class TokenType : std::uint8_t {
+  Undefined = 0, Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6,
+};
+
+enum class VocabKind { Spm, Bpe };
+
+struct Vocab {
+  VocabKind kind = VocabKind::Spm;
+  std::string model_name;  // tokenizer.ggml.model
+  std::string pre;         // tokenizer.ggml.pre
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<TokenType> types;
+  std::unordered_map<std::string, std::int32_t> piece_to_id;
+  std::int32_t bos = -1, eos = -1, unk = -1, eot = -1, pad = -1;
+  bool add_bos = true;
+  bool add_eos = false;
+  bool add_space_prefix = true;
+  std::int32_t byte_tokens[256];  // id of <0xXX> per byte, -1 when the vocab has none
+
+  std::size_t size() const { return tokens.size(); }
+  std::int32_t find(std::string_view piece) const;
+  bool is_control(std::int32_t id) const { return types[static_cast<std::size_t>(id)] == TokenType::Control; }
+  // Ids that end generation: eos, eot and any control token named like an end-of-turn marker.
+  std::vector<std::int32_t> end_of_generation_ids() const;
+
+  // Throws Error naming the key when the tokenizer metadata is missing or inconsistent.
+  static Vocab from_gguf(const gguf::File& file);
+};
+
+}  // namespace promptly

@@ -1,0 +1,115 @@
+// End-to-end: the promptly binary as a user runs it.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "../test_util.h"
+
+namespace promptly {
+namespace {
+
+struct Result {
+  int status;
+  std::string out;
+};
+
+// Runs the binary with `args` (shell-quoted by the caller); stderr is folded into out when asked.
+Result promptly(const std::string& args, bool with_stderr = false, const std::string& env = "") {
+  const std::string cmd = env + " " + std::string(PROMPTLY_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = ::popen(cmd.c_str(), "r");
+  Result r{-1, {}};
+  if (!p) return r;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string stories() { return test::shared_model("stories260K.gguf"); }
+
+TEST(Cli, RunJsonReproducesTheGreedyReference) {
+  const Result r = promptly("run -m " + stories() + " -p '' -n 200 --temp 0 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  std::vector<std::int32_t> ref;
+  std::istringstream in(test::read_file(test::shared_model("testvectors/stories260K.greedy200.ids")));
+  for (std::int32_t id; in >> id;) ref.push_back(id);
+  EXPECT_EQ(j["prompt_ids"].get<std::vector<std::int32_t>>(), std::vector<std::int32_t>{1});
+  EXPECT_EQ(j["ids"].get<std::vector<std::int32_t>>(), ref);
+  EXPECT_EQ(j["text"].get<std::string>(), test::read_file(test::shared_model("testvectors/stories260K.greedy200.txt")));
+  for (const char* key : {"load_ms", "ttft_ms", "prompt_tps", "gen_tps"}) {
+    ASSERT_TRUE(j["timings"].contains(key)) << key;
+    EXPECT_GT(j["timings"][key].get<double>(), 0.0) << key;
+  }
+}
+
+TEST(Cli, RunStreamsTextAndReportsTimings) {
+  const Result r = promptly("run -m " + stories() + " -p 'Once upon a time' -n 20 --temp 0", true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.rfind("Once upon a time", 0), 0u) << r.out;
+  for (const char* s : {"load:", "tokens/s", "time to first token"}) EXPECT_NE(r.out.find(s), std::string::npos) << s;
+}
+
+TEST(Cli, SampledRunIsReproducibleWithASeed) {
+  const std::string args = "run -m " + stories() + " -p 'The dog' -n 30 --temp 0.9 --seed 11 --json";
+  const auto a = nlohmann::json::parse(promptly(args).out), b = nlohmann::json::parse(promptly(args).out);
+  EXPECT_EQ(a["ids"], b["ids"]);
+  EXPECT_EQ(a["ids"].size(), 30u);
+}
+
+TEST(Cli, InfoDescribesTheModel) {
+  const Result r = promptly("info " + stories());
+  ASSERT_EQ(r.status, 0);
+  for (const char* s : {"architecture:  llama", "5 layers, 64 wide, 8 heads (4 KV heads", "F32", "512 tokens"}) {
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  }
+}
+
+TEST(Cli, GenModelQuantizeRunRoundTrip) {
+  test::TempDir dir;
+  ASSERT_EQ(promptly("gen-model --preset tiny --dtype Q4_0 -o " + dir.file("t.gguf")).status, 0);
+  ASSERT_EQ(promptly("quantize " + dir.file("t.gguf") + " " + dir.file("q.gguf") + " Q8_0").status, 0);
+  const Result r = promptly("run -m " + dir.file("q.gguf") + " -p hello -n 5 --json --ignore-eos");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].size(), 5u);
+}
+
+TEST(Cli, BadInputGivesAClearErrorAndExitCode) {
+  test::TempDir dir;
+  {
+    std::FILE* f = std::fopen(dir.file("junk.gguf").c_str(), "wb");
+    std::fputs("this is not a model", f);
+    std::fclose(f);
+  }
+  Result r = promptly("run -m " + dir.file("junk.gguf") + " -p hi", true);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("not a GGUF file"), std::string::npos) << r.out;
+  r = promptly("run -m /nonexistent.gguf", true);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("cannot open '/nonexistent.gguf'"), std::string::npos) << r.out;
+  r = promptly("quantize " + stories() + " " + dir.file("x.gguf") + " Q2_K", true);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("supported: F32"), std::string::npos) << r.out;
+  r = promptly("run -m " + stories() + " -n 5 -c 4 -p 'a long prompt that does not fit'", true);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("context holds 4"), std::string::npos) << r.out;
+  r = promptly("frobnicate", true);
+  EXPECT_NE(r.status, 0);
+}
+
+TEST(Cli, RunWithoutModelUsesTheGeneratedDemo) {
+  test::TempDir dir;
+  const std::string env = "XDG_CACHE_HOME=" + dir.file("cache");
+  const Result r = promptly("run -p hi -n 4 --ignore-eos --json", false, env);
+  ASSERT_EQ(r.status, 0);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].size(), 4u);
+  EXPECT_FALSE(test::read_file(dir.file("cache/promptly/demo-tiny-f32.gguf")).empty());
+  EXPECT_EQ(promptly("run -p hi -n 2 --json", false, env).status, 0);  // second run reuses it
+}
+
+}  // namespace
+}  // namespace promptly

@@ -1,0 +1,96 @@
+#include "kernels/ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/matmul.h"
+#include "tensor/quant.h"
+
+namespace promptly::kernels {
+namespace {
+
+TEST(Ops, RmsNorm) {
+  const float x[4] = {1, -2, 3, -4};
+  const float w[4] = {1, 1, 2, 0.5f};
+  float out[4];
+  rmsnorm(x, w, 4, 0.0f, out);
+  const float rms = std::sqrt((1 + 4 + 9 + 16) / 4.0f);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(out[i], x[i] / rms * w[i], 1e-6);
+}
+
+TEST(Ops, SoftmaxIsStableAndNormalized) {
+  float x[3] = {1000.0f, 1000.0f, -1000.0f};
+  softmax(x, 3);
+  EXPECT_NEAR(x[0], 0.5f, 1e-6);
+  EXPECT_NEAR(x[1], 0.5f, 1e-6);
+  EXPECT_NEAR(x[2], 0.0f, 1e-6);
+}
+
+TEST(Ops, SiluMul) {
+  float g[2] = {0.0f, 2.0f};
+  const float u[2] = {3.0f, 0.5f};
+  silu_mul(g, u, 2);
+  EXPECT_NEAR(g[0], 0.0f, 1e-7);
+  EXPECT_NEAR(g[1], 2.0f / (1.0f + std::exp(-2.0f)) * 0.5f, 1e-6);
+}
+
+TEST(Ops, RopeNormalAndNeoxPairings) {
+  const float inv_freq[2] = {1.0f, 0.5f};
+  float a[4] = {1, 0, 1, 0};
+  rope(a, 4, inv_freq, 1.0f, false);  // pairs (0,1) by 1 rad and (2,3) by 0.5 rad
+  EXPECT_NEAR(a[0], std::cos(1.0f), 1e-6);
+  EXPECT_NEAR(a[1], std::sin(1.0f), 1e-6);
+  EXPECT_NEAR(a[2], std::cos(0.5f), 1e-6);
+  EXPECT_NEAR(a[3], std::sin(0.5f), 1e-6);
+  float b[4] = {1, 1, 0, 0};
+  rope(b, 4, inv_freq, 1.0f, true);  // pairs (0,2) by 1 rad and (1,3) by 0.5 rad
+  EXPECT_NEAR(b[0], std::cos(1.0f), 1e-6);
+  EXPECT_NEAR(b[2], std::sin(1.0f), 1e-6);
+  EXPECT_NEAR(b[1], std::cos(0.5f), 1e-6);
+  EXPECT_NEAR(b[3], std::sin(0.5f), 1e-6);
+  float c[6] = {1, 2, 3, 4, 5, 6};  // partial rotary: the last two values are untouched
+  rope(c, 4, inv_freq, 0.0f, false);
+  EXPECT_EQ(c[4], 5.0f);
+  EXPECT_EQ(c[5], 6.0f);
+  EXPECT_NEAR(c[0], 1.0f, 1e-7);
+}
+
+// The matmul against every supported weight type must equal a plain double-precision product with
+// the dequantized weights, for awkward shapes and several thread counts.
+TEST(Matmul, MatchesDequantizedReference) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist;
+  for (DType type : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+    const std::size_t cols = dtype_info(type).block_size == 256 ? 512 : 96;
+    for (std::size_t rows : {1u, 17u, 70u}) {
+      for (std::size_t n_tokens : {1u, 3u, 9u}) {
+        std::vector<float> wf(rows * cols), x(n_tokens * cols);
+        for (float& v : wf) v = dist(rng);
+        for (float& v : x) v = dist(rng);
+        std::vector<std::uint8_t> wq(rows * row_bytes(type, cols));
+        for (std::size_t r = 0; r < rows; ++r) quantize_row(type, &wf[r * cols], &wq[r * row_bytes(type, cols)], cols);
+        std::vector<float> deq(rows * cols);
+        for (std::size_t r = 0; r < rows; ++r) dequantize_row(type, &wq[r * row_bytes(type, cols)], &deq[r * cols], cols);
+        for (int threads : {1, 2}) {
+          ThreadPool pool(threads);
+          std::vector<float> y(n_tokens * rows);
+          matmul({type, wq.data(), rows, cols}, x.data(), n_tokens, y.data(), pool);
+          for (std::size_t t = 0; t < n_tokens; ++t) {
+            for (std::size_t r = 0; r < rows; ++r) {
+              double ref = 0;
+              for (std::size_t c = 0; c < cols; ++c) ref += static_cast<double>(deq[r * cols + c]) * x[t * cols + c];
+              ASSERT_NEAR(y[t * rows + r], ref, 1e-4 * std::sqrt(static_cast<double>(cols)) * 10)
+                  << dtype_name(type) << " rows " << rows << " t " << t << " r " << r;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace promptly::kernels

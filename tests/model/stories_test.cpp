@@ -1,0 +1,101 @@
+// The real trained model: greedy output and logits against the shared reference vectors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "../test_util.h"
+#include "convert/quantize.h"
+#include "engine/generate.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace promptly {
+namespace {
+
+std::vector<std::int32_t> reference_ids() {
+  std::istringstream in(test::read_file(test::shared_model("testvectors/stories260K.greedy200.ids")));
+  std::vector<std::int32_t> ids;
+  for (std::int32_t id; in >> id;) ids.push_back(id);
+  return ids;
+}
+
+struct Loaded {
+  std::shared_ptr<const gguf::File> file;
+  Model model;
+  Tokenizer tokenizer;
+  explicit Loaded(const std::string& path)
+      : file(gguf::File::open(path)), model(file), tokenizer(Vocab::from_gguf(*file)) {}
+};
+
+GenerateOptions greedy(int n) {
+  GenerateOptions o;
+  o.max_tokens = n;
+  o.sampling.temperature = 0;
+  return o;
+}
+
+TEST(Stories260K, Greedy200MatchesReference) {
+  Loaded m(test::shared_model("stories260K.gguf"));
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    const GenerateResult r = generate(m.model, m.tokenizer, {1}, greedy(200), pool);
+    EXPECT_EQ(r.ids, reference_ids()) << "threads " << threads;
+    EXPECT_EQ(r.text, test::read_file(test::shared_model("testvectors/stories260K.greedy200.txt")));
+  }
+}
+
+TEST(Stories260K, LogitsMatchReferenceWithin1e3) {
+  Loaded m(test::shared_model("stories260K.gguf"));
+  const auto ids = reference_ids();
+  std::vector<std::int32_t> inputs = {1};
+  inputs.insert(inputs.end(), ids.begin(), ids.end() - 1);  // teacher forcing over [1] + ids
+
+  // One batch holding the whole sequence (prefill path) ...
+  ThreadPool pool(2);
+  KvCache cache = m.model.make_cache(512);
+  Batch batch;
+  for (std::size_t i = 0; i < inputs.size(); ++i) batch.add(inputs[i], static_cast<std::int32_t>(i), 0, true);
+  std::vector<float> logits;
+  m.model.forward(batch, cache, pool, logits);
+  const std::size_t V = m.model.config().n_vocab;
+
+  std::ifstream in(test::shared_model("testvectors/stories260K.greedy.logits.txt"));
+  std::string word;
+  int checked = 0;
+  while (in >> word) {
+    ASSERT_EQ(word, "pos");
+    int pos, token, arg;
+    in >> pos >> word >> token >> word >> arg;
+    ASSERT_EQ(inputs[static_cast<std::size_t>(pos)], token);
+    double max_diff = 0;
+    for (std::size_t v = 0; v < V; ++v) {
+      double ref;
+      in >> ref;
+      max_diff = std::max(max_diff, std::fabs(ref - logits[static_cast<std::size_t>(pos) * V + v]));
+    }
+    EXPECT_LT(max_diff, 1e-3) << "pos " << pos;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 8);
+}
+
+TEST(Stories260K, Q8_0KeepsFirst50GreedyTokens) {
+  test::TempDir dir;
+  ThreadPool pool(2);
+  quantize_model(test::shared_model("stories260K.gguf"), dir.file("q8.gguf"), "Q8_0", pool);
+  Loaded m(dir.file("q8.gguf"));
+  for (const auto& t : m.file->tensors()) {
+    if (t.dims.size() == 2) {  // ffn_down rows are 172 wide, not a whole number of blocks: F16
+      EXPECT_EQ(t.type, t.dims[0] % 32 == 0 ? DType::Q8_0 : DType::F16) << t.name;
+    }
+  }
+  const GenerateResult r = generate(m.model, m.tokenizer, {1}, greedy(50), pool);
+  const auto ref = reference_ids();
+  EXPECT_EQ(r.ids, std::vector<std::int32_t>(ref.begin(), ref.begin() + 50));
+}
+
+}  // namespace
+}  // namespace promptly

@@ -1,0 +1,186 @@
+#include "tensor/quant.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "util/error.h"
+#include "util/fp16.h"
+
+namespace promptly {
+namespace {
+
+std::vector<float> dequant(DType t, const void* block, std::size_t n) {
+  std::vector<float> out(n);
+  dequantize_row(t, block, out.data(), n);
+  return out;
+}
+
+TEST(Dequantize, Q8_0HandBlock) {
+  BlockQ8_0 b{};
+  b.d = 0x3800;  // 0.5
+  for (int j = 0; j < 32; ++j) b.qs[j] = static_cast<std::int8_t>(j - 16);
+  const auto y = dequant(DType::Q8_0, &b, 32);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(y[j], 0.5f * (j - 16)) << j;
+}
+
+TEST(Dequantize, Q4_0HandBlock) {
+  BlockQ4_0 b{};
+  b.d = 0x4000;  // 2.0
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<std::uint8_t>(j | ((15 - j) << 4));
+  const auto y = dequant(DType::Q4_0, &b, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], 2.0f * (j - 8)) << j;
+    EXPECT_EQ(y[j + 16], 2.0f * ((15 - j) - 8)) << j;
+  }
+}
+
+TEST(Dequantize, Q4_KHandBlockLowScales) {
+  BlockQ4_K b{};
+  b.d = 0x3c00;     // 1.0
+  b.dmin = 0x3800;  // 0.5
+  // sub-block j: scale j+1, min j (all < 16, so no high bits are needed)
+  const std::uint8_t scales[12] = {1, 2, 3, 4, 0, 1, 2, 3, 5 | (4 << 4), 6 | (5 << 4), 7 | (6 << 4), 8 | (7 << 4)};
+  std::memcpy(b.scales, scales, 12);
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) b.qs[32 * c + l] = static_cast<std::uint8_t>((l % 16) | ((15 - l % 16) << 4));
+  const auto y = dequant(DType::Q4_K, &b, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int c = e / 64, w = e % 64;
+    const int sub = w < 32 ? 2 * c : 2 * c + 1;
+    const int q = w < 32 ? w % 16 : 15 - (w - 32) % 16;
+    EXPECT_EQ(y[e], 1.0f * (sub + 1) * q - 0.5f * sub) << e;
+  }
+}
+
+TEST(Dequantize, Q4_KHandBlockHighScaleBits) {
+  BlockQ4_K b{};
+  b.d = 0x3c00;
+  b.dmin = 0x3c00;
+  std::memset(b.scales, 0xff, 12);  // every 6-bit scale and min is 63
+  std::memset(b.qs, 0x3a, sizeof b.qs);  // low nibble 10, high nibble 3
+  const auto y = dequant(DType::Q4_K, &b, 256);
+  for (int e = 0; e < 256; ++e) EXPECT_EQ(y[e], 63.0f * ((e % 64) < 32 ? 10 : 3) - 63.0f) << e;
+}
+
+TEST(Dequantize, Q6_KHandBlocks) {
+  BlockQ6_K b{};
+  b.d = 0x3400;  // 0.25
+  for (int i = 0; i < 16; ++i) b.scales[i] = static_cast<std::int8_t>(i - 8);
+  auto scale_of = [](int e) { return e / 16 - 8; };
+
+  auto y = dequant(DType::Q6_K, &b, 256);  // all bits zero: q = -32
+  for (int e = 0; e < 256; ++e) EXPECT_EQ(y[e], 0.25f * scale_of(e) * -32) << e;
+
+  std::memset(b.ql, 0xff, sizeof b.ql);
+  std::memset(b.qh, 0xff, sizeof b.qh);  // q = 63 - 32 = 31
+  y = dequant(DType::Q6_K, &b, 256);
+  for (int e = 0; e < 256; ++e) EXPECT_EQ(y[e], 0.25f * scale_of(e) * 31) << e;
+
+  // ql = 0x21 (low 1, high 2); qh = 0b11'10'01'00 gives the four 32-element quarters of each
+  // 128-element half the high bits 0, 1, 2, 3: q = 1-32, (1|16)-32, (2|32)-32, (2|48)-32.
+  std::memset(b.ql, 0x21, sizeof b.ql);
+  std::memset(b.qh, 0xe4, sizeof b.qh);
+  y = dequant(DType::Q6_K, &b, 256);
+  const int expected_q[4] = {-31, -15, 2, 18};
+  for (int e = 0; e < 256; ++e) EXPECT_EQ(y[e], 0.25f * scale_of(e) * expected_q[(e % 128) / 32]) << e;
+}
+
+TEST(Dequantize, HalfTypes) {
+  const std::uint16_t f16[2] = {0x3c00, 0xc100};  // 1, -2.5
+  auto y = dequant(DType::F16, f16, 2);
+  EXPECT_EQ(y[0], 1.0f);
+  EXPECT_EQ(y[1], -2.5f);
+  const std::uint16_t bf16[2] = {0x3f80, 0xc020};  // 1, -2.5
+  y = dequant(DType::BF16, bf16, 2);
+  EXPECT_EQ(y[0], 1.0f);
+  EXPECT_EQ(y[1], -2.5f);
+}
+
+TEST(Quantize, Q8_0MatchesGgmlReference) {
+  float x[32];
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j - 16);
+  BlockQ8_0 b;
+  quantize_row(DType::Q8_0, x, &b, 32);
+  EXPECT_EQ(b.d, fp32_to_fp16(16.0f / 127.0f));
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(b.qs[j], static_cast<int>(std::round((j - 16) * 127.0f / 16.0f))) << j;
+}
+
+TEST(Quantize, Q4_0MatchesGgmlReference) {
+  float x[32];
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j) - 8.0f;  // max magnitude is +23 at j = 31
+  BlockQ4_0 b;
+  quantize_row(DType::Q4_0, x, &b, 32);
+  const float d = 23.0f / -8.0f, id = 1.0f / d;
+  EXPECT_EQ(b.d, fp32_to_fp16(d));
+  for (int j = 0; j < 16; ++j) {
+    const int lo = std::min(15, static_cast<int>(static_cast<std::int8_t>(x[j] * id + 8.5f)));
+    const int hi = std::min(15, static_cast<int>(static_cast<std::int8_t>(x[j + 16] * id + 8.5f)));
+    EXPECT_EQ(b.qs[j], lo | (hi << 4)) << j;
+  }
+}
+
+// Relative RMS error of quantize -> dequantize on Gaussian data, against each format's resolution.
+struct RoundTripCase {
+  DType type;
+  double max_rel_rmse;
+};
+
+class RoundTrip : public ::testing::TestWithParam<RoundTripCase> {};
+
+TEST_P(RoundTrip, ErrorWithinFormatResolution) {
+  const auto [type, bound] = GetParam();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const std::size_t n = 256 * 37;
+  std::vector<float> x(n), y(n);
+  for (float& v : x) v = dist(rng);
+  x[5] = 9.0f;  // an outlier, as real weights have
+  std::vector<std::uint8_t> q(row_bytes(type, n));
+  quantize_row(type, x.data(), q.data(), n);
+  dequantize_row(type, q.data(), y.data(), n);
+  double err = 0, ref = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    err += (x[i] - y[i]) * (x[i] - y[i]);
+    ref += x[i] * x[i];
+  }
+  const double rel = std::sqrt(err / ref);
+  EXPECT_LT(rel, bound) << dtype_name(type);
+  EXPECT_GT(rel, 0.0) << "lossy format reproduced exactly: suspicious";
+}
+
+// Bounds: step / sqrt(12) relative to the data's RMS, with the step set by each format's levels
+// (Q8_0: 255 levels over +-2.5 sigma, Q4_0: 16, Q4_K: 16 with a fitted min, Q6_K: 64).
+INSTANTIATE_TEST_SUITE_P(Formats, RoundTrip,
+                         ::testing::Values(RoundTripCase{DType::F16, 1e-3}, RoundTripCase{DType::BF16, 5e-3},
+                                           RoundTripCase{DType::Q8_0, 0.012}, RoundTripCase{DType::Q4_0, 0.13},
+                                           RoundTripCase{DType::Q4_K, 0.11}, RoundTripCase{DType::Q6_K, 0.035}));
+
+TEST(Quantize, ZeroBlocksStayZero) {
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+    std::vector<float> x(256, 0.0f), y(256, 1.0f);
+    std::vector<std::uint8_t> q(row_bytes(t, 256));
+    quantize_row(t, x.data(), q.data(), 256);
+    dequantize_row(t, q.data(), y.data(), 256);
+    for (float v : y) ASSERT_EQ(v, 0.0f) << dtype_name(t);
+  }
+}
+
+TEST(Quantize, RejectsPartialBlocksAndUnsupportedTypes) {
+  std::vector<float> x(48);
+  std::vector<std::uint8_t> q(1024);
+  EXPECT_THROW(quantize_row(DType::Q8_0, x.data(), q.data(), 48), Error);
+  EXPECT_THROW(quantize_row(DType::Q5_K, x.data(), q.data(), 256), Error);
+  try {
+    dequantize_row(DType::Q5_K, q.data(), x.data(), 0);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("supported: F32, F16"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace promptly

@@ -1,0 +1,117 @@
+#include "tokenizer/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "../test_util.h"
+#include "gguf/gguf.h"
+#include "util/error.h"
+
+namespace promptly {
+namespace {
+
+Tokenizer load_tokenizer(const std::string& rel) {
+  auto f = gguf::File::open(test::shared_model(rel));
+  return Tokenizer(Vocab::from_gguf(*f));
+}
+
+std::vector<std::int32_t> parse_ids(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::int32_t> ids;
+  for (std::int32_t id; in >> id;) ids.push_back(id);
+  return ids;
+}
+
+TEST(Tokenizer, StoriesVocabDecodesTheReferenceText) {
+  const Tokenizer tok = load_tokenizer("stories260K.gguf");
+  EXPECT_EQ(tok.vocab().size(), 512u);
+  EXPECT_EQ(tok.vocab().bos, 1);
+  std::vector<std::int32_t> ids = parse_ids(test::read_file(test::shared_model("testvectors/stories260K.greedy200.ids")));
+  ASSERT_EQ(ids.size(), 200u);
+  ids.insert(ids.begin(), 1);  // BOS renders as nothing
+  EXPECT_EQ(tok.decode(ids), test::read_file(test::shared_model("testvectors/stories260K.greedy200.txt")));
+}
+
+TEST(Tokenizer, StoriesEncodeRoundTripsAndAddsBos) {
+  const Tokenizer tok = load_tokenizer("stories260K.gguf");
+  for (const std::string text : {"Once upon a time, there was a little girl named Lily.", "Hello  world\n\tx",
+                                 "caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x98\x80", ""}) {
+    const auto ids = tok.encode(text);
+    ASSERT_FALSE(ids.empty());
+    EXPECT_EQ(ids[0], 1);
+    EXPECT_EQ(tok.decode(ids), text);
+  }
+  EXPECT_EQ(tok.encode("", true), (std::vector<std::int32_t>{1}));
+  EXPECT_TRUE(tok.encode("", false).empty());
+}
+
+// llama.cpp's tokenizer test vectors for SentencePiece vocabularies (no BOS, dummy-prefix space).
+class SpmVectors : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SpmVectors, MatchReferenceIds) {
+  const std::string name = GetParam();
+  const Tokenizer tok = load_tokenizer("vocab/ggml-vocab-" + name + ".gguf");
+  const std::string inp = test::read_file(test::shared_model("vocab/ggml-vocab-" + name + ".gguf.inp"));
+  const std::string out = test::read_file(test::shared_model("vocab/ggml-vocab-" + name + ".gguf.out"));
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> texts;
+  for (std::size_t pos = 0, next; (next = inp.find(sep, pos)) != std::string::npos; pos = next + sep.size()) {
+    texts.push_back(inp.substr(pos, next - pos));
+  }
+  std::vector<std::string> lines;
+  std::istringstream os(out);
+  for (std::string line; std::getline(os, line);) lines.push_back(line);
+  ASSERT_EQ(texts.size(), lines.size());
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    EXPECT_EQ(tok.encode(texts[i], false), parse_ids(lines[i])) << "text #" << i << ": '" << texts[i] << "'";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Vocabs, SpmVectors, ::testing::Values("llama-spm", "phi-3"));
+
+TEST(Detokenizer, HoldsIncompleteUtf8) {
+  const Tokenizer tok = load_tokenizer("stories260K.gguf");
+  const std::int32_t c3 = tok.vocab().byte_tokens[0xc3], a9 = tok.vocab().byte_tokens[0xa9];
+  ASSERT_GE(c3, 0);
+  StreamingDetokenizer d(tok, {1, 400});
+  EXPECT_EQ(d.push(c3), "");
+  EXPECT_EQ(d.push(a9), "\xc3\xa9");
+  EXPECT_EQ(d.push(c3), "");
+  EXPECT_EQ(d.flush(), "\xef\xbf\xbd");  // a dangling lead byte becomes U+FFFD at the end
+}
+
+TEST(Detokenizer, DropsDummyPrefixOnlyAtStart) {
+  const Tokenizer tok = load_tokenizer("stories260K.gguf");
+  const auto ids = tok.encode("Once upon", false);
+  StreamingDetokenizer fresh(tok, {1});
+  std::string s;
+  for (auto id : ids) s += fresh.push(id);
+  EXPECT_EQ(s, "Once upon");
+  StreamingDetokenizer continuing(tok, tok.encode("Hi"));
+  s.clear();
+  for (auto id : ids) s += continuing.push(id);
+  EXPECT_EQ(s, " Once upon");
+}
+
+TEST(Utf8, CompletePrefix) {
+  EXPECT_EQ(complete_utf8_prefix("abc"), 3u);
+  EXPECT_EQ(complete_utf8_prefix("ab\xc3"), 2u);
+  EXPECT_EQ(complete_utf8_prefix("\xe2\x9c"), 0u);
+  EXPECT_EQ(complete_utf8_prefix("\xe2\x9c\x93"), 3u);
+  EXPECT_EQ(complete_utf8_prefix("x\xf0\x9f\x98"), 1u);
+  EXPECT_EQ(complete_utf8_prefix(""), 0u);
+}
+
+TEST(Tokenizer, BpeVocabIsAClearError) {
+  auto f = gguf::File::open(test::shared_model("vocab/ggml-vocab-gpt-2.gguf"));
+  try {
+    Tokenizer t(Vocab::from_gguf(*f));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gpt2"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace promptly
