@@ -1,5 +1,6 @@
 #include "kernels/matmul.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "tensor/quant.h"
@@ -19,8 +20,11 @@ float dot_f32(const float* a, const float* b, std::size_t n) {
 }
 
 void matmul(const WeightMatrix& w, const float* x, std::size_t n_tokens, float* y, ThreadPool& pool) {
-  constexpr std::size_t kRowGrain = 16;
-  pool.parallel_for(w.rows, kRowGrain, [&](std::size_t begin, std::size_t end, int) {
+  // Waking a thread costs microseconds, so each share gets at least ~64K multiply-adds; small
+  // matrices (tiny models, single tokens) run on the calling thread alone.
+  constexpr std::size_t kMinMacsPerShare = 1 << 16;
+  const std::size_t grain = std::max<std::size_t>(16, kMinMacsPerShare / std::max<std::size_t>(1, w.cols * n_tokens));
+  pool.parallel_for(w.rows, grain, [&](std::size_t begin, std::size_t end, int) {
     thread_local std::vector<float> row_buf;
     if (w.type != DType::F32) row_buf.resize(w.cols);
     for (std::size_t r = begin; r < end; ++r) {

@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -159,7 +160,10 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
 
     // Causal attention: token t sees positions [0, pos_t] of its own sequence, which the cache now
     // holds whether they came from earlier calls or from this batch.
-    pool.parallel_for(T * c.n_head, 1, [&](std::size_t begin, std::size_t end, int) {
+    std::size_t attn_macs = 0;  // per head, summed over the batch: sizes the work shares
+    for (std::size_t t = 0; t < T; ++t) attn_macs += 2 * HD * (static_cast<std::size_t>(batch.positions[t]) + 1);
+    const std::size_t attn_grain = std::max<std::size_t>(1, (1 << 16) * T / std::max<std::size_t>(1, attn_macs));
+    pool.parallel_for(T * c.n_head, attn_grain, [&](std::size_t begin, std::size_t end, int) {
       thread_local std::vector<float> scores;
       for (std::size_t job = begin; job < end; ++job) {
         const std::size_t t = job / c.n_head, h = job % c.n_head, kvh = h / group;

@@ -223,16 +223,54 @@ std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool render_
   return out;
 }
 
-std::size_t complete_utf8_prefix(std::string_view s) {
-  // Look back at most 3 bytes for a lead byte whose sequence runs past the end.
-  const std::size_t n = s.size();
-  for (std::size_t back = 1; back <= 3 && back <= n; ++back) {
-    const auto c = static_cast<unsigned char>(s[n - back]);
-    if ((c & 0xc0) == 0x80) continue;  // continuation byte: keep looking for the lead
-    const std::size_t need = utf8_len(c);
-    return need > back ? n - back : n;
+std::size_t take_valid_utf8(std::string_view s, std::string& out) {
+  static constexpr std::string_view kReplacement = "\xef\xbf\xbd";
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    std::size_t need = 0;
+    unsigned char lo = 0x80, hi = 0xbf;  // allowed range of the second byte (rules out overlongs and surrogates)
+    if (c >= 0xc2 && c <= 0xdf) {
+      need = 1;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      need = 2;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      need = 3;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    }
+    if (need == 0) {  // stray continuation or a byte that never starts a character
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    std::size_t k = 1;
+    bool bad = false;
+    for (; k <= need && i + k < s.size(); ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      const bool ok = k == 1 ? (cc >= lo && cc <= hi) : (cc & 0xc0) == 0x80;
+      if (!ok) {
+        bad = true;
+        break;
+      }
+    }
+    if (bad) {  // the sequence was cut short by another character: the lead byte alone is invalid
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    if (k <= need) return i;  // incomplete at the end: hold it for the next token
+    out.append(s.substr(i, need + 1));
+    i += need + 1;
   }
-  return n;
+  return i;
 }
 
 StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tokenizer, const std::vector<std::int32_t>& context)
@@ -252,9 +290,8 @@ std::string StreamingDetokenizer::push(std::int32_t id) {
     at_start_ = false;
   }
   pending_ += p;
-  const std::size_t ready = complete_utf8_prefix(pending_);
-  std::string out = pending_.substr(0, ready);
-  pending_.erase(0, ready);
+  std::string out;
+  pending_.erase(0, take_valid_utf8(pending_, out));
   return out;
 }
 

@@ -50,7 +50,8 @@ class StreamingDetokenizer {
   bool at_start_ = true;
 };
 
-// Length of the longest prefix of `s` that is complete UTF-8 (an incomplete tail is held back).
-std::size_t complete_utf8_prefix(std::string_view s);
+// Appends the valid UTF-8 of `s` to `out`, replacing each invalid byte with U+FFFD, and returns how
+// many bytes were consumed: all of them except an incomplete (but so far valid) final sequence.
+std::size_t take_valid_utf8(std::string_view s, std::string& out);
 
 }  // namespace promptly

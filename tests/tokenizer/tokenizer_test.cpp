@@ -94,13 +94,32 @@ TEST(Detokenizer, DropsDummyPrefixOnlyAtStart) {
   EXPECT_EQ(s, " Once upon");
 }
 
-TEST(Utf8, CompletePrefix) {
-  EXPECT_EQ(complete_utf8_prefix("abc"), 3u);
-  EXPECT_EQ(complete_utf8_prefix("ab\xc3"), 2u);
-  EXPECT_EQ(complete_utf8_prefix("\xe2\x9c"), 0u);
-  EXPECT_EQ(complete_utf8_prefix("\xe2\x9c\x93"), 3u);
-  EXPECT_EQ(complete_utf8_prefix("x\xf0\x9f\x98"), 1u);
-  EXPECT_EQ(complete_utf8_prefix(""), 0u);
+TEST(Utf8, TakeValidReplacesBrokenSequencesAndHoldsTheTail) {
+  auto take = [](std::string_view s, std::size_t expect_consumed) {
+    std::string out;
+    EXPECT_EQ(take_valid_utf8(s, out), expect_consumed) << s;
+    return out;
+  };
+  EXPECT_EQ(take("abc", 3), "abc");
+  EXPECT_EQ(take("\xc3z", 2), "\xef\xbf\xbdz");          // lead byte interrupted by ASCII
+  EXPECT_EQ(take("\x80x", 2), "\xef\xbf\xbdx");          // stray continuation
+  EXPECT_EQ(take("\xc0\xaf", 2), "\xef\xbf\xbd\xef\xbf\xbd");  // overlong encoding
+  EXPECT_EQ(take("\xed\xa0\x80", 3), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // UTF-16 surrogate
+  EXPECT_EQ(take("ok\xe2\x9c", 2), "ok");                  // incomplete tail held back
+  EXPECT_EQ(take("\xf0\x9f\x98\x80", 4), "\xf0\x9f\x98\x80");
+}
+
+TEST(Detokenizer, NeverEmitsInvalidUtf8) {
+  const Tokenizer tok = load_tokenizer("stories260K.gguf");
+  StreamingDetokenizer d(tok, {1, 400});
+  std::string all;
+  for (int b : {0xc3, 0xe2, 0x9c, 0x93, 0xff, 0xa9}) all += d.push(tok.vocab().byte_tokens[b]);
+  all += d.push(400);
+  all += d.flush();
+  std::string check;
+  EXPECT_EQ(take_valid_utf8(all, check), all.size());
+  EXPECT_EQ(check, all);  // already valid: nothing replaced on a second pass
+  EXPECT_EQ(all.substr(0, 6), "\xef\xbf\xbd\xe2\x9c\x93");
 }
 
 TEST(Tokenizer, BpeVocabIsAClearError) {

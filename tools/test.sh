@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The whole test suite: release build + tests, debug build (ASan+UBSan) + tests, and a bounded
+# libFuzzer run of the GGUF reader. Needs ../shared/models beside the checkout.
+# FUZZ_SECONDS (default 60) bounds the fuzzing; 0 skips it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+echo "== release build and tests"
+cmake --preset release -DPROMPTLY_WERROR=ON -DPROMPTLY_BUILD_TESTS=ON
+cmake --build --preset release -j "$jobs"
+ctest --preset release -j "$jobs"
+
+echo "== debug build (ASan + UBSan) and tests"
+cmake --preset debug -DPROMPTLY_WERROR=ON -DPROMPTLY_BUILD_TESTS=ON
+cmake --build --preset debug -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset debug -j "$jobs"
+
+fuzz_seconds=${FUZZ_SECONDS:-60}
+if [ "$fuzz_seconds" -gt 0 ]; then
+  echo "== fuzzing the GGUF reader for ${fuzz_seconds}s"
+  CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPROMPTLY_BUILD_FUZZERS=ON -DPROMPTLY_SANITIZE=ON -DPROMPTLY_BUILD_TESTS=OFF
+  cmake --build build/fuzz --target gguf_fuzzer -j "$jobs"
+  corpus=$(mktemp -d)
+  trap 'rm -rf "$corpus"' EXIT
+  cp fuzz/seeds/* "$corpus"/
+  ./build/fuzz/gguf_fuzzer -max_total_time="$fuzz_seconds" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
+  echo "fuzzing: no crash in ${fuzz_seconds}s"
+fi
