@@ -5,16 +5,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+passed=0
+# ctest's summary line "100% tests passed, 0 tests failed out of N" gives the count for this run.
+count_passed() { passed=$((passed + $(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$log" | tail -n 1))); }
 
 echo "== release build and tests"
 cmake --preset release -DPROMPTLY_WERROR=ON -DPROMPTLY_BUILD_TESTS=ON
 cmake --build --preset release -j "$jobs"
-ctest --preset release -j "$jobs"
+ctest --preset release -j "$jobs" | tee "$log"
+count_passed
 
 echo "== debug build (ASan + UBSan) and tests"
 cmake --preset debug -DPROMPTLY_WERROR=ON -DPROMPTLY_BUILD_TESTS=ON
 cmake --build --preset debug -j "$jobs"
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset debug -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset debug -j "$jobs" | tee "$log"
+count_passed
 
 fuzz_seconds=${FUZZ_SECONDS:-60}
 if [ "$fuzz_seconds" -gt 0 ]; then
@@ -23,9 +30,12 @@ if [ "$fuzz_seconds" -gt 0 ]; then
     -DPROMPTLY_BUILD_FUZZERS=ON -DPROMPTLY_SANITIZE=ON -DPROMPTLY_BUILD_TESTS=OFF
   cmake --build build/fuzz --target gguf_fuzzer -j "$jobs"
   corpus=$(mktemp -d)
-  trap 'rm -rf "$corpus"' EXIT
+  trap 'rm -rf "$corpus" "$log"' EXIT
   cp fuzz/seeds/* "$corpus"/
   ./build/fuzz/gguf_fuzzer -max_total_time="$fuzz_seconds" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
   echo "fuzzing: no crash in ${fuzz_seconds}s"
+  passed=$((passed + 1))
 fi
+# Any failure above has already stopped the script (set -e, pipefail), so reaching here means none failed.
+echo "summary: ${passed} passed, 0 failed"
