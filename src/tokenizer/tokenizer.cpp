@@ -1,9 +1,11 @@
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <fstream>
 #include <queue>
 #include <unordered_map>
 
+#include "gguf/gguf.h"
 #include "util/error.h"
 
 namespace promptly {
@@ -123,11 +125,136 @@ class SpmSession {
   std::unordered_map<std::string, std::pair<int, int>> rev_merge_;
 };
 
+
+// Byte-level BPE on one pre-tokenized word: bytes become GPT-2's printable code points, then the
+// adjacent pair with the lowest merge rank merges first (leftmost on ties) until no pair is a merge.
+class BpeSession {
+ public:
+  BpeSession(const Vocab& vocab, const std::string& word) : vocab_(vocab), word_(word) {}
+
+  void run(std::vector<std::int32_t>& out) {
+    if (vocab_.ignore_merges) {
+      const std::int32_t id = vocab_.find(word_);
+      if (id >= 0) {
+        out.push_back(id);
+        return;
+      }
+    }
+    for (std::size_t offs = 0; offs < word_.size();) {
+      const std::size_t n = std::min(utf8_len(static_cast<unsigned char>(word_[offs])), word_.size() - offs);
+      const int index = static_cast<int>(symbols_.size());
+      symbols_.push_back({index - 1, offs + n == word_.size() ? -1 : index + 1, offs, n});
+      offs += n;
+    }
+    for (int i = 1; i < static_cast<int>(symbols_.size()); ++i) try_add(i - 1, i);
+    while (!queue_.empty()) {
+      const Bigram b = queue_.top();
+      queue_.pop();
+      Symbol& left = symbols_[static_cast<std::size_t>(b.left)];
+      Symbol& right = symbols_[static_cast<std::size_t>(b.right)];
+      if (left.n == 0 || right.n == 0 || left.n + right.n != b.size) continue;  // stale entry
+      left.n += right.n;
+      right.n = 0;
+      left.next = right.next;
+      if (right.next >= 0) symbols_[static_cast<std::size_t>(right.next)].prev = b.left;
+      try_add(left.prev, b.left);
+      try_add(b.left, left.next);
+    }
+    for (const Symbol& sym : symbols_) {
+      if (sym.n == 0) continue;
+      const std::string_view piece = std::string_view(word_).substr(sym.start, sym.n);
+      const std::int32_t id = vocab_.find(piece);
+      if (id >= 0) {
+        out.push_back(id);
+        continue;
+      }
+      // No token for the merged piece: fall back to one token per encoded byte character.
+      for (std::size_t k = 0; k < piece.size();) {
+        const std::size_t n = std::min(utf8_len(static_cast<unsigned char>(piece[k])), piece.size() - k);
+        const std::int32_t byte_id = vocab_.find(piece.substr(k, n));
+        if (byte_id >= 0) out.push_back(byte_id);
+        k += n;
+      }
+    }
+  }
+
+ private:
+  struct Symbol {
+    int prev, next;
+    std::size_t start, n;
+  };
+  struct Bigram {
+    int left, right;
+    std::int32_t rank;
+    std::size_t size;
+  };
+  struct Order {
+    bool operator()(const Bigram& a, const Bigram& b) const { return a.rank > b.rank || (a.rank == b.rank && a.left > b.left); }
+  };
+
+  void try_add(int left, int right) {
+    if (left == -1 || right == -1) return;
+    const Symbol& l = symbols_[static_cast<std::size_t>(left)];
+    const Symbol& r = symbols_[static_cast<std::size_t>(right)];
+    key_.assign(word_, l.start, l.n);
+    key_ += ' ';
+    key_.append(word_, r.start, r.n);
+    auto it = vocab_.merge_ranks.find(key_);
+    if (it == vocab_.merge_ranks.end()) return;
+    queue_.push({left, right, it->second, l.n + r.n});
+  }
+
+  const Vocab& vocab_;
+  const std::string& word_;
+  std::vector<Symbol> symbols_;
+  std::priority_queue<Bigram, std::vector<Bigram>, Order> queue_;
+  std::string key_;
+};
+
+// Decodes one UTF-8 code point at s[i]; advances i. Invalid bytes decode as themselves.
+char32_t next_code_point(std::string_view s, std::size_t& i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  const std::size_t n = std::min(utf8_len(c), s.size() - i);
+  char32_t cp = n == 1 ? c : c & (0xff >> (n + 1));
+  for (std::size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+  i += n;
+  return cp;
+}
+
 }  // namespace
 
 Tokenizer::Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {
-  if (vocab_.kind != VocabKind::Spm) {
-    throw Error("tokenizer model '" + vocab_.model_name + "' (byte-level BPE) is not supported yet; supported: llama (SentencePiece)");
+  if (vocab_.kind == VocabKind::Bpe) splitter_ = std::make_unique<RegexSplitter>(vocab_.pre_regexes);
+  for (std::size_t i = 0; i < vocab_.size(); ++i) {
+    const TokenType t = vocab_.types[i];
+    if (vocab_.tokens[i].empty() || (t != TokenType::UserDefined && t != TokenType::Control)) continue;
+    all_specials_.push_back(static_cast<std::int32_t>(i));
+    if (t == TokenType::UserDefined) user_specials_.push_back(static_cast<std::int32_t>(i));
+    special_first_byte_[static_cast<unsigned char>(vocab_.tokens[i][0])] = true;
+  }
+  auto longest_first = [&](std::int32_t a, std::int32_t b) {
+    const auto la = vocab_.tokens[static_cast<std::size_t>(a)].size(), lb = vocab_.tokens[static_cast<std::size_t>(b)].size();
+    return la != lb ? la > lb : a < b;
+  };
+  std::sort(all_specials_.begin(), all_specials_.end(), longest_first);
+  std::sort(user_specials_.begin(), user_specials_.end(), longest_first);
+}
+
+Tokenizer Tokenizer::from_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot open '" + path + "'");
+  char magic[4] = {};
+  in.read(magic, 4);
+  if (in.gcount() == 4 && std::string_view(magic, 4) == "GGUF") return Tokenizer(Vocab::from_gguf(*gguf::File::open(path)));
+  return Tokenizer(Vocab::from_tokenizer_json(path));
+}
+
+void Tokenizer::encode_bpe(std::string_view text, std::vector<std::int32_t>& out) const {
+  std::string word;
+  for (std::string_view piece : splitter_->split(text)) {
+    word.clear();
+    for (unsigned char c : piece) word += byte_to_unicode(c);
+    BpeSession(vocab_, word).run(out);
   }
 }
 
@@ -141,29 +268,29 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_spec
 
   // Split out special tokens: user-defined pieces always, control tokens only when asked. Longest
   // match first so that e.g. "<|im_start|>" wins over any shorter special it contains.
-  std::vector<std::int32_t> specials;
-  for (std::size_t i = 0; i < vocab_.size(); ++i) {
-    const TokenType t = vocab_.types[i];
-    if (vocab_.tokens[i].empty()) continue;
-    if (t == TokenType::UserDefined || (parse_special && t == TokenType::Control)) specials.push_back(static_cast<std::int32_t>(i));
-  }
-  std::sort(specials.begin(), specials.end(), [&](std::int32_t a, std::int32_t b) {
-    return vocab_.tokens[static_cast<std::size_t>(a)].size() > vocab_.tokens[static_cast<std::size_t>(b)].size();
-  });
+  const std::vector<std::int32_t>& specials = parse_special ? all_specials_ : user_specials_;
 
   bool prev_special = true;  // the dummy prefix goes before text that starts the input or follows a special token
   auto emit_text = [&](std::string_view fragment) {
     if (fragment.empty()) return;
-    std::string s;
-    if (vocab_.add_space_prefix && prev_special) s += ' ';
-    s += fragment;
-    encode_spm(replace_all(s, " ", kSpaceMarker), out);
+    if (vocab_.kind == VocabKind::Bpe) {
+      encode_bpe(fragment, out);
+    } else {
+      std::string s;
+      if (vocab_.add_space_prefix && prev_special) s += ' ';
+      s += fragment;
+      encode_spm(replace_all(s, " ", kSpaceMarker), out);
+    }
     prev_special = false;
   };
 
   std::size_t start = 0, i = 0;
   while (i < text.size()) {
     std::int32_t match = -1;
+    if (!special_first_byte_[static_cast<unsigned char>(text[i])]) {
+      ++i;
+      continue;
+    }
     for (std::int32_t id : specials) {
       const std::string& piece = vocab_.tokens[static_cast<std::size_t>(id)];
       if (text.compare(i, piece.size(), piece) == 0) {
@@ -205,8 +332,16 @@ std::string Tokenizer::piece(std::int32_t id, bool render_special) const {
       }
       return text;
     default:
-      return replace_all(text, kSpaceMarker, " ");
+      break;
   }
+  if (vocab_.kind == VocabKind::Spm) return replace_all(text, kSpaceMarker, " ");
+  std::string bytes;  // byte-level BPE: each code point stands for one byte
+  for (std::size_t i = 0; i < text.size();) {
+    const char32_t cp = next_code_point(text, i);
+    const int b = unicode_to_byte(cp);
+    if (b >= 0) bytes += static_cast<char>(b);
+  }
+  return bytes;
 }
 
 std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool render_special) const {

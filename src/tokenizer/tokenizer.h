@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/pretokenizer.h"
 #include "tokenizer/vocab.h"
 
 namespace promptly {
@@ -14,6 +15,8 @@ namespace promptly {
 class Tokenizer {
  public:
   explicit Tokenizer(Vocab vocab);
+  // Loads a GGUF (full model or vocab-only) or a Hugging Face tokenizer.json, by file content.
+  static Tokenizer from_file(const std::string& path);
 
   const Vocab& vocab() const { return vocab_; }
 
@@ -30,8 +33,13 @@ class Tokenizer {
 
  private:
   void encode_spm(std::string_view text, std::vector<std::int32_t>& out) const;
+  void encode_bpe(std::string_view text, std::vector<std::int32_t>& out) const;
 
   Vocab vocab_;
+  std::unique_ptr<RegexSplitter> splitter_;  // BPE only
+  // Special pieces matched in text, longest first: user-defined always, control ones on request.
+  std::vector<std::int32_t> user_specials_, all_specials_;
+  bool special_first_byte_[256] = {};
 };
 
 // Incremental decode for streaming: feed ids one at a time, get text that is always valid UTF-8.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "tokenizer/pretokenizer.h"
 #include "util/error.h"
 
 namespace promptly {
@@ -60,8 +61,6 @@ Vocab Vocab::from_gguf(const gguf::File& f) {
       v.types[i] = (t >= 0 && t <= 6) ? static_cast<TokenType>(t) : TokenType::Normal;
     }
   }
-  v.piece_to_id.reserve(n);
-  for (std::size_t i = 0; i < n; ++i) v.piece_to_id.emplace(v.tokens[i], static_cast<std::int32_t>(i));
 
   auto id_key = [&](const char* key, std::int32_t fallback) -> std::int32_t {
     const auto id = f.get_int(key);
@@ -82,13 +81,34 @@ Vocab Vocab::from_gguf(const gguf::File& f) {
   v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token").value_or(spm);
   v.add_eos = f.get_bool("tokenizer.ggml.add_eos_token").value_or(false);
   v.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix").value_or(spm);
+  v.chat_template = f.get_string("tokenizer.chat_template").value_or("");
 
+  if (!spm) {
+    const gguf::Array* merges = f.get_array("tokenizer.ggml.merges");
+    if (!merges) throw Error(where + ": BPE vocabulary without 'tokenizer.ggml.merges'");
+    v.merge_ranks.reserve(merges->items.size());
+    for (std::size_t i = 0; i < merges->items.size(); ++i) {
+      v.merge_ranks.emplace(merges->items[i].as_string("tokenizer.ggml.merges"), static_cast<std::int32_t>(i));
+    }
+    std::string warning;
+    PreTokenizer pt = pre_tokenizer_for(v.pre, warning);
+    if (!warning.empty()) v.warnings.push_back(warning);
+    v.pre_regexes = std::move(pt.regexes);
+    v.ignore_merges = pt.ignore_merges;
+  }
+  v.finalize();
+  return v;
+}
+
+void Vocab::finalize() {
+  piece_to_id.clear();
+  piece_to_id.reserve(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) piece_to_id.emplace(tokens[i], static_cast<std::int32_t>(i));
   for (int b = 0; b < 256; ++b) {
     char name[8];
     std::snprintf(name, sizeof name, "<0x%02X>", b);
-    v.byte_tokens[b] = v.find(name);
+    byte_tokens[b] = find(name);
   }
-  return v;
 }
 
 }  // namespace promptly

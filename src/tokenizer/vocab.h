@@ -19,7 +19,12 @@ enum class VocabKind { Spm, Bpe };
 struct Vocab {
   VocabKind kind = VocabKind::Spm;
   std::string model_name;  // tokenizer.ggml.model
-  std::string pre;         // tokenizer.ggml.pre
+  std::string pre;         // tokenizer.ggml.pre (or "tokenizer.json" for an imported one)
+  std::vector<std::string> pre_regexes;  // BPE pre-tokenizer cascade
+  bool ignore_merges = false;            // BPE: whole words found in the vocabulary skip merging
+  std::unordered_map<std::string, std::int32_t> merge_ranks;  // BPE: "left right" -> rank
+  std::string chat_template;             // tokenizer.chat_template, empty if none
+  std::vector<std::string> warnings;     // non-fatal problems found while loading
   std::vector<std::string> tokens;
   std::vector<float> scores;
   std::vector<TokenType> types;
@@ -38,6 +43,12 @@ struct Vocab {
 
   // Throws Error naming the key when the tokenizer metadata is missing or inconsistent.
   static Vocab from_gguf(const gguf::File& file);
+  // A Hugging Face tokenizer.json (byte-level BPE); a tokenizer_config.json beside it supplies
+  // bos/eos tokens and the chat template when present.
+  static Vocab from_tokenizer_json(const std::string& path);
+
+  // Builds the lookup tables once tokens and types are set.
+  void finalize();
 };
 
 }  // namespace promptly

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "../test_util.h"
@@ -46,12 +47,19 @@ TEST(Tokenizer, StoriesEncodeRoundTripsAndAddsBos) {
   EXPECT_TRUE(tok.encode("", false).empty());
 }
 
-// llama.cpp's tokenizer test vectors for SentencePiece vocabularies (no BOS, dummy-prefix space).
-class SpmVectors : public ::testing::TestWithParam<std::string> {};
+// llama.cpp's tokenizer test vectors (no BOS; SentencePiece vocabularies get the dummy-prefix
+// space). llama-bpe and qwen2 run through the Hugging Face tokenizer.json of Llama 3 and Qwen3.
+struct VectorCase {
+  std::string name;
+  std::string tokenizer;  // relative to shared/models
+};
+void PrintTo(const VectorCase& c, std::ostream* os) { *os << c.name; }
 
-TEST_P(SpmVectors, MatchReferenceIds) {
-  const std::string name = GetParam();
-  const Tokenizer tok = load_tokenizer("vocab/ggml-vocab-" + name + ".gguf");
+class Vectors : public ::testing::TestWithParam<VectorCase> {};
+
+TEST_P(Vectors, MatchReferenceIdsAndRoundTrip) {
+  const std::string name = GetParam().name;
+  const Tokenizer tok = Tokenizer::from_file(test::shared_model(GetParam().tokenizer));
   const std::string inp = test::read_file(test::shared_model("vocab/ggml-vocab-" + name + ".gguf.inp"));
   const std::string out = test::read_file(test::shared_model("vocab/ggml-vocab-" + name + ".gguf.out"));
   const std::string sep = "\n__ggml_vocab_test__\n";
@@ -64,11 +72,25 @@ TEST_P(SpmVectors, MatchReferenceIds) {
   for (std::string line; std::getline(os, line);) lines.push_back(line);
   ASSERT_EQ(texts.size(), lines.size());
   for (std::size_t i = 0; i < texts.size(); ++i) {
-    EXPECT_EQ(tok.encode(texts[i], false), parse_ids(lines[i])) << "text #" << i << ": '" << texts[i] << "'";
+    const auto ids = tok.encode(texts[i], false);
+    EXPECT_EQ(ids, parse_ids(lines[i])) << name << " text #" << i << ": '" << texts[i] << "'";
+    EXPECT_EQ(tok.decode(ids), texts[i]) << name << " text #" << i;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Vocabs, SpmVectors, ::testing::Values("llama-spm", "phi-3"));
+INSTANTIATE_TEST_SUITE_P(
+    Vocabs, Vectors,
+    ::testing::Values(VectorCase{"llama-spm", "vocab/ggml-vocab-llama-spm.gguf"}, VectorCase{"phi-3", "vocab/ggml-vocab-phi-3.gguf"},
+                      VectorCase{"gpt-2", "vocab/ggml-vocab-gpt-2.gguf"},
+                      VectorCase{"deepseek-coder", "vocab/ggml-vocab-deepseek-coder.gguf"},
+                      VectorCase{"starcoder", "vocab/ggml-vocab-starcoder.gguf"}, VectorCase{"falcon", "vocab/ggml-vocab-falcon.gguf"},
+                      VectorCase{"llama-bpe", "tokenizers/llama3/tokenizer.json"},
+                      VectorCase{"qwen2", "tokenizers/qwen3/tokenizer.json"}),
+    [](const auto& info) {
+      std::string n = info.param.name;
+      for (char& c : n) if (c == '-') c = '_';
+      return n;
+    });
 
 TEST(Detokenizer, HoldsIncompleteUtf8) {
   const Tokenizer tok = load_tokenizer("stories260K.gguf");
@@ -122,14 +144,39 @@ TEST(Detokenizer, NeverEmitsInvalidUtf8) {
   EXPECT_EQ(all.substr(0, 6), "\xef\xbf\xbd\xe2\x9c\x93");
 }
 
-TEST(Tokenizer, BpeVocabIsAClearError) {
-  auto f = gguf::File::open(test::shared_model("vocab/ggml-vocab-gpt-2.gguf"));
-  try {
-    Tokenizer t(Vocab::from_gguf(*f));
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("gpt2"), std::string::npos) << e.what();
-  }
+TEST(Tokenizer, SpecialTokensParsedOnlyWhenAsked) {
+  const Tokenizer tok = Tokenizer::from_file(test::shared_model("tokenizers/qwen3/tokenizer.json"));
+  const std::int32_t im_start = tok.vocab().find("<|im_start|>");
+  ASSERT_GE(im_start, 0);
+  const auto parsed = tok.encode("<|im_start|>user\nhi", false, true);
+  EXPECT_EQ(parsed.front(), im_start);
+  const auto literal = tok.encode("<|im_start|>user\nhi", false, false);
+  EXPECT_EQ(std::count(literal.begin(), literal.end(), im_start), 0);
+  EXPECT_EQ(tok.decode(literal), "<|im_start|>user\nhi");
+  EXPECT_EQ(tok.decode(parsed), "user\nhi");  // control tokens render as nothing ...
+  EXPECT_EQ(tok.decode(parsed, true), "<|im_start|>user\nhi");  // ... unless asked
+  EXPECT_EQ(tok.vocab().eos, tok.vocab().find("<|im_end|>"));  // from tokenizer_config.json
+  EXPECT_FALSE(tok.vocab().add_bos);
+  const Tokenizer llama3 = Tokenizer::from_file(test::shared_model("tokenizers/llama3/tokenizer.json"));
+  EXPECT_EQ(llama3.encode("hi").front(), 128000);  // <|begin_of_text|>
+  const auto eog = llama3.vocab().end_of_generation_ids();
+  EXPECT_NE(std::find(eog.begin(), eog.end(), llama3.vocab().find("<|eot_id|>")), eog.end());
+}
+
+TEST(Tokenizer, UnknownPreTokenizerWarnsAndFallsBack) {
+  std::string warning;
+  const PreTokenizer pt = pre_tokenizer_for("brand-new-model", warning);
+  EXPECT_NE(warning.find("brand-new-model"), std::string::npos);
+  EXPECT_FALSE(pt.regexes.empty());
+  pre_tokenizer_for("qwen2", warning);
+  EXPECT_TRUE(warning.empty());
+}
+
+TEST(RegexSplitter, KeepsMatchesAndGaps) {
+  RegexSplitter s({"\\p{N}+"});
+  const auto pieces = s.split("ab12cd345");
+  EXPECT_EQ(pieces, (std::vector<std::string_view>{"ab", "12", "cd", "345"}));
+  EXPECT_THROW(RegexSplitter({"("}), Error);
 }
 
 }  // namespace
