@@ -1,6 +1,7 @@
 #pragma once
 // One function per `promptly` sub-command; main.cpp parses flags into these option structs.
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "engine/generate.h"
@@ -41,6 +42,23 @@ struct QuantizeOptions {
   int threads = 0;
 };
 int quantize(const QuantizeOptions& o);
+
+struct TokenizeOptions {
+  std::string model;  // GGUF (full or vocab-only) or tokenizer.json
+  std::string text;
+  bool no_bos = false;
+  bool parse_special = false;
+};
+int tokenize(const TokenizeOptions& o);
+
+struct TemplateOptions {
+  std::string model;
+  std::string template_file;
+  std::optional<std::string> bos_token, eos_token;
+  std::string messages_file;
+  bool add_generation_prompt = false;
+};
+int render_template(const TemplateOptions& o);
 
 // Path of the demo model, generated on first use (tiny preset), for `run` without -m.
 std::string ensure_demo_model(int threads);

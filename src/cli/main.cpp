@@ -58,6 +58,22 @@ int main(int argc, char** argv) {
   quant_cmd->add_option("type", quant.type, "Q8_0, Q4_0, Q4_K, Q4_K_M, Q6_K, F16, BF16, F32")->required();
   quant_cmd->add_option("-t,--threads", quant.threads, "Threads");
 
+  cli::TokenizeOptions tokz;
+  auto* tok_cmd = app.add_subcommand("tokenize", "Print the token ids of a text as a JSON array");
+  tok_cmd->add_option("-m,--model", tokz.model, "GGUF model or vocab file, or a tokenizer.json")->required();
+  tok_cmd->add_option("text", tokz.text, "Text to tokenize")->required();
+  tok_cmd->add_flag("--no-bos", tokz.no_bos, "Do not add BOS/EOS");
+  tok_cmd->add_flag("--special", tokz.parse_special, "Parse control tokens written in the text");
+
+  cli::TemplateOptions tmpl;
+  auto* tmpl_cmd = app.add_subcommand("template", "Render a chat exactly as the model's chat template formats it");
+  tmpl_cmd->add_option("-m,--model", tmpl.model, "GGUF model or vocab file, or a tokenizer.json (with tokenizer_config.json beside it)");
+  tmpl_cmd->add_option("--chat-template", tmpl.template_file, "Jinja template file (overrides the model's)");
+  tmpl_cmd->add_option("--bos-token", tmpl.bos_token, "bos_token as the template sees it");
+  tmpl_cmd->add_option("--eos-token", tmpl.eos_token, "eos_token as the template sees it");
+  tmpl_cmd->add_option("--messages", tmpl.messages_file, "JSON array of {\"role\", \"content\"} messages")->required();
+  tmpl_cmd->add_flag("--add-generation-prompt", tmpl.add_generation_prompt, "End with the assistant turn's opening");
+
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -65,6 +81,8 @@ int main(int argc, char** argv) {
     if (*info_cmd) return cli::info(info);
     if (*gen_cmd) return cli::gen_model(gen);
     if (*quant_cmd) return cli::quantize(quant);
+    if (*tok_cmd) return cli::tokenize(tokz);
+    if (*tmpl_cmd) return cli::render_template(tmpl);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
