@@ -28,14 +28,20 @@ if [ "$fuzz_seconds" -gt 0 ]; then
   echo "== fuzzing the GGUF reader for ${fuzz_seconds}s"
   CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DPROMPTLY_BUILD_FUZZERS=ON -DPROMPTLY_SANITIZE=ON -DPROMPTLY_BUILD_TESTS=OFF
-  cmake --build build/fuzz --target gguf_fuzzer -j "$jobs"
+  cmake --build build/fuzz --target gguf_fuzzer jinja_fuzzer -j "$jobs"
   corpus=$(mktemp -d)
   trap 'rm -rf "$corpus" "$log"' EXIT
-  cp fuzz/seeds/* "$corpus"/
-  ./build/fuzz/gguf_fuzzer -max_total_time="$fuzz_seconds" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
-    -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
+  # The GGUF reader gets two thirds of the time; the chat-template interpreter the rest, seeded
+  # with the real templates.
+  mkdir "$corpus/gguf" "$corpus/jinja"
+  cp fuzz/seeds/* "$corpus/gguf/"
+  cp ../shared/models/templates/*.jinja "$corpus/jinja/"
+  ./build/fuzz/gguf_fuzzer -max_total_time=$((fuzz_seconds * 2 / 3)) -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 "$corpus/gguf" 2>&1 | tail -n 4
+  ./build/fuzz/jinja_fuzzer -max_total_time=$((fuzz_seconds / 3)) -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 "$corpus/jinja" 2>&1 | tail -n 4
   echo "fuzzing: no crash in ${fuzz_seconds}s"
-  passed=$((passed + 1))
+  passed=$((passed + 2))
 fi
 # Any failure above has already stopped the script (set -e, pipefail), so reaching here means none failed.
 echo "summary: ${passed} passed, 0 failed"

@@ -1082,7 +1082,19 @@ class Interpreter {
     });
   }
 
+  // Budgets that keep a hostile template (endless loops, runaway recursion, huge output) from
+  // hanging or exhausting a server; real chat templates stay orders of magnitude below them.
+  static constexpr std::size_t kMaxSteps = 2'000'000;
+  static constexpr std::size_t kMaxOutputBytes = 64u << 20;
+  static constexpr int kMaxCallDepth = 64;
+
+  void charge(int line, const std::string& out) {
+    if (++steps_ > kMaxSteps) fail(line, "template exceeded its execution budget (endless loop?)");
+    if (out.size() > kMaxOutputBytes) fail(line, "template output exceeds 64 MiB");
+  }
+
   Flow exec_node(const Node& n, std::string& out) {
+    charge(n.line, out);
     switch (n.kind) {
       case Node::Kind::Block:
         for (const auto& c : n.children) {
@@ -1104,6 +1116,7 @@ class Interpreter {
         if (!n.attr.empty()) {
           Value target = lookup(n.targets[0]);
           if (!target.is_namespace) fail(n.line, "cannot assign attribute '" + n.attr + "' on non-namespace '" + n.targets[0] + "'");
+          if (contains(v, target.dict.get())) fail(n.line, "cannot store a namespace inside itself");
           target.dict->set(n.attr, std::move(v));
         } else if (n.targets.size() == 1) {
           frames_.back()->set(n.targets[0], std::move(v));
@@ -1130,10 +1143,28 @@ class Interpreter {
     return Flow::Normal;
   }
 
+  // Whether `v` holds a reference to `d` (namespaces are the only mutable values, so this is the
+  // only way a template could build a reference cycle).
+  static bool contains(const Value& v, const Dict* d) {
+    if (v.is_dict()) {
+      if (v.dict.get() == d) return true;
+      for (const auto& [k, item] : v.dict->items())
+        if (contains(item, d)) return true;
+    } else if (v.is_list()) {
+      for (const auto& item : *v.list)
+        if (contains(item, d)) return true;
+    }
+    return false;
+  }
+
   void define_macro(const Node& n) {
     const Node* node = &n;
-    auto root = frames_.front();
-    frames_.back()->set(n.targets[0], Value::function([this, node, root](const CallArgs& a) {
+    // Weak: the macro lives in a frame that the root frame may own, and a strong reference back
+    // would be a cycle that is never freed.
+    std::weak_ptr<Dict> weak_root = frames_.front();
+    frames_.back()->set(n.targets[0], Value::function([this, node, weak_root](const CallArgs& a) {
+      auto root = weak_root.lock();
+      if (!root) throw TemplateError("macro called after its template finished rendering");
       auto args = std::make_shared<Dict>();
       for (std::size_t k = 0; k < node->params.size(); ++k) {
         const auto& [name, def] = node->params[k];
@@ -1147,15 +1178,19 @@ class Interpreter {
           args->set(name, Value::undefined(name));
         }
       }
+      if (depth_ >= kMaxCallDepth) fail(node->line, "macro calls nested deeper than " + std::to_string(kMaxCallDepth));
       Frames saved = std::move(frames_);
       frames_ = {root, args};
+      ++depth_;
       std::string out;
       try {
         exec_node(*node->body, out);
       } catch (...) {
+        --depth_;
         frames_ = std::move(saved);
         throw;
       }
+      --depth_;
       frames_ = std::move(saved);
       return Value::string(out);
     }));
@@ -1225,6 +1260,7 @@ class Interpreter {
   // --- expressions ---
 
   Value eval(const Expr& e) {
+    if (++steps_ > kMaxSteps) fail(e.line, "template exceeded its execution budget (endless loop?)");
     switch (e.kind) {
       case Expr::Kind::Literal: return e.literal;
       case Expr::Kind::Name: return lookup(e.name);
@@ -1882,6 +1918,8 @@ class Interpreter {
   }
 
   Frames frames_;
+  std::size_t steps_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

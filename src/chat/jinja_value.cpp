@@ -35,6 +35,12 @@ const Value* CallArgs::kwarg(const std::string& name) const {
   return nullptr;
 }
 
+Value Value::from_dict(Dict d) {
+  Value v = make(Kind::Dict);
+  v.dict = std::make_shared<Dict>(std::move(d));
+  return v;
+}
+
 Value Value::from_json(const nlohmann::ordered_json& j) {
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return none();

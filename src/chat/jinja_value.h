@@ -14,24 +14,8 @@ namespace promptly::jinja {
 struct Value;
 using List = std::vector<Value>;
 
-// Insertion-ordered string-keyed map (Python dicts keep order, and tojson output depends on it).
-class Dict {
- public:
-  const Value* find(const std::string& key) const;
-  Value* find(const std::string& key);
-  void set(const std::string& key, Value v);
-  const std::vector<std::pair<std::string, Value>>& items() const { return items_; }
-  std::size_t size() const { return items_.size(); }
-
- private:
-  std::vector<std::pair<std::string, Value>> items_;
-};
-
-struct CallArgs {
-  std::vector<Value> positional;
-  std::vector<std::pair<std::string, Value>> keyword;
-  const Value* kwarg(const std::string& name) const;
-};
+class Dict;
+struct CallArgs;
 using Function = std::function<Value(const CallArgs&)>;
 
 struct Value {
@@ -78,11 +62,7 @@ struct Value {
     v.list = std::make_shared<List>(std::move(items));
     return v;
   }
-  static Value from_dict(Dict d) {
-    Value v = make(Kind::Dict);
-    v.dict = std::make_shared<Dict>(std::move(d));
-    return v;
-  }
+  static Value from_dict(Dict d);
   static Value function(Function f) {
     Value v = make(Kind::Function);
     v.fn = std::make_shared<Function>(std::move(f));
@@ -115,6 +95,24 @@ struct Value {
   }
 };
 
+// Insertion-ordered string-keyed map (Python dicts keep order, and tojson output depends on it).
+class Dict {
+ public:
+  const Value* find(const std::string& key) const;
+  Value* find(const std::string& key);
+  void set(const std::string& key, Value v);
+  const std::vector<std::pair<std::string, Value>>& items() const { return items_; }
+  std::size_t size() const { return items_.size(); }
+
+ private:
+  std::vector<std::pair<std::string, Value>> items_;
+};
+
+struct CallArgs {
+  std::vector<Value> positional;
+  std::vector<std::pair<std::string, Value>> keyword;
+  const Value* kwarg(const std::string& name) const;
+};
 bool equals(const Value& a, const Value& b);
 // Python ordering for numbers and strings; throws jinja::TemplateError for other mixes.
 int compare(const Value& a, const Value& b);

@@ -60,6 +60,14 @@ struct TemplateOptions {
 };
 int render_template(const TemplateOptions& o);
 
+struct BenchTokenizeOptions {
+  std::string model;
+  std::string file;  // empty: a built-in 1 MB mixed-script text
+  int repetitions = 5;
+  bool json = false;
+};
+int bench_tokenize(const BenchTokenizeOptions& o);
+
 // Path of the demo model, generated on first use (tiny preset), for `run` without -m.
 std::string ensure_demo_model(int threads);
 

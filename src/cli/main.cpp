@@ -74,6 +74,15 @@ int main(int argc, char** argv) {
   tmpl_cmd->add_option("--messages", tmpl.messages_file, "JSON array of {\"role\", \"content\"} messages")->required();
   tmpl_cmd->add_flag("--add-generation-prompt", tmpl.add_generation_prompt, "End with the assistant turn's opening");
 
+  auto* bench_cmd = app.add_subcommand("bench", "Measurement programs (median of repetitions; table or --json)");
+  bench_cmd->require_subcommand(1);
+  cli::BenchTokenizeOptions btok;
+  auto* btok_cmd = bench_cmd->add_subcommand("tokenize", "Tokenizer encode/decode throughput");
+  btok_cmd->add_option("-m,--model", btok.model, "GGUF model or vocab file, or a tokenizer.json")->required();
+  btok_cmd->add_option("--file", btok.file, "Text file to tokenize (default: 1 MB of mixed text)");
+  btok_cmd->add_option("-r,--repetitions", btok.repetitions, "Repetitions")->capture_default_str();
+  btok_cmd->add_flag("--json", btok.json, "Print JSON");
+
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -83,6 +92,7 @@ int main(int argc, char** argv) {
     if (*quant_cmd) return cli::quantize(quant);
     if (*tok_cmd) return cli::tokenize(tokz);
     if (*tmpl_cmd) return cli::render_template(tmpl);
+    if (*btok_cmd) return cli::bench_tokenize(btok);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

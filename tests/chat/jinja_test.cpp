@@ -85,6 +85,10 @@ TEST(Jinja, ErrorsAreClearAndNameTheLine) {
   EXPECT_NE(error_of("{{ 'unterminated }}").find("unclosed '{{'"), std::string::npos);
   EXPECT_NE(error_of("{% set x = 'a %}{{ x }}").find("unclosed"), std::string::npos);
   EXPECT_THROW(render("{{ raise_exception('nope') }}"), RaisedException);
+  EXPECT_NE(error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}").find("execution budget"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(a=1) %}{% set ns.me = [ns] %}").find("inside itself"), std::string::npos);
+  EXPECT_NE(error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").find("nested deeper"), std::string::npos);
   try {
     render("{{ raise_exception('Roles must alternate') }}");
   } catch (const RaisedException& e) {

@@ -113,3 +113,54 @@ TEST(Cli, RunWithoutModelUsesTheGeneratedDemo) {
 
 }  // namespace
 }  // namespace promptly
+
+namespace promptly {
+namespace {
+
+TEST(CliText, TokenizePrintsIdsForGgufAndTokenizerJson) {
+  Result r = promptly("tokenize -m " + test::shared_model("vocab/ggml-vocab-llama-spm.gguf") + " 'Hello world'");
+  ASSERT_EQ(r.status, 0);
+  EXPECT_EQ(r.out, "[1,15043,3186]\n");
+  r = promptly("tokenize --no-bos -m " + test::shared_model("tokenizers/llama3/tokenizer.json") + " 'Hello world'");
+  ASSERT_EQ(r.status, 0);
+  EXPECT_EQ(r.out, "[9906,1917]\n");
+  r = promptly("tokenize --no-bos --special -m " + test::shared_model("tokenizers/qwen3/tokenizer.json") + " '<|im_start|>user'");
+  ASSERT_EQ(r.status, 0);
+  EXPECT_EQ(r.out, "[151644,872]\n");
+}
+
+TEST(CliText, TemplateRendersExactlyWithoutTrailingNewline) {
+  test::TempDir dir;
+  {
+    std::FILE* f = std::fopen(dir.file("m.json").c_str(), "wb");
+    std::fputs(R"([{"role":"user","content":"Hi"}])", f);
+    std::fclose(f);
+  }
+  Result r = promptly("template --chat-template " + test::shared_model("templates/Qwen-Qwen2.5-7B-Instruct.jinja") + " --messages " +
+                      dir.file("m.json") + " --add-generation-prompt");
+  ASSERT_EQ(r.status, 0);
+  EXPECT_EQ(r.out,
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  // The model's own template and special tokens (Phi-3's vocab GGUF carries one).
+  r = promptly("template -m " + test::shared_model("vocab/ggml-vocab-phi-3.gguf") + " --messages " + dir.file("m.json"));
+  ASSERT_EQ(r.status, 0);
+  EXPECT_EQ(r.out.rfind("<s><|user|>\nHi<|end|>\n", 0), 0u) << r.out;  // bos_token from the vocab
+  // No template anywhere: ChatML.
+  r = promptly("template -m " + test::shared_model("stories260K.gguf") + " --messages " + dir.file("m.json"));
+  EXPECT_EQ(r.out, "<|im_start|>user\nHi<|im_end|>\n");
+  // A template's raise_exception is a clear error, not a crash.
+  {
+    std::FILE* f = std::fopen(dir.file("sys.json").c_str(), "wb");
+    std::fputs(R"([{"role":"system","content":"S"},{"role":"user","content":"Hi"}])", f);
+    std::fclose(f);
+  }
+  r = promptly("template --chat-template " + test::shared_model("templates/google-gemma-2-2b-it.jinja") + " --messages " +
+                   dir.file("sys.json"),
+               true);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("rejected the conversation: System role not supported"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace promptly
