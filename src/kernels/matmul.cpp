@@ -1,43 +1,71 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
-#include <vector>
 
+#include "kernels/dispatch.h"
 #include "tensor/quant.h"
 
 namespace promptly::kernels {
 
-float dot_f32(const float* a, const float* b, std::size_t n) {
-  // Eight independent partial sums let the compiler vectorize without -ffast-math.
-  float acc[8] = {};
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
+float dot_f32(const float* a, const float* b, std::size_t n) { return kernel_table(active_isa()).dot_f32(a, b, n); }
+
+void Activations::quantize(ThreadPool& pool) {
+  if (quantized_) return;
+  const std::size_t nb = k_ / kQK8_0;
+  q8_.resize(n_tokens_ * nb);
+  sums_.resize(n_tokens_ * nb);
+  const KernelTable& kt = kernel_table(active_isa());
+  pool.parallel_for(n_tokens_, std::max<std::size_t>(1, 8192 / std::max<std::size_t>(1, k_)), [&](std::size_t b, std::size_t e, int) {
+    for (std::size_t t = b; t < e; ++t) kt.quantize_q8_0(x_ + t * k_, &q8_[t * nb], &sums_[t * nb], k_);
+  });
+  quantized_ = true;
+}
+
+void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
+  const KernelTable& kt = kernel_table(active_isa());
+  const std::size_t n_tokens = x.n_tokens();
+  // Waking a thread costs microseconds, so each share gets at least ~64K multiply-adds; small
+  // matrices (tiny models, single tokens) run on the calling thread alone. Shares are whole 4-row tiles.
+  constexpr std::size_t kMinMacsPerShare = 1 << 16;
+  std::size_t grain = std::max<std::size_t>(16, kMinMacsPerShare / std::max<std::size_t>(1, w.cols * n_tokens));
+  grain = (grain + 3) / 4 * 4;
+  const std::size_t stride = w.row_stride(), ldy = w.rows;
+
+  switch (w.type) {
+    case DType::Q8_0:
+    case DType::Q4_0: {
+      x.quantize(pool);
+      const QuantizedRows q{x.q8(), x.q8_sums(), w.cols / kQK8_0};
+      const auto gemm = w.type == DType::Q8_0 ? kt.gemm_q8_0 : kt.gemm_q4_0;
+      pool.parallel_for(w.rows, grain, [&](std::size_t b, std::size_t e, int) { gemm(w.data, stride, b, e, q, n_tokens, y, ldy); });
+      return;
+    }
+    case DType::F16:
+    case DType::F32: {
+      const auto gemm = w.type == DType::F16 ? kt.gemm_f16 : kt.gemm_f32;
+      pool.parallel_for(w.rows, grain, [&](std::size_t b, std::size_t e, int) {
+        gemm(w.data, stride, b, e, x.data(), w.cols, n_tokens, y, ldy);
+      });
+      return;
+    }
+    default: {
+      // Formats without an integer kernel yet (Q4_K, Q6_K, BF16): dequantize a row, then vector dots.
+      pool.parallel_for(w.rows, grain, [&](std::size_t begin, std::size_t end, int) {
+        thread_local std::vector<float> row;
+        row.resize(w.cols);
+        for (std::size_t r = begin; r < end; ++r) {
+          dequantize_row(w.type, w.row(r), row.data(), w.cols);
+          for (std::size_t t = 0; t < n_tokens; ++t) y[t * ldy + r] = kt.dot_f32(row.data(), x.data() + t * w.cols, w.cols);
+        }
+      });
+      return;
+    }
   }
-  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
 }
 
 void matmul(const WeightMatrix& w, const float* x, std::size_t n_tokens, float* y, ThreadPool& pool) {
-  // Waking a thread costs microseconds, so each share gets at least ~64K multiply-adds; small
-  // matrices (tiny models, single tokens) run on the calling thread alone.
-  constexpr std::size_t kMinMacsPerShare = 1 << 16;
-  const std::size_t grain = std::max<std::size_t>(16, kMinMacsPerShare / std::max<std::size_t>(1, w.cols * n_tokens));
-  pool.parallel_for(w.rows, grain, [&](std::size_t begin, std::size_t end, int) {
-    thread_local std::vector<float> row_buf;
-    if (w.type != DType::F32) row_buf.resize(w.cols);
-    for (std::size_t r = begin; r < end; ++r) {
-      const float* row;
-      if (w.type == DType::F32) {
-        row = reinterpret_cast<const float*>(w.row(r));
-      } else {
-        dequantize_row(w.type, w.row(r), row_buf.data(), w.cols);
-        row = row_buf.data();
-      }
-      for (std::size_t t = 0; t < n_tokens; ++t) y[t * w.rows + r] = dot_f32(row, x + t * w.cols, w.cols);
-    }
-  });
+  Activations a(x, n_tokens, w.cols);
+  matmul(w, a, y, pool);
 }
 
 }  // namespace promptly::kernels

@@ -142,9 +142,10 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     const LayerWeights& L = layers_[il];
 
     for (std::size_t t = 0; t < T; ++t) kernels::rmsnorm(&x[t * D], L.attn_norm, D, c.rms_eps, &xn[t * D]);
-    kernels::matmul(L.wq, xn.data(), T, q.data(), pool);
-    kernels::matmul(L.wk, xn.data(), T, k.data(), pool);
-    kernels::matmul(L.wv, xn.data(), T, v.data(), pool);
+    kernels::Activations attn_in(xn.data(), T, D);  // quantized once for q, k and v
+    kernels::matmul(L.wq, attn_in, q.data(), pool);
+    kernels::matmul(L.wk, attn_in, k.data(), pool);
+    kernels::matmul(L.wv, attn_in, v.data(), pool);
 
     for (std::size_t t = 0; t < T; ++t) {
       if (L.bq) for (std::size_t i = 0; i < QD; ++i) q[t * QD + i] += L.bq[i];
@@ -188,8 +189,9 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     for (std::size_t i = 0; i < T * D; ++i) x[i] += tmp[i];
 
     for (std::size_t t = 0; t < T; ++t) kernels::rmsnorm(&x[t * D], L.ffn_norm, D, c.rms_eps, &xn[t * D]);
-    kernels::matmul(L.w_gate, xn.data(), T, gate.data(), pool);
-    kernels::matmul(L.w_up, xn.data(), T, up.data(), pool);
+    kernels::Activations ffn_in(xn.data(), T, D);  // quantized once for gate and up
+    kernels::matmul(L.w_gate, ffn_in, gate.data(), pool);
+    kernels::matmul(L.w_up, ffn_in, up.data(), pool);
     kernels::silu_mul(gate.data(), up.data(), T * F);
     kernels::matmul(L.w_down, gate.data(), T, tmp.data(), pool);
     for (std::size_t i = 0; i < T * D; ++i) x[i] += tmp[i];

@@ -1,0 +1,75 @@
+// Kernel micro-benchmarks (Google Benchmark): matmul per weight type and kernel path, for decode
+// (1 token) and prefill-sized (64-token) inputs at TinyLlama's 2048 x 2048 shape.
+//   build/release/promptly_bench_kernels --benchmark_filter=Q4_0
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "kernels/cpu.h"
+#include "kernels/matmul.h"
+#include "tensor/quant.h"
+
+namespace promptly::kernels {
+namespace {
+
+struct Fixture {
+  std::vector<std::uint8_t> w;
+  std::vector<float> x, y;
+  WeightMatrix m;
+  Fixture(DType type, std::size_t rows, std::size_t cols, std::size_t tokens) {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> dist;
+    std::vector<float> row(cols);
+    w.resize(rows * row_bytes(type, cols));
+    for (std::size_t r = 0; r < rows; ++r) {
+      for (float& v : row) v = dist(rng);
+      quantize_row(type, row.data(), w.data() + r * row_bytes(type, cols), cols);
+    }
+    x.resize(tokens * cols);
+    for (float& v : x) v = dist(rng);
+    y.resize(tokens * rows);
+    m = {type, w.data(), rows, cols};
+  }
+};
+
+void BM_Matmul(benchmark::State& state, DType type, Isa isa) {
+  if (static_cast<int>(isa) > static_cast<int>(best_isa())) {
+    state.SkipWithError("CPU lacks this path");
+    return;
+  }
+  set_isa(isa);
+  const std::size_t tokens = static_cast<std::size_t>(state.range(0)), threads = static_cast<std::size_t>(state.range(1));
+  Fixture f(type, 2048, 2048, tokens);
+  ThreadPool pool(static_cast<int>(threads));
+  for (auto _ : state) {
+    matmul(f.m, f.x.data(), tokens, f.y.data(), pool);
+    benchmark::DoNotOptimize(f.y.data());
+  }
+  const double macs = 2048.0 * 2048.0 * static_cast<double>(tokens);
+  state.counters["GFLOP/s"] = benchmark::Counter(2 * macs, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  state.counters["weight_GB/s"] =
+      benchmark::Counter(static_cast<double>(f.w.size()), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  set_isa(best_isa());
+}
+
+#define PROMPTLY_MATMUL_BENCH(TYPE, ISA)                                                        \
+  BENCHMARK_CAPTURE(BM_Matmul, TYPE##_##ISA, DType::TYPE, Isa::ISA)                              \
+      ->ArgsProduct({{1, 64}, {1, 2}})                                                           \
+      ->ArgNames({"tokens", "threads"})                                                          \
+      ->Unit(benchmark::kMicrosecond)                                                            \
+      ->UseRealTime();
+
+PROMPTLY_MATMUL_BENCH(Q4_0, Scalar)
+PROMPTLY_MATMUL_BENCH(Q4_0, Avx2)
+PROMPTLY_MATMUL_BENCH(Q4_0, Avx512)
+PROMPTLY_MATMUL_BENCH(Q8_0, Avx2)
+PROMPTLY_MATMUL_BENCH(Q8_0, Avx512)
+PROMPTLY_MATMUL_BENCH(F16, Avx512)
+PROMPTLY_MATMUL_BENCH(Q4_K, Avx512)
+PROMPTLY_MATMUL_BENCH(Q6_K, Avx512)
+
+}  // namespace
+}  // namespace promptly::kernels
+
+BENCHMARK_MAIN();

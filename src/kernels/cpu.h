@@ -1,0 +1,24 @@
+#pragma once
+// Which instruction sets this CPU has (CPUID, checked once) and which kernel path runs.
+#include <string>
+
+namespace promptly::kernels {
+
+enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false, avx512bf16 = false;
+};
+
+const CpuFeatures& cpu_features();
+const char* isa_name(Isa isa);
+// The best path this CPU supports.
+Isa best_isa();
+// The path in use: best_isa(), unless PROMPTLY_ISA (scalar|avx2|avx512) or set_isa() chose another.
+Isa active_isa();
+// Forces a path; throws Error if the CPU lacks it.
+void set_isa(Isa isa);
+Isa parse_isa(const std::string& name);  // throws Error listing the valid names
+
+}  // namespace promptly::kernels

@@ -1,0 +1,43 @@
+#pragma once
+// The per-ISA kernel table. Each instruction set has its own translation unit compiled with its own
+// flags (kernels_scalar.cpp, kernels_avx2.cpp, kernels_avx512.cpp); matmul.cpp picks the table of the
+// active path at run time, so one binary runs on any x86-64.
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu.h"
+#include "tensor/dtype.h"
+
+namespace promptly::kernels {
+
+// Activations quantized to Q8_0 for integer dot products: per token, n_blocks blocks, plus
+// d * sum(q) per block (Q4_0's -8 offset is applied through it).
+struct QuantizedRows {
+  const BlockQ8_0* blocks;
+  const float* sums;
+  std::size_t n_blocks;  // per token
+};
+
+struct KernelTable {
+  const char* name;
+  // n a multiple of 32.
+  void (*quantize_q8_0)(const float* x, BlockQ8_0* y, float* sums, std::size_t n);
+  // y[t * ldy + r] = dot(W row r, token t) for rows [r0, r1) and tokens [0, n_tokens).
+  void (*gemm_q8_0)(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                    std::size_t n_tokens, float* y, std::size_t ldy);
+  void (*gemm_q4_0)(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                    std::size_t n_tokens, float* y, std::size_t ldy);
+  // F16 / F32 weights against F32 activations (k values per token).
+  void (*gemm_f16)(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
+                   std::size_t n_tokens, float* y, std::size_t ldy);
+  void (*gemm_f32)(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
+                   std::size_t n_tokens, float* y, std::size_t ldy);
+  float (*dot_f32)(const float* a, const float* b, std::size_t n);
+};
+
+const KernelTable& kernel_table(Isa isa);
+const KernelTable& scalar_kernels();
+const KernelTable& avx2_kernels();
+const KernelTable& avx512_kernels();
+
+}  // namespace promptly::kernels

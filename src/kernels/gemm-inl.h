@@ -1,0 +1,251 @@
+// Register-tiled GEMM kernels shared by the AVX2 and AVX-512 translation units. Each includes this
+// file after defining `struct Isa` with the few operations that differ (the int8 dot product above
+// all: maddubs+madd on AVX2, one VNNI dpbusd on AVX-512). No include guard on purpose: it is
+// compiled once per ISA, inside that ISA's namespace, with that ISA's compiler flags.
+//
+// Tiles are R rows x C tokens (up to 4 x 4): each weight block is loaded once per tile and reused for
+// C tokens, each activation block reused for R rows, so prefill does ~R*C multiply-adds per load.
+// Rows are walked in the outer loop so a tile's weights (4 rows) stay in L1 while all tokens stream
+// past from L2.
+
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+inline __m256i load_q4_0(const BlockQ4_0& b) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+  return _mm256_set_m128i(hi, lo);  // elements 0..15 from low nibbles, 16..31 from high nibbles
+}
+
+// F16C conversions: the scalar bit-twiddling versions in util/fp16.h are far too slow per block.
+inline float h2f(std::uint16_t h) { return _cvtsh_ss(h); }
+inline std::uint16_t f2h(float f) { return static_cast<std::uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
+inline __m256 fp16x1(std::uint16_t h) { return _mm256_set1_ps(h2f(h)); }
+
+template <int R, int C>
+void tile_q4_0(const std::uint8_t* w, std::size_t w_stride, std::size_t r, const QuantizedRows& x, std::size_t t, float* y,
+               std::size_t ldy, float* row_scales) {
+  __m256 acc[R][C];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < C; ++j) acc[i][j] = _mm256_setzero_ps();
+  const BlockQ4_0* wr[R];
+  for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const BlockQ4_0*>(w + (r + i) * w_stride);
+  const BlockQ8_0* xt[C];
+  for (int j = 0; j < C; ++j) xt[j] = x.blocks + (t + j) * x.n_blocks;
+  const std::size_t nb = x.n_blocks;
+  for (std::size_t b = 0; b < nb; ++b) {
+    __m256i q[R];
+    __m256 dw[R];
+    for (int i = 0; i < R; ++i) {
+      q[i] = load_q4_0(wr[i][b]);
+      const float d = h2f(wr[i][b].d);
+      row_scales[i * nb + b] = d;
+      dw[i] = _mm256_set1_ps(d);
+    }
+    for (int j = 0; j < C; ++j) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt[j][b].qs));
+      const __m256 dx = fp16x1(xt[j][b].d);
+      for (int i = 0; i < R; ++i) {
+        const __m256 prod = _mm256_cvtepi32_ps(Isa::dot_u8_s8(q[i], xv));
+        acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw[i], dx), prod, acc[i][j]);
+      }
+    }
+  }
+  // The weights were used as 0..15; the -8 offset contributes -8 * sum_b d_w[b] * (d_x[b] * sum(x_b)).
+  for (int j = 0; j < C; ++j) {
+    const float* xs = x.sums + (t + j) * nb;
+    for (int i = 0; i < R; ++i) {
+      y[(t + j) * ldy + r + i] = hsum(acc[i][j]) - 8.0f * Isa::dot_f32(row_scales + i * nb, xs, nb);
+    }
+  }
+}
+
+template <int R, int C>
+void tile_q8_0(const std::uint8_t* w, std::size_t w_stride, std::size_t r, const QuantizedRows& x, std::size_t t, float* y,
+               std::size_t ldy, float*) {
+  __m256 acc[R][C];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < C; ++j) acc[i][j] = _mm256_setzero_ps();
+  const BlockQ8_0* wr[R];
+  for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const BlockQ8_0*>(w + (r + i) * w_stride);
+  const BlockQ8_0* xt[C];
+  for (int j = 0; j < C; ++j) xt[j] = x.blocks + (t + j) * x.n_blocks;
+  for (std::size_t b = 0; b < x.n_blocks; ++b) {
+    typename Isa::Q8Weights wv[R];
+    __m256 dw[R];
+    for (int i = 0; i < R; ++i) {
+      wv[i] = Isa::prepare_q8_weights(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i][b].qs)));
+      dw[i] = fp16x1(wr[i][b].d);
+    }
+    for (int j = 0; j < C; ++j) {
+      const auto xv = Isa::prepare_q8_activations(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt[j][b].qs)));
+      const __m256 dx = fp16x1(xt[j][b].d);
+      for (int i = 0; i < R; ++i) {
+        const __m256 prod = _mm256_cvtepi32_ps(Isa::dot_q8(wv[i], xv));
+        acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw[i], dx), prod, acc[i][j]);
+      }
+    }
+  }
+  for (int j = 0; j < C; ++j)
+    for (int i = 0; i < R; ++i) y[(t + j) * ldy + r + i] = hsum(acc[i][j]);
+}
+
+template <bool F16>
+inline __m256 load_w8(const std::uint8_t* row, std::size_t i) {
+  if constexpr (F16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const std::uint16_t*>(row) + i)));
+  } else {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
+  }
+}
+
+template <bool F16>
+inline float load_w1(const std::uint8_t* row, std::size_t i) {
+  if constexpr (F16) {
+    return h2f(reinterpret_cast<const std::uint16_t*>(row)[i]);
+  } else {
+    return reinterpret_cast<const float*>(row)[i];
+  }
+}
+
+template <bool F16, int R, int C>
+void tile_float(const std::uint8_t* w, std::size_t w_stride, std::size_t r, const float* x, std::size_t k, std::size_t t, float* y,
+                std::size_t ldy) {
+  __m256 acc[R][C];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < C; ++j) acc[i][j] = _mm256_setzero_ps();
+  const std::uint8_t* wr[R];
+  for (int i = 0; i < R; ++i) wr[i] = w + (r + i) * w_stride;
+  std::size_t e = 0;
+  for (; e + 8 <= k; e += 8) {
+    __m256 wv[R];
+    for (int i = 0; i < R; ++i) wv[i] = load_w8<F16>(wr[i], e);
+    for (int j = 0; j < C; ++j) {
+      const __m256 xv = _mm256_loadu_ps(x + (t + j) * k + e);
+      for (int i = 0; i < R; ++i) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+  }
+  for (int j = 0; j < C; ++j) {
+    for (int i = 0; i < R; ++i) {
+      float s = hsum(acc[i][j]);
+      for (std::size_t q = e; q < k; ++q) s += load_w1<F16>(wr[i], q) * x[(t + j) * k + q];
+      y[(t + j) * ldy + r + i] = s;
+    }
+  }
+}
+
+// Runs tiles over rows [r0, r1) x all tokens, picking the tile shape for the edges.
+template <template <int, int> class Kernel, typename... Args>
+void tiled(std::size_t r0, std::size_t r1, std::size_t n_tokens, Args&&... args) {
+  std::size_t r = r0;
+  auto run_rows = [&](auto rows_tag) {
+    constexpr int R = decltype(rows_tag)::value;
+    std::size_t t = 0;
+    for (; t + 4 <= n_tokens; t += 4) Kernel<R, 4>::run(r, t, args...);
+    switch (n_tokens - t) {
+      case 3: Kernel<R, 3>::run(r, t, args...); break;
+      case 2: Kernel<R, 2>::run(r, t, args...); break;
+      case 1: Kernel<R, 1>::run(r, t, args...); break;
+      default: break;
+    }
+  };
+  for (; r + 4 <= r1; r += 4) run_rows(std::integral_constant<int, 4>{});
+  switch (r1 - r) {
+    case 3: run_rows(std::integral_constant<int, 3>{}); break;
+    case 2: run_rows(std::integral_constant<int, 2>{}); break;
+    case 1: run_rows(std::integral_constant<int, 1>{}); break;
+    default: break;
+  }
+}
+
+template <int R, int C>
+struct Q4Tile {
+  static void run(std::size_t r, std::size_t t, const std::uint8_t* w, std::size_t w_stride, const QuantizedRows& x, float* y,
+                  std::size_t ldy, float* scratch) {
+    tile_q4_0<R, C>(w, w_stride, r, x, t, y, ldy, scratch);
+  }
+};
+template <int R, int C>
+struct Q8Tile {
+  static void run(std::size_t r, std::size_t t, const std::uint8_t* w, std::size_t w_stride, const QuantizedRows& x, float* y,
+                  std::size_t ldy, float* scratch) {
+    tile_q8_0<R, C>(w, w_stride, r, x, t, y, ldy, scratch);
+  }
+};
+template <int R, int C>
+struct F16Tile {
+  static void run(std::size_t r, std::size_t t, const std::uint8_t* w, std::size_t w_stride, const float* x, std::size_t k, float* y,
+                  std::size_t ldy) {
+    tile_float<true, R, C>(w, w_stride, r, x, k, t, y, ldy);
+  }
+};
+template <int R, int C>
+struct F32Tile {
+  static void run(std::size_t r, std::size_t t, const std::uint8_t* w, std::size_t w_stride, const float* x, std::size_t k, float* y,
+                  std::size_t ldy) {
+    tile_float<false, R, C>(w, w_stride, r, x, k, t, y, ldy);
+  }
+};
+
+void gemm_q4_0(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+               std::size_t n_tokens, float* y, std::size_t ldy) {
+  thread_local std::vector<float> scratch;
+  scratch.resize(4 * x.n_blocks);
+  tiled<Q4Tile>(r0, r1, n_tokens, w, w_stride, x, y, ldy, scratch.data());
+}
+
+void gemm_q8_0(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+               std::size_t n_tokens, float* y, std::size_t ldy) {
+  tiled<Q8Tile>(r0, r1, n_tokens, w, w_stride, x, y, ldy, static_cast<float*>(nullptr));
+}
+
+void gemm_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
+              std::size_t n_tokens, float* y, std::size_t ldy) {
+  tiled<F16Tile>(r0, r1, n_tokens, w, w_stride, x, k, y, ldy);
+}
+
+void gemm_f32(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
+              std::size_t n_tokens, float* y, std::size_t ldy) {
+  tiled<F32Tile>(r0, r1, n_tokens, w, w_stride, x, k, y, ldy);
+}
+
+// Activations to Q8_0, bit-identical to the scalar reference (same rounding of x / d).
+void quantize_q8_0(const float* x, BlockQ8_0* y, float* sums, std::size_t n) {
+  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
+  for (std::size_t b = 0; b < n / kQK8_0; ++b, x += kQK8_0) {
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(x + 8 * k);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, v[k]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = f2h(d);
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q32[4];
+    for (int k = 0; k < 4; ++k) q32[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], idv));  // round-to-nearest-even, as lrintf
+    const __m256i p01 = _mm256_packs_epi32(q32[0], q32[1]), p23 = _mm256_packs_epi32(q32[2], q32[3]);
+    __m256i p = _mm256_packs_epi16(p01, p23);
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // undo the lane interleave of the packs
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), p);
+    const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(q32[0], q32[1]), _mm256_add_epi32(q32[2], q32[3]));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    sums[b] = h2f(y[b].d) * static_cast<float>(_mm_cvtsi128_si32(s));
+  }
+}
+
+}  // namespace

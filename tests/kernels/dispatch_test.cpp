@@ -1,0 +1,132 @@
+// Every fast path against the scalar reference on random data of awkward sizes (row counts and token
+// counts that are not multiples of the 4 x 4 tile, lengths that are not multiples of 8 or 16).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "../test_util.h"
+#include "engine/generate.h"
+#include "kernels/cpu.h"
+#include "kernels/dispatch.h"
+#include "kernels/matmul.h"
+#include "tensor/quant.h"
+#include "util/error.h"
+
+namespace promptly::kernels {
+namespace {
+
+std::vector<Isa> fast_paths() {
+  std::vector<Isa> out;
+  if (static_cast<int>(best_isa()) >= static_cast<int>(Isa::Avx2)) out.push_back(Isa::Avx2);
+  if (best_isa() == Isa::Avx512) out.push_back(Isa::Avx512);
+  return out;
+}
+
+// Restores the default path however a test ends.
+struct IsaGuard {
+  ~IsaGuard() { set_isa(best_isa()); }
+};
+
+TEST(Dispatch, ParsesAndRejectsNames) {
+  EXPECT_EQ(parse_isa("avx2"), Isa::Avx2);
+  EXPECT_THROW(parse_isa("neon"), Error);
+  EXPECT_STREQ(kernel_table(Isa::Scalar).name, "scalar");
+}
+
+TEST(Dispatch, QuantizeActivationsBitIdenticalToScalar) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (Isa isa : fast_paths()) {
+    for (std::size_t n : {32u, 96u, 2048u}) {
+      std::vector<float> x(n);
+      for (float& v : x) v = dist(rng);
+      x[0] = 0.5f * 127.0f / 127.0f;  // values landing exactly on .5 after scaling exercise the rounding mode
+      std::vector<BlockQ8_0> a(n / 32), b(n / 32);
+      std::vector<float> sa(n / 32), sb(n / 32);
+      scalar_kernels().quantize_q8_0(x.data(), a.data(), sa.data(), n);
+      kernel_table(isa).quantize_q8_0(x.data(), b.data(), sb.data(), n);
+      for (std::size_t k = 0; k < n / 32; ++k) {
+        ASSERT_EQ(a[k].d, b[k].d) << isa_name(isa);
+        for (int j = 0; j < 32; ++j) ASSERT_EQ(a[k].qs[j], b[k].qs[j]) << isa_name(isa) << " block " << k << " j " << j;
+        ASSERT_FLOAT_EQ(sa[k], sb[k]);
+      }
+    }
+  }
+}
+
+// Integer kernels produce the same int32 block sums on every path, so results agree to float
+// rounding; F16/F32 sum in a different order, so they agree to a relative 1e-5.
+TEST(Dispatch, MatmulEveryTypeMatchesScalar) {
+  IsaGuard guard;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist;
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::F16, DType::F32, DType::Q4_K, DType::Q6_K, DType::BF16}) {
+    const bool k_quant = dtype_info(type).block_size == 256;
+    for (std::size_t cols : k_quant ? std::vector<std::size_t>{256, 768} : std::vector<std::size_t>{32, 96, 200 - 200 % 32 + 32}) {
+      for (std::size_t rows : {1u, 5u, 19u}) {
+        for (std::size_t tokens : {1u, 3u, 6u}) {
+          std::vector<float> wf(rows * cols), x(tokens * cols);
+          for (float& v : wf) v = dist(rng);
+          for (float& v : x) v = dist(rng);
+          std::vector<std::uint8_t> w(rows * row_bytes(type, cols));
+          for (std::size_t r = 0; r < rows; ++r) quantize_row(type, &wf[r * cols], &w[r * row_bytes(type, cols)], cols);
+          ThreadPool pool(2);
+          set_isa(Isa::Scalar);
+          std::vector<float> ref(tokens * rows), got(tokens * rows);
+          matmul({type, w.data(), rows, cols}, x.data(), tokens, ref.data(), pool);
+          for (Isa isa : fast_paths()) {
+            set_isa(isa);
+            matmul({type, w.data(), rows, cols}, x.data(), tokens, got.data(), pool);
+            for (std::size_t i = 0; i < ref.size(); ++i) {
+              ASSERT_NEAR(got[i], ref[i], 1e-5f * (std::fabs(ref[i]) + std::sqrt(static_cast<float>(cols))))
+                  << dtype_name(type) << " " << isa_name(isa) << " rows " << rows << " cols " << cols << " tokens " << tokens;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Dispatch, DotF32OddLengths) {
+  std::mt19937 rng(2);
+  std::normal_distribution<float> dist;
+  for (Isa isa : fast_paths()) {
+    for (std::size_t n : {0u, 1u, 7u, 9u, 17u, 33u, 100u, 1001u}) {
+      std::vector<float> a(n), b(n);
+      for (float& v : a) v = dist(rng);
+      for (float& v : b) v = dist(rng);
+      double ref = 0;
+      for (std::size_t i = 0; i < n; ++i) ref += static_cast<double>(a[i]) * b[i];
+      EXPECT_NEAR(kernel_table(isa).dot_f32(a.data(), b.data(), n), ref, 1e-4 * (1 + std::sqrt(static_cast<double>(n))))
+          << isa_name(isa) << " n " << n;
+    }
+  }
+}
+
+// No accuracy regression: the trained model's greedy reference holds on every path.
+TEST(Dispatch, StoriesGreedyReferenceOnEveryPath) {
+  IsaGuard guard;
+  auto file = gguf::File::open(test::shared_model("stories260K.gguf"));
+  Model model(file);
+  Tokenizer tok(Vocab::from_gguf(*file));
+  std::istringstream in(test::read_file(test::shared_model("testvectors/stories260K.greedy200.ids")));
+  std::vector<std::int32_t> ref;
+  for (std::int32_t id; in >> id;) ref.push_back(id);
+  std::vector<Isa> paths = {Isa::Scalar};
+  for (Isa isa : fast_paths()) paths.push_back(isa);
+  for (Isa isa : paths) {
+    set_isa(isa);
+    ThreadPool pool(2);
+    GenerateOptions o;
+    o.max_tokens = 200;
+    o.sampling.temperature = 0;
+    EXPECT_EQ(generate(model, tok, {1}, o, pool).ids, ref) << isa_name(isa);
+  }
+}
+
+}  // namespace
+}  // namespace promptly::kernels
