@@ -68,6 +68,17 @@ struct BenchTokenizeOptions {
 };
 int bench_tokenize(const BenchTokenizeOptions& o);
 
+struct BenchModelOptions {
+  std::string model;
+  int n_prompt = 512;
+  int n_gen = 128;
+  int repetitions = 5;
+  int threads = 0;
+  double int8_peak_tops = 1.9;  // this machine's int8 VNNI peak (2 cores), the prefill reference
+  bool json = false;
+};
+int bench_model(const BenchModelOptions& o);
+
 // Path of the demo model, generated on first use (tiny preset), for `run` without -m.
 std::string ensure_demo_model(int threads);
 

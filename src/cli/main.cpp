@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "cli/commands.h"
+#include "kernels/cpu.h"
 #include "util/error.h"
 
 using namespace promptly;
@@ -83,7 +84,28 @@ int main(int argc, char** argv) {
   btok_cmd->add_option("-r,--repetitions", btok.repetitions, "Repetitions")->capture_default_str();
   btok_cmd->add_flag("--json", btok.json, "Print JSON");
 
+  cli::BenchModelOptions bmod;
+  auto* bmod_cmd = bench_cmd->add_subcommand("model", "Prompt processing and generation speed against this machine's floors");
+  bmod_cmd->add_option("-m,--model", bmod.model, "GGUF model")->required();
+  bmod_cmd->add_option("-p,--n-prompt", bmod.n_prompt, "Prompt tokens (one batch)")->capture_default_str();
+  bmod_cmd->add_option("-n,--n-gen", bmod.n_gen, "Generated tokens (one at a time)")->capture_default_str();
+  bmod_cmd->add_option("-r,--repetitions", bmod.repetitions, "Repetitions")->capture_default_str();
+  bmod_cmd->add_option("-t,--threads", bmod.threads, "Threads (default: all cores)");
+  bmod_cmd->add_option("--int8-peak-tops", bmod.int8_peak_tops, "int8 peak of this machine, for the prefill fraction")->capture_default_str();
+  bmod_cmd->add_flag("--json", bmod.json, "Print JSON");
+
+  std::string isa;
+  app.add_option("--isa", isa, "Force a kernel path: scalar, avx2, avx512 (default: the best the CPU has; env PROMPTLY_ISA)");
+
   CLI11_PARSE(app, argc, argv);
+  if (!isa.empty()) {
+    try {
+      kernels::set_isa(kernels::parse_isa(isa));
+    } catch (const Error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+  }
 
   try {
     if (*run_cmd) return cli::run(run);
@@ -93,6 +115,7 @@ int main(int argc, char** argv) {
     if (*tok_cmd) return cli::tokenize(tokz);
     if (*tmpl_cmd) return cli::render_template(tmpl);
     if (*btok_cmd) return cli::bench_tokenize(btok);
+    if (*bmod_cmd) return cli::bench_model(bmod);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

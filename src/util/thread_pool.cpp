@@ -1,8 +1,33 @@
 #include "util/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define PROMPTLY_PAUSE() _mm_pause()
+#else
+#define PROMPTLY_PAUSE() std::this_thread::yield()
+#endif
 
 namespace promptly {
+namespace {
+
+// How long to spin before sleeping: long enough to bridge the gap between the operations of one
+// forward pass, short enough that an idle pool goes quiet almost at once.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+template <typename Pred>
+bool spin_until(Pred done) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+    PROMPTLY_PAUSE();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > deadline) return false;
+  }
+}
+
+}  // namespace
 
 int default_thread_count() {
   unsigned n = std::thread::hardware_concurrency();
@@ -24,7 +49,7 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::run_share(int index) {
   const std::size_t chunks = (job_n_ + job_grain_ - 1) / job_grain_;
-  const std::size_t per = chunks / n_threads_, extra = chunks % n_threads_;
+  const std::size_t per = chunks / static_cast<std::size_t>(n_threads_), extra = chunks % static_cast<std::size_t>(n_threads_);
   const std::size_t i = static_cast<std::size_t>(index);
   const std::size_t first = i * per + std::min(i, extra);
   const std::size_t count = per + (i < extra ? 1 : 0);
@@ -40,34 +65,38 @@ void ThreadPool::parallel_for(std::size_t n, std::size_t grain, const RangeFn& f
     fn(0, n, 0);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &fn;
-    job_n_ = n;
-    job_grain_ = grain;
-    pending_ = n_threads_ - 1;
-    ++generation_;
+  job_ = &fn;
+  job_n_ = n;
+  job_grain_ = grain;
+  pending_.store(n_threads_ - 1);
+  generation_.fetch_add(1);  // publishes the job to spinning workers
+  if (sleepers_.load() > 0) {
+    { std::lock_guard<std::mutex> lock(mutex_); }  // a worker between its check and its wait holds the lock
+    work_cv_.notify_all();
   }
-  work_cv_.notify_all();
   run_share(0);
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [this] { return pending_ == 0; });
+  if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [this] { return pending_.load() == 0; });
+  }
   job_ = nullptr;
 }
 
 void ThreadPool::worker_loop(int index) {
   std::size_t seen = 0;
   for (;;) {
-    {
+    if (!spin_until([&] { return generation_.load(std::memory_order_acquire) != seen || stopping_.load(); })) {
       std::unique_lock<std::mutex> lock(mutex_);
-      work_cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-      if (stopping_) return;
-      seen = generation_;
+      sleepers_.fetch_add(1);
+      work_cv_.wait(lock, [&] { return generation_.load() != seen || stopping_.load(); });
+      sleepers_.fetch_sub(1);
     }
+    if (stopping_.load()) return;
+    seen = generation_.load();
     run_share(index);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_cv_.notify_one();
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      { std::lock_guard<std::mutex> lock(mutex_); }  // the caller may be between its check and its wait
+      done_cv_.notify_one();
     }
   }
 }
