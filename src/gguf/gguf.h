@@ -83,6 +83,10 @@ class File {
   const Array* get_array(std::string_view key) const;
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  // See MappedFile::release; a no-op for files parsed from memory.
+  void release_pages(const std::uint8_t* p, std::size_t n) const {
+    if (mapping_) mapping_->release(p, n);
+  }
   const TensorInfo* find_tensor(std::string_view name) const;
 
  private:

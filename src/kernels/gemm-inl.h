@@ -217,6 +217,59 @@ void gemm_f32(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::
   tiled<F32Tile>(r0, r1, n_tokens, w, w_stride, x, k, y, ldy);
 }
 
+// Online-softmax attention for one head (see KernelTable::attention); head_dim a multiple of 8 takes
+// the vector path, anything else the scalar tail.
+void attention(const float* q, const float* k, const float* v, std::size_t stride, std::size_t n_ctx, std::size_t head_dim,
+               float scale, float* out) {
+  constexpr std::size_t kMaxVec = 32;  // up to 256-wide heads in registers
+  const std::size_t nv = head_dim / 8;
+  if (head_dim % 8 != 0 || nv > kMaxVec) {
+    float m = -INFINITY, l = 0.0f;
+    std::fill_n(out, head_dim, 0.0f);
+    for (std::size_t j = 0; j < n_ctx; ++j) {
+      float s = 0.0f;
+      for (std::size_t i = 0; i < head_dim; ++i) s += q[i] * k[j * stride + i];
+      s *= scale;
+      if (s > m) {
+        const float c = std::exp(m - s);
+        for (std::size_t i = 0; i < head_dim; ++i) out[i] *= c;
+        l *= c;
+        m = s;
+      }
+      const float p = std::exp(s - m);
+      l += p;
+      for (std::size_t i = 0; i < head_dim; ++i) out[i] += p * v[j * stride + i];
+    }
+    for (std::size_t i = 0; i < head_dim; ++i) out[i] = l > 0.0f ? out[i] / l : 0.0f;
+    return;
+  }
+  __m256 qv[kMaxVec], acc[kMaxVec];
+  for (std::size_t i = 0; i < nv; ++i) {
+    qv[i] = _mm256_mul_ps(_mm256_loadu_ps(q + 8 * i), _mm256_set1_ps(scale));
+    acc[i] = _mm256_setzero_ps();
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (std::size_t j = 0; j < n_ctx; ++j) {
+    const float* kj = k + j * stride;
+    __m256 d = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kj));
+    for (std::size_t i = 1; i < nv; ++i) d = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kj + 8 * i), d);
+    const float s = hsum(d);
+    if (s > m) {
+      const __m256 c = _mm256_set1_ps(std::exp(m - s));
+      for (std::size_t i = 0; i < nv; ++i) acc[i] = _mm256_mul_ps(acc[i], c);
+      l *= std::exp(m - s);
+      m = s;
+    }
+    const float p = std::exp(s - m);
+    l += p;
+    const __m256 pv = _mm256_set1_ps(p);
+    const float* vj = v + j * stride;
+    for (std::size_t i = 0; i < nv; ++i) acc[i] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+  }
+  const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
+  for (std::size_t i = 0; i < nv; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], inv));
+}
+
 // Activations to Q8_0, bit-identical to the scalar reference (same rounding of x / d).
 void quantize_q8_0(const float* x, BlockQ8_0* y, float* sums, std::size_t n) {
   const __m256 sign_mask = _mm256_set1_ps(-0.0f);

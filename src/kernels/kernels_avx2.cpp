@@ -1,6 +1,8 @@
 // AVX2 + FMA + F16C path (compiled with -mavx2 -mfma -mf16c; only called when CPUID has them).
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
 #include <type_traits>
 #include <vector>
 
@@ -47,7 +49,8 @@ float Isa::dot_f32(const float* a, const float* b, std::size_t n) {
 
 const KernelTable& avx2_kernels() {
   static const KernelTable table{"avx2",         avx2::quantize_q8_0, avx2::gemm_q8_0, avx2::gemm_q4_0,
-                                 avx2::gemm_f16, avx2::gemm_f32,      avx2::Isa::dot_f32};
+                                 avx2::gemm_f16, avx2::gemm_f32,      avx2::Isa::dot_f32, avx2::attention,
+                                 gemm_q4_0_x16_reference};
   return table;
 }
 

@@ -1,6 +1,7 @@
 // The reference path: plain C++ with no ISA assumptions. Every fast path is tested against it.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/dispatch.h"
@@ -90,10 +91,58 @@ void gemm_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::
   }
 }
 
+void attention(const float* q, const float* k, const float* v, std::size_t stride, std::size_t n_ctx, std::size_t head_dim,
+               float scale, float* out) {
+  float m = -INFINITY, l = 0.0f;
+  std::fill_n(out, head_dim, 0.0f);
+  for (std::size_t j = 0; j < n_ctx; ++j) {
+    const float s = dot_f32(q, k + j * stride, head_dim) * scale;
+    if (s > m) {
+      const float correction = std::exp(m - s);  // exp(-inf) = 0 on the first position
+      for (std::size_t i = 0; i < head_dim; ++i) out[i] *= correction;
+      l *= correction;
+      m = s;
+    }
+    const float p = std::exp(s - m);
+    l += p;
+    const float* vj = v + j * stride;
+    for (std::size_t i = 0; i < head_dim; ++i) out[i] += p * vj[i];
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (std::size_t i = 0; i < head_dim; ++i) out[i] *= inv;
+}
+
 }  // namespace
 
+void gemm_q4_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                             std::size_t n_tokens, float* y, std::size_t ldy) {
+  const std::size_t nb = cols / kQK4_0;
+  constexpr std::size_t kGroupBlock = 16 * sizeof(BlockQ4_0);
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::uint8_t* group = w + (r / 16) * nb * kGroupBlock;
+    const std::size_t lane = r % 16;
+    for (std::size_t t = 0; t < n_tokens; ++t) {
+      const BlockQ8_0* xb = x.blocks + t * x.n_blocks;
+      float acc = 0.0f;
+      for (std::size_t b = 0; b < nb; ++b) {
+        const std::uint8_t* gb = group + b * kGroupBlock;
+        std::uint16_t d;
+        std::memcpy(&d, gb + 2 * lane, 2);
+        int dot = 0;
+        for (int j = 0; j < 16; ++j) {
+          const std::uint8_t q = gb[32 + 64 * (j / 4) + 4 * lane + j % 4];
+          dot += ((q & 0xf) - 8) * xb[b].qs[j] + ((q >> 4) - 8) * xb[b].qs[j + 16];
+        }
+        acc += fp16_to_fp32(d) * fp16_to_fp32(xb[b].d) * static_cast<float>(dot);
+      }
+      y[t * ldy + r] = acc;
+    }
+  }
+}
+
 const KernelTable& scalar_kernels() {
-  static const KernelTable table{"scalar", quantize_q8_0, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32};
+  static const KernelTable table{"scalar", quantize_q8_0, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32, attention,
+                                 gemm_q4_0_x16_reference};
   return table;
 }
 

@@ -1,6 +1,7 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/dispatch.h"
 #include "tensor/quant.h"
@@ -31,6 +32,16 @@ void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
   grain = (grain + 3) / 4 * 4;
   const std::size_t stride = w.row_stride(), ldy = w.rows;
 
+  if (w.layout == Layout::Q4_0x16) {
+    x.quantize(pool);
+    const QuantizedRows q{x.q8(), x.q8_sums(), w.cols / kQK8_0};
+    const std::size_t groups = w.rows / 16;
+    const std::size_t group_grain = std::max<std::size_t>(1, grain / 16);
+    pool.parallel_for(groups, group_grain, [&](std::size_t b, std::size_t e, int) {
+      kt.gemm_q4_0_x16(w.data, w.cols, b * 16, e * 16, q, n_tokens, y, ldy);
+    });
+    return;
+  }
   switch (w.type) {
     case DType::Q8_0:
     case DType::Q4_0: {
@@ -59,6 +70,24 @@ void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
         }
       });
       return;
+    }
+  }
+}
+
+bool can_repack_q4_0_x16(const WeightMatrix& w) {
+  return w.type == DType::Q4_0 && w.layout == Layout::Plain && w.rows % 16 == 0 && w.rows > 0;
+}
+
+void repack_q4_0_x16(const WeightMatrix& w, std::uint8_t* out) {
+  const std::size_t nb = w.cols / kQK4_0;
+  for (std::size_t g = 0; g < w.rows / 16; ++g) {
+    for (std::size_t b = 0; b < nb; ++b) {
+      std::uint8_t* gb = out + (g * nb + b) * 16 * sizeof(BlockQ4_0);
+      for (std::size_t lane = 0; lane < 16; ++lane) {
+        const auto& src = reinterpret_cast<const BlockQ4_0*>(w.row(g * 16 + lane))[b];
+        std::memcpy(gb + 2 * lane, &src.d, 2);
+        for (int k = 0; k < 4; ++k) std::memcpy(gb + 32 + 64 * k + 4 * lane, src.qs + 4 * k, 4);
+      }
     }
   }
 }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/cpu.h"
+#include "kernels/dispatch.h"
 #include "kernels/ops.h"
 #include "tensor/quant.h"
 #include "util/error.h"
@@ -100,6 +102,8 @@ Model::Model(std::shared_ptr<const gguf::File> file) : file_(std::move(file)), c
     l.bv = load.vector(p + "attn_v.bias", c.kv_dim(), false);
   }
 
+  repack_for_kernels();
+
   inv_freq_.resize(c.n_rot / 2);
   const float* freq_factors = load.vector("rope_freqs.weight", c.n_rot / 2, false);
   for (std::uint32_t i = 0; i < c.n_rot / 2; ++i) {
@@ -107,6 +111,25 @@ Model::Model(std::shared_ptr<const gguf::File> file) : file_(std::move(file)), c
     if (freq_factors) f /= freq_factors[i];
     inv_freq_[i] = static_cast<float>(f);
   }
+}
+
+void Model::repack_for_kernels() {
+  // Only the AVX-512 path has a kernel for the interleaved layout; others read ggml's as stored.
+  if (kernels::active_isa() != kernels::Isa::Avx512) return;
+  auto repack = [&](kernels::WeightMatrix& m) {
+    if (!kernels::can_repack_q4_0_x16(m)) return;
+    const std::size_t bytes = m.rows * m.row_stride();
+    auto buf = std::make_unique<std::uint8_t[]>(bytes);
+    kernels::repack_q4_0_x16(m, buf.get());
+    file_->release_pages(m.data, bytes);
+    m.data = buf.get();
+    m.layout = kernels::Layout::Q4_0x16;
+    repacked_.push_back(std::move(buf));
+  };
+  for (LayerWeights& l : layers_) {
+    for (kernels::WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) repack(*m);
+  }
+  if (output_.data != token_embd_.data) repack(output_);  // a tied output is the embedding table, read by row
 }
 
 KvCache Model::make_cache(std::size_t max_positions) const {
@@ -128,8 +151,27 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.positions[t]) + 1);
   }
 
-  std::vector<float> x(T * D), xn(T * D), q(T * QD), k(T * KVD), v(T * KVD), attn(T * QD), tmp(T * D);
-  std::vector<float> gate(T * F), up(T * F);
+  // Scratch kept per thread across calls: a fresh multi-megabyte allocation per prefill chunk would
+  // be page-faulted and zeroed by the kernel every time.
+  // (References, not the thread_locals themselves, are what the worker lambdas below may use: a
+  // thread_local named inside a lambda is the running thread's own instance.)
+  struct Scratch {
+    std::vector<float> x, xn, q, k, v, attn, tmp, gate, up;
+  };
+  thread_local Scratch scratch;
+  auto& x = scratch.x;
+  auto& xn = scratch.xn;
+  auto& q = scratch.q;
+  auto& k = scratch.k;
+  auto& v = scratch.v;
+  auto& attn = scratch.attn;
+  auto& tmp = scratch.tmp;
+  auto& gate = scratch.gate;
+  auto& up = scratch.up;
+  for (auto [buf, n] : {std::pair{&x, T * D}, {&xn, T * D}, {&q, T * QD}, {&k, T * KVD}, {&v, T * KVD}, {&attn, T * QD},
+                        {&tmp, T * D}, {&gate, T * F}, {&up, T * F}}) {
+    buf->resize(n);
+  }
 
   for (std::size_t t = 0; t < T; ++t) {
     dequantize_row(token_embd_.type, token_embd_.row(static_cast<std::size_t>(batch.tokens[t])), &x[t * D], D);
@@ -164,24 +206,14 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     std::size_t attn_macs = 0;  // per head, summed over the batch: sizes the work shares
     for (std::size_t t = 0; t < T; ++t) attn_macs += 2 * HD * (static_cast<std::size_t>(batch.positions[t]) + 1);
     const std::size_t attn_grain = std::max<std::size_t>(1, (1 << 16) * T / std::max<std::size_t>(1, attn_macs));
+    const kernels::KernelTable& kt = kernels::kernel_table(kernels::active_isa());
     pool.parallel_for(T * c.n_head, attn_grain, [&](std::size_t begin, std::size_t end, int) {
-      thread_local std::vector<float> scores;
       for (std::size_t job = begin; job < end; ++job) {
         const std::size_t t = job / c.n_head, h = job % c.n_head, kvh = h / group;
         const int seq = batch.seq_ids[t];
-        const std::size_t n_ctx = static_cast<std::size_t>(batch.positions[t]) + 1;
-        const float* qh = &q[t * QD + h * HD];
-        scores.resize(n_ctx);
-        for (std::size_t j = 0; j < n_ctx; ++j) {
-          scores[j] = kernels::dot_f32(qh, cache.key(il, seq, j) + kvh * HD, HD) * attn_scale;
-        }
-        kernels::softmax(scores.data(), n_ctx);
-        float* out = &attn[t * QD + h * HD];
-        std::fill_n(out, HD, 0.0f);
-        for (std::size_t j = 0; j < n_ctx; ++j) {
-          const float* vj = cache.value(il, seq, j) + kvh * HD;
-          for (std::size_t i = 0; i < HD; ++i) out[i] += scores[j] * vj[i];
-        }
+        // Positions of one sequence are contiguous in this cache: look the sequence up once.
+        kt.attention(&q[t * QD + h * HD], cache.key(il, seq, 0) + kvh * HD, cache.value(il, seq, 0) + kvh * HD, KVD,
+                     static_cast<std::size_t>(batch.positions[t]) + 1, HD, attn_scale, &attn[t * QD + h * HD]);
       }
     });
 

@@ -2,6 +2,7 @@
 // The llama-family transformer (llama, mistral, qwen2, ...). Weights are used in place from the
 // mapped GGUF file in their stored type; the forward pass reads like the math and leaves speed to the
 // kernels.
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,9 @@ class Model {
   const float* output_norm_ = nullptr;
   std::vector<LayerWeights> layers_;
   std::vector<float> inv_freq_;  // n_rot / 2 rope speeds, with llama3 frequency factors applied
+  std::vector<std::unique_ptr<std::uint8_t[]>> repacked_;  // weights moved into kernel-friendly layouts
+
+  void repack_for_kernels();
 };
 
 }  // namespace promptly

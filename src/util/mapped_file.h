@@ -18,6 +18,11 @@ class MappedFile {
   std::size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // Drops this process's resident pages for [p, p + n) (whole pages inside the range only). The data
+  // stays readable: a later access faults it back in from the file. Used once a tensor has been
+  // repacked into memory of its own, so the two copies are not both counted.
+  void release(const void* p, std::size_t n) const;
+
  private:
   std::string path_;
   const std::uint8_t* data_ = nullptr;

@@ -130,3 +130,87 @@ TEST(Dispatch, StoriesGreedyReferenceOnEveryPath) {
 
 }  // namespace
 }  // namespace promptly::kernels
+
+namespace promptly::kernels {
+namespace {
+
+TEST(Dispatch, InterleavedQ4_0MatchesPlainOnEveryPath) {
+  IsaGuard guard;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist;
+  for (std::size_t cols : {32u, 96u, 512u}) {
+    for (std::size_t rows : {16u, 48u}) {
+      for (std::size_t tokens : {1u, 2u, 5u, 9u}) {
+        std::vector<float> wf(rows * cols), x(tokens * cols);
+        for (float& v : wf) v = dist(rng);
+        for (float& v : x) v = dist(rng);
+        std::vector<std::uint8_t> w(rows * row_bytes(DType::Q4_0, cols)), packed(w.size());
+        for (std::size_t r = 0; r < rows; ++r) quantize_row(DType::Q4_0, &wf[r * cols], &w[r * row_bytes(DType::Q4_0, cols)], cols);
+        const WeightMatrix plain{DType::Q4_0, w.data(), rows, cols};
+        ASSERT_TRUE(can_repack_q4_0_x16(plain));
+        repack_q4_0_x16(plain, packed.data());
+        const WeightMatrix inter{DType::Q4_0, packed.data(), rows, cols, Layout::Q4_0x16};
+        ThreadPool pool(2);
+        set_isa(Isa::Scalar);
+        std::vector<float> ref(tokens * rows), got(tokens * rows);
+        matmul(plain, x.data(), tokens, ref.data(), pool);
+        std::vector<Isa> paths = {Isa::Scalar};
+        for (Isa isa : fast_paths()) paths.push_back(isa);
+        for (Isa isa : paths) {
+          set_isa(isa);
+          matmul(inter, x.data(), tokens, got.data(), pool);
+          for (std::size_t i = 0; i < ref.size(); ++i) {
+            ASSERT_NEAR(got[i], ref[i], 1e-5f * (std::fabs(ref[i]) + std::sqrt(static_cast<float>(cols))))
+                << isa_name(isa) << " rows " << rows << " cols " << cols << " tokens " << tokens << " i " << i;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(can_repack_q4_0_x16({DType::Q4_0, nullptr, 17, 32}));
+  EXPECT_FALSE(can_repack_q4_0_x16({DType::Q8_0, nullptr, 16, 32}));
+}
+
+}  // namespace
+}  // namespace promptly::kernels
+
+namespace promptly::kernels {
+namespace {
+
+// The fused online-softmax attention against a plain two-pass softmax in double precision.
+TEST(Dispatch, AttentionMatchesTwoPassSoftmax) {
+  std::mt19937 rng(4);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<Isa> paths = {Isa::Scalar};
+  for (Isa isa : fast_paths()) paths.push_back(isa);
+  for (std::size_t head_dim : {8u, 12u, 64u, 128u}) {
+    for (std::size_t n_ctx : {1u, 2u, 7u, 100u}) {
+      const std::size_t stride = head_dim * 3;  // other heads interleaved, as in the cache
+      std::vector<float> q(head_dim), k(n_ctx * stride), v(n_ctx * stride);
+      for (float& x : q) x = dist(rng);
+      for (float& x : k) x = dist(rng);
+      for (float& x : v) x = dist(rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      std::vector<double> s(n_ctx), want(head_dim, 0.0);
+      double mx = -1e300, sum = 0;
+      for (std::size_t j = 0; j < n_ctx; ++j) {
+        for (std::size_t i = 0; i < head_dim; ++i) s[j] += static_cast<double>(q[i]) * k[j * stride + i];
+        s[j] *= scale;
+        mx = std::max(mx, s[j]);
+      }
+      for (double& x : s) sum += x = std::exp(x - mx);
+      for (std::size_t j = 0; j < n_ctx; ++j)
+        for (std::size_t i = 0; i < head_dim; ++i) want[i] += s[j] / sum * v[j * stride + i];
+      for (Isa isa : paths) {
+        std::vector<float> got(head_dim);
+        kernel_table(isa).attention(q.data(), k.data(), v.data(), stride, n_ctx, head_dim, scale, got.data());
+        for (std::size_t i = 0; i < head_dim; ++i) {
+          ASSERT_NEAR(got[i], want[i], 1e-4) << isa_name(isa) << " head_dim " << head_dim << " n_ctx " << n_ctx;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace promptly::kernels
