@@ -41,10 +41,14 @@ struct KernelTable {
   // Q4_0x16 layout (see repack_q4_0_x16); r0 and r1 are multiples of 16.
   void (*gemm_q4_0_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                         std::size_t n_tokens, float* y, std::size_t ldy);
+  void (*gemm_q8_0_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                        std::size_t n_tokens, float* y, std::size_t ldy);
 };
 
 // The scalar reference of the interleaved layout, shared by paths without a kernel of their own.
 void gemm_q4_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                             std::size_t n_tokens, float* y, std::size_t ldy);
+void gemm_q8_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                              std::size_t n_tokens, float* y, std::size_t ldy);
 
 const KernelTable& kernel_table(Isa isa);

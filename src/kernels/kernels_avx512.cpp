@@ -64,8 +64,12 @@ float Isa::dot_f32(const float* a, const float* b, std::size_t n) {
 // rows (lane = row); the -8 offset of Q4_0 enters through the activation block sums. A token's 8
 // instructions are split over A independent accumulators so they do not wait on each other's
 // latency (few tokens: more chains per token).
-template <int C>
-void tile_q4_0_x16(const std::uint8_t* group, std::size_t nb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+// Q8 = true: the Q8_0x16 layout (8 groups of stored-unsigned quants, offset 128); false: Q4_0x16
+// (4 groups of packed nibbles, offset 8).
+template <bool Q8, int C>
+void tile_x16(const std::uint8_t* group, std::size_t nb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+  constexpr std::size_t kGroupBlock = Q8 ? 16 * 34 : 16 * 18;
+  constexpr float kOffset = Q8 ? 128.0f : 8.0f;
   constexpr int A = C >= 4 ? 2 : 4;
   __m512 acc[C];
   for (int j = 0; j < C; ++j) acc[j] = _mm512_setzero_ps();
@@ -77,13 +81,17 @@ void tile_q4_0_x16(const std::uint8_t* group, std::size_t nb, const QuantizedRow
     st[j] = x.sums + (t + j) * x.n_blocks;
   }
   for (std::size_t b = 0; b < nb; ++b) {
-    const std::uint8_t* gb = group + b * 288;
+    const std::uint8_t* gb = group + b * kGroupBlock;
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
-    __m512i q[8];  // q[g]: elements 4g..4g+3 (low nibbles); q[4 + g]: elements 16+4g.. (high nibbles)
-    for (int g = 0; g < 4; ++g) {
-      const __m512i v = _mm512_loadu_si512(gb + 32 + 64 * g);
-      q[g] = _mm512_and_si512(v, mask);
-      q[4 + g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+    __m512i q[8];  // q[k]: elements 4k..4k+3 of all 16 rows, unsigned
+    if constexpr (Q8) {
+      for (int g = 0; g < 8; ++g) q[g] = _mm512_loadu_si512(gb + 32 + 64 * g);
+    } else {
+      for (int g = 0; g < 4; ++g) {  // low nibbles hold elements 4g.., high nibbles 16+4g..
+        const __m512i v = _mm512_loadu_si512(gb + 32 + 64 * g);
+        q[g] = _mm512_and_si512(v, mask);
+        q[4 + g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+      }
     }
     for (int j = 0; j < C; ++j) {
       const BlockQ8_0& xb = xt[j][b];
@@ -91,33 +99,36 @@ void tile_q4_0_x16(const std::uint8_t* group, std::size_t nb, const QuantizedRow
       for (int a = 0; a < A; ++a) dot[a] = _mm512_setzero_si512();
       for (int k = 0; k < 8; ++k) {
         std::int32_t x4;
-        std::memcpy(&x4, xb.qs + (k < 4 ? 4 * k : 16 + 4 * (k - 4)), 4);
+        std::memcpy(&x4, xb.qs + 4 * k, 4);
         dot[k % A] = _mm512_dpbusd_epi32(dot[k % A], q[k], _mm512_set1_epi32(x4));
       }
       for (int a = 1; a < A; ++a) dot[0] = _mm512_add_epi32(dot[0], dot[a]);
-      // d_w * (d_x * dot - 8 * d_x * sum(x))
-      const __m512 scaled = _mm512_fmsub_ps(_mm512_set1_ps(h2f(xb.d)), _mm512_cvtepi32_ps(dot[0]), _mm512_set1_ps(8.0f * st[j][b]));
+      // d_w * (d_x * dot - offset * d_x * sum(x))
+      const __m512 scaled =
+          _mm512_fmsub_ps(_mm512_set1_ps(h2f(xb.d)), _mm512_cvtepi32_ps(dot[0]), _mm512_set1_ps(kOffset * st[j][b]));
       acc[j] = _mm512_fmadd_ps(dw, scaled, acc[j]);
     }
   }
   for (int j = 0; j < C; ++j) _mm512_storeu_ps(y + (t + j) * ldy, acc[j]);
 }
 
-void gemm_q4_0_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
-                   std::size_t n_tokens, float* y, std::size_t ldy) {
-  const std::size_t nb = cols / kQK4_0;
+template <bool Q8>
+void gemm_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x, std::size_t n_tokens,
+              float* y, std::size_t ldy) {
+  const std::size_t nb = cols / 32;
+  const std::size_t group_bytes = nb * (Q8 ? 16 * 34 : 16 * 18);
   for (std::size_t r = r0; r < r1; r += 16) {
-    const std::uint8_t* group = w + (r / 16) * nb * 288;
+    const std::uint8_t* group = w + (r / 16) * group_bytes;
     std::size_t t = 0;
-    for (; t + 8 <= n_tokens; t += 8) tile_q4_0_x16<8>(group, nb, x, t, y + r, ldy);
+    for (; t + 8 <= n_tokens; t += 8) tile_x16<Q8, 8>(group, nb, x, t, y + r, ldy);
     if (n_tokens - t >= 4) {
-      tile_q4_0_x16<4>(group, nb, x, t, y + r, ldy);
+      tile_x16<Q8, 4>(group, nb, x, t, y + r, ldy);
       t += 4;
     }
     switch (n_tokens - t) {
-      case 3: tile_q4_0_x16<3>(group, nb, x, t, y + r, ldy); break;
-      case 2: tile_q4_0_x16<2>(group, nb, x, t, y + r, ldy); break;
-      case 1: tile_q4_0_x16<1>(group, nb, x, t, y + r, ldy); break;
+      case 3: tile_x16<Q8, 3>(group, nb, x, t, y + r, ldy); break;
+      case 2: tile_x16<Q8, 2>(group, nb, x, t, y + r, ldy); break;
+      case 1: tile_x16<Q8, 1>(group, nb, x, t, y + r, ldy); break;
       default: break;
     }
   }
@@ -129,7 +140,7 @@ void gemm_q4_0_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std:
 const KernelTable& avx512_kernels() {
   static const KernelTable table{"avx512",         avx512::quantize_q8_0, avx512::gemm_q8_0, avx512::gemm_q4_0,
                                  avx512::gemm_f16, avx512::gemm_f32,      avx512::Isa::dot_f32, avx512::attention,
-                                 avx512::gemm_q4_0_x16};
+                                 avx512::gemm_x16<false>, avx512::gemm_x16<true>};
   return table;
 }
 

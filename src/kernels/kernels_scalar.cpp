@@ -140,9 +140,35 @@ void gemm_q4_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
   }
 }
 
+void gemm_q8_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                             std::size_t n_tokens, float* y, std::size_t ldy) {
+  const std::size_t nb = cols / kQK8_0;
+  constexpr std::size_t kGroupBlock = 16 * sizeof(BlockQ8_0);
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::uint8_t* group = w + (r / 16) * nb * kGroupBlock;
+    const std::size_t lane = r % 16;
+    for (std::size_t t = 0; t < n_tokens; ++t) {
+      const BlockQ8_0* xb = x.blocks + t * x.n_blocks;
+      float acc = 0.0f;
+      for (std::size_t b = 0; b < nb; ++b) {
+        const std::uint8_t* gb = group + b * kGroupBlock;
+        std::uint16_t d;
+        std::memcpy(&d, gb + 2 * lane, 2);
+        int dot = 0;
+        for (int j = 0; j < 32; ++j) {
+          const int q = static_cast<int>(gb[32 + 64 * (j / 4) + 4 * lane + j % 4]) - 128;
+          dot += q * xb[b].qs[j];
+        }
+        acc += fp16_to_fp32(d) * fp16_to_fp32(xb[b].d) * static_cast<float>(dot);
+      }
+      y[t * ldy + r] = acc;
+    }
+  }
+}
+
 const KernelTable& scalar_kernels() {
   static const KernelTable table{"scalar", quantize_q8_0, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32, attention,
-                                 gemm_q4_0_x16_reference};
+                                 gemm_q4_0_x16_reference, gemm_q8_0_x16_reference};
   return table;
 }
 

@@ -32,13 +32,14 @@ void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
   grain = (grain + 3) / 4 * 4;
   const std::size_t stride = w.row_stride(), ldy = w.rows;
 
-  if (w.layout == Layout::Q4_0x16) {
+  if (w.layout != Layout::Plain) {
     x.quantize(pool);
     const QuantizedRows q{x.q8(), x.q8_sums(), w.cols / kQK8_0};
     const std::size_t groups = w.rows / 16;
     const std::size_t group_grain = std::max<std::size_t>(1, grain / 16);
+    const auto gemm = w.layout == Layout::Q4_0x16 ? kt.gemm_q4_0_x16 : kt.gemm_q8_0_x16;
     pool.parallel_for(groups, group_grain, [&](std::size_t b, std::size_t e, int) {
-      kt.gemm_q4_0_x16(w.data, w.cols, b * 16, e * 16, q, n_tokens, y, ldy);
+      gemm(w.data, w.cols, b * 16, e * 16, q, n_tokens, y, ldy);
     });
     return;
   }
@@ -74,22 +75,31 @@ void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
   }
 }
 
-bool can_repack_q4_0_x16(const WeightMatrix& w) {
-  return w.type == DType::Q4_0 && w.layout == Layout::Plain && w.rows % 16 == 0 && w.rows > 0;
+bool can_repack_x16(const WeightMatrix& w) {
+  return (w.type == DType::Q4_0 || w.type == DType::Q8_0) && w.layout == Layout::Plain && w.rows % 16 == 0 && w.rows > 0;
 }
 
-void repack_q4_0_x16(const WeightMatrix& w, std::uint8_t* out) {
-  const std::size_t nb = w.cols / kQK4_0;
+Layout repack_x16(const WeightMatrix& w, std::uint8_t* out) {
+  const std::size_t nb = w.cols / 32;
+  const bool q8 = w.type == DType::Q8_0;
+  const std::size_t block_bytes = q8 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
+  const int groups = q8 ? 8 : 4;
   for (std::size_t g = 0; g < w.rows / 16; ++g) {
     for (std::size_t b = 0; b < nb; ++b) {
-      std::uint8_t* gb = out + (g * nb + b) * 16 * sizeof(BlockQ4_0);
+      std::uint8_t* gb = out + (g * nb + b) * 16 * block_bytes;
       for (std::size_t lane = 0; lane < 16; ++lane) {
-        const auto& src = reinterpret_cast<const BlockQ4_0*>(w.row(g * 16 + lane))[b];
-        std::memcpy(gb + 2 * lane, &src.d, 2);
-        for (int k = 0; k < 4; ++k) std::memcpy(gb + 32 + 64 * k + 4 * lane, src.qs + 4 * k, 4);
+        const std::uint8_t* src = w.row(g * 16 + lane) + b * block_bytes;  // fp16 d, then the quants
+        std::memcpy(gb + 2 * lane, src, 2);
+        for (int k = 0; k < groups; ++k) {
+          std::uint8_t* dst = gb + 32 + 64 * k + 4 * lane;
+          std::memcpy(dst, src + 2 + 4 * k, 4);
+          if (q8)
+            for (int e = 0; e < 4; ++e) dst[e] ^= 0x80;  // s8 -> u8 (+128)
+        }
       }
     }
   }
+  return q8 ? Layout::Q8_0x16 : Layout::Q4_0x16;
 }
 
 void matmul(const WeightMatrix& w, const float* x, std::size_t n_tokens, float* y, ThreadPool& pool) {

@@ -13,7 +13,8 @@ namespace promptly::kernels {
 // How a matrix's blocks are laid out in memory.
 enum class Layout {
   Plain,    // ggml's: one row after another
-  Q4_0x16,  // Q4_0 repacked for the AVX-512 kernels: see repack_q4_0_x16
+  Q4_0x16,  // Q4_0 repacked for the AVX-512 kernels: see repack_x16
+  Q8_0x16,  // Q8_0 likewise
 };
 
 struct WeightMatrix {
@@ -62,13 +63,16 @@ void matmul(const WeightMatrix& w, const float* x, std::size_t n_tokens, float* 
 
 float dot_f32(const float* a, const float* b, std::size_t n);
 
-// Q4_0 interleaved by 16 rows. Why: the plain layout makes every 32-element block of every row a
-// separate dot product, each paying an int->float conversion and two float operations; with 16 rows
-// side by side, one VNNI instruction advances 16 rows at once (one row per 32-bit lane), 8 of them
-// finish a block for all 16 rows, and the float work is shared 16 ways. Per group of 16 rows and
-// per block: the 16 fp16 scales (32 bytes), then for g = 0..3 the bytes qs[4g..4g+3] of rows 0..15
-// (64 bytes each). The size is unchanged: 288 bytes = 16 rows x 18. rows must be a multiple of 16.
-bool can_repack_q4_0_x16(const WeightMatrix& w);
-void repack_q4_0_x16(const WeightMatrix& w, std::uint8_t* out);
+// Q4_0 / Q8_0 interleaved by 16 rows. Why: the plain layout makes every 32-element block of every
+// row a separate dot product, each paying an int->float conversion and two float operations; with
+// 16 rows side by side, one VNNI instruction advances 16 rows at once (one row per 32-bit lane), 8
+// of them finish a block for all 16 rows, and the float work is shared 16 ways. Per group of 16 rows
+// and per block: the 16 fp16 scales (32 bytes), then for each 4-byte group g of the block's quants
+// (4 for Q4_0, 8 for Q8_0) those 4 bytes of rows 0..15 (64 bytes). Q8_0 quants are stored + 128
+// (unsigned, as VNNI wants one operand; the activation sums undo the offset). The size is unchanged
+// (16 x 18 or 16 x 34 bytes per block). rows must be a multiple of 16.
+bool can_repack_x16(const WeightMatrix& w);
+// Returns the layout the repacked data has.
+Layout repack_x16(const WeightMatrix& w, std::uint8_t* out);
 
 }  // namespace promptly::kernels

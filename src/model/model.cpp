@@ -117,13 +117,13 @@ void Model::repack_for_kernels() {
   // Only the AVX-512 path has a kernel for the interleaved layout; others read ggml's as stored.
   if (kernels::active_isa() != kernels::Isa::Avx512) return;
   auto repack = [&](kernels::WeightMatrix& m) {
-    if (!kernels::can_repack_q4_0_x16(m)) return;
+    if (!kernels::can_repack_x16(m)) return;
     const std::size_t bytes = m.rows * m.row_stride();
     auto buf = std::make_unique<std::uint8_t[]>(bytes);
-    kernels::repack_q4_0_x16(m, buf.get());
+    const kernels::Layout layout = kernels::repack_x16(m, buf.get());
     file_->release_pages(m.data, bytes);
     m.data = buf.get();
-    m.layout = kernels::Layout::Q4_0x16;
+    m.layout = layout;
     repacked_.push_back(std::move(buf));
   };
   for (LayerWeights& l : layers_) {

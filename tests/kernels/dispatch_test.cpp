@@ -134,22 +134,24 @@ TEST(Dispatch, StoriesGreedyReferenceOnEveryPath) {
 namespace promptly::kernels {
 namespace {
 
-TEST(Dispatch, InterleavedQ4_0MatchesPlainOnEveryPath) {
+TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
   IsaGuard guard;
   std::mt19937 rng(9);
   std::normal_distribution<float> dist;
+  for (DType type : {DType::Q4_0, DType::Q8_0})
   for (std::size_t cols : {32u, 96u, 512u}) {
     for (std::size_t rows : {16u, 48u}) {
       for (std::size_t tokens : {1u, 2u, 5u, 9u}) {
         std::vector<float> wf(rows * cols), x(tokens * cols);
         for (float& v : wf) v = dist(rng);
         for (float& v : x) v = dist(rng);
-        std::vector<std::uint8_t> w(rows * row_bytes(DType::Q4_0, cols)), packed(w.size());
-        for (std::size_t r = 0; r < rows; ++r) quantize_row(DType::Q4_0, &wf[r * cols], &w[r * row_bytes(DType::Q4_0, cols)], cols);
-        const WeightMatrix plain{DType::Q4_0, w.data(), rows, cols};
-        ASSERT_TRUE(can_repack_q4_0_x16(plain));
-        repack_q4_0_x16(plain, packed.data());
-        const WeightMatrix inter{DType::Q4_0, packed.data(), rows, cols, Layout::Q4_0x16};
+        std::vector<std::uint8_t> w(rows * row_bytes(type, cols)), packed(w.size());
+        for (std::size_t r = 0; r < rows; ++r) quantize_row(type, &wf[r * cols], &w[r * row_bytes(type, cols)], cols);
+        const WeightMatrix plain{type, w.data(), rows, cols};
+        ASSERT_TRUE(can_repack_x16(plain));
+        const Layout layout = repack_x16(plain, packed.data());
+        EXPECT_EQ(layout == Layout::Q8_0x16, type == DType::Q8_0);
+        const WeightMatrix inter{type, packed.data(), rows, cols, layout};
         ThreadPool pool(2);
         set_isa(Isa::Scalar);
         std::vector<float> ref(tokens * rows), got(tokens * rows);
@@ -161,14 +163,14 @@ TEST(Dispatch, InterleavedQ4_0MatchesPlainOnEveryPath) {
           matmul(inter, x.data(), tokens, got.data(), pool);
           for (std::size_t i = 0; i < ref.size(); ++i) {
             ASSERT_NEAR(got[i], ref[i], 1e-5f * (std::fabs(ref[i]) + std::sqrt(static_cast<float>(cols))))
-                << isa_name(isa) << " rows " << rows << " cols " << cols << " tokens " << tokens << " i " << i;
+                << dtype_name(type) << " " << isa_name(isa) << " rows " << rows << " cols " << cols << " tokens " << tokens << " i " << i;
           }
         }
       }
     }
   }
-  EXPECT_FALSE(can_repack_q4_0_x16({DType::Q4_0, nullptr, 17, 32}));
-  EXPECT_FALSE(can_repack_q4_0_x16({DType::Q8_0, nullptr, 16, 32}));
+  EXPECT_FALSE(can_repack_x16({DType::Q4_0, nullptr, 17, 32}));
+  EXPECT_FALSE(can_repack_x16({DType::F16, nullptr, 16, 32}));
 }
 
 }  // namespace
