@@ -217,6 +217,27 @@ void gemm_f32(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::
   tiled<F32Tile>(r0, r1, n_tokens, w, w_stride, x, k, y, ldy);
 }
 
+// exp(x) for x <= 0 (softmax arguments), 8 at a time: 2^(x log2 e) split into an integer power of
+// two and a degree-6 polynomial on [-0.5, 0.5]; relative error ~2e-7, below float rounding of the
+// sums it feeds. Arguments below -87 flush to 0.
+inline __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+  const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(t, n);  // in [-0.5, 0.5]
+  // 2^f = e^(f ln 2): Taylor terms of e^y with y = f ln 2, enough for float precision.
+  const __m256 y = _mm256_mul_ps(f, _mm256_set1_ps(0.693147180559945309f));
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
+  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2n));
+}
+
 // Online-softmax attention for one head (see KernelTable::attention); head_dim a multiple of 8 takes
 // the vector path, anything else the scalar tail.
 void attention(const float* q, const float* k, const float* v, std::size_t stride, std::size_t n_ctx, std::size_t head_dim,
@@ -248,23 +269,38 @@ void attention(const float* q, const float* k, const float* v, std::size_t strid
     qv[i] = _mm256_mul_ps(_mm256_loadu_ps(q + 8 * i), _mm256_set1_ps(scale));
     acc[i] = _mm256_setzero_ps();
   }
+  // Positions go in chunks of 8: eight scores, one max, one rescale and one vector exp per chunk.
   float m = -INFINITY, l = 0.0f;
-  for (std::size_t j = 0; j < n_ctx; ++j) {
-    const float* kj = k + j * stride;
-    __m256 d = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kj));
-    for (std::size_t i = 1; i < nv; ++i) d = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kj + 8 * i), d);
-    const float s = hsum(d);
-    if (s > m) {
-      const __m256 c = _mm256_set1_ps(std::exp(m - s));
-      for (std::size_t i = 0; i < nv; ++i) acc[i] = _mm256_mul_ps(acc[i], c);
-      l *= std::exp(m - s);
-      m = s;
+  alignas(32) float s8[8], p8[8];
+  for (std::size_t j0 = 0; j0 < n_ctx; j0 += 8) {
+    const std::size_t n = std::min<std::size_t>(8, n_ctx - j0);
+    float chunk_max = -INFINITY;
+    for (std::size_t u = 0; u < 8; ++u) {
+      if (u < n) {
+        const float* kj = k + (j0 + u) * stride;
+        __m256 d = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kj));
+        for (std::size_t i = 1; i < nv; ++i) d = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kj + 8 * i), d);
+        s8[u] = hsum(d);
+        chunk_max = std::max(chunk_max, s8[u]);
+      } else {
+        s8[u] = -INFINITY;
+      }
     }
-    const float p = std::exp(s - m);
-    l += p;
-    const __m256 pv = _mm256_set1_ps(p);
-    const float* vj = v + j * stride;
-    for (std::size_t i = 0; i < nv; ++i) acc[i] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+    if (chunk_max > m) {
+      const float c = std::exp(m - chunk_max);  // 0 on the first chunk
+      const __m256 cv = _mm256_set1_ps(c);
+      for (std::size_t i = 0; i < nv; ++i) acc[i] = _mm256_mul_ps(acc[i], cv);
+      l *= c;
+      m = chunk_max;
+    }
+    const __m256 pv = exp256(_mm256_sub_ps(_mm256_load_ps(s8), _mm256_set1_ps(m)));
+    _mm256_store_ps(p8, pv);
+    for (std::size_t u = 0; u < n; ++u) {
+      l += p8[u];
+      const __m256 pu = _mm256_set1_ps(p8[u]);
+      const float* vj = v + (j0 + u) * stride;
+      for (std::size_t i = 0; i < nv; ++i) acc[i] = _mm256_fmadd_ps(pu, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+    }
   }
   const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
   for (std::size_t i = 0; i < nv; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], inv));
