@@ -43,6 +43,9 @@ struct KernelTable {
                         std::size_t n_tokens, float* y, std::size_t ldy);
   void (*gemm_q8_0_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                         std::size_t n_tokens, float* y, std::size_t ldy);
+  // Any other supported type: dequantize each row, then F32 dots.
+  void (*gemm_dequant)(DType type, const std::uint8_t* w, std::size_t w_stride, std::size_t cols, std::size_t r0, std::size_t r1,
+                       const float* x, std::size_t n_tokens, float* y, std::size_t ldy);
 };
 
 // The scalar reference of the interleaved layout, shared by paths without a kernel of their own.

@@ -306,6 +306,23 @@ void attention(const float* q, const float* k, const float* v, std::size_t strid
   for (std::size_t i = 0; i < nv; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], inv));
 }
 
+// Formats without an integer kernel yet (Q4_K, Q6_K): a row is dequantized (the reference code,
+// vectorized by this TU's compiler flags) and dotted with every token.
+void gemm_dequant(DType type, const std::uint8_t* w, std::size_t w_stride, std::size_t cols, std::size_t r0, std::size_t r1,
+                  const float* x, std::size_t n_tokens, float* y, std::size_t ldy) {
+  thread_local std::vector<float> row;
+  row.resize(cols);
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::uint8_t* src = w + r * w_stride;
+    if (type == DType::Q4_K) {
+      dequantize_q4_k(reinterpret_cast<const BlockQ4_K*>(src), row.data(), cols / kQK_K);
+    } else {
+      dequantize_q6_k(reinterpret_cast<const BlockQ6_K*>(src), row.data(), cols / kQK_K);
+    }
+    for (std::size_t t = 0; t < n_tokens; ++t) y[t * ldy + r] = Isa::dot_f32(row.data(), x + t * cols, cols);
+  }
+}
+
 // Activations to Q8_0, bit-identical to the scalar reference (same rounding of x / d).
 void quantize_q8_0(const float* x, BlockQ8_0* y, float* sums, std::size_t n) {
   const __m256 sign_mask = _mm256_set1_ps(-0.0f);

@@ -17,6 +17,7 @@
 
 #include "kernels/dispatch.h"
 #include "util/fp16.h"
+#include "tensor/quant-inl.h"
 
 namespace promptly::kernels {
 namespace avx512 {
@@ -140,7 +141,7 @@ void gemm_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size
 const KernelTable& avx512_kernels() {
   static const KernelTable table{"avx512",         avx512::quantize_q8_0, avx512::gemm_q8_0, avx512::gemm_q4_0,
                                  avx512::gemm_f16, avx512::gemm_f32,      avx512::Isa::dot_f32, avx512::attention,
-                                 avx512::gemm_x16<false>, avx512::gemm_x16<true>};
+                                 avx512::gemm_x16<false>, avx512::gemm_x16<true>, avx512::gemm_dequant};
   return table;
 }
 

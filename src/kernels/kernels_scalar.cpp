@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/dispatch.h"
+#include "tensor/quant.h"
 #include "util/fp16.h"
 
 namespace promptly::kernels {
@@ -166,9 +167,19 @@ void gemm_q8_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
   }
 }
 
+void gemm_dequant(DType type, const std::uint8_t* w, std::size_t w_stride, std::size_t cols, std::size_t r0, std::size_t r1,
+                  const float* x, std::size_t n_tokens, float* y, std::size_t ldy) {
+  std::vector<float> row(cols);
+  for (std::size_t r = r0; r < r1; ++r) {
+    dequantize_row(type, w + r * w_stride, row.data(), cols);
+    for (std::size_t t = 0; t < n_tokens; ++t) y[t * ldy + r] = dot_f32(row.data(), x + t * cols, cols);
+  }
+}
+
 const KernelTable& scalar_kernels() {
   static const KernelTable table{"scalar", quantize_q8_0, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32, attention,
-                                 gemm_q4_0_x16_reference, gemm_q8_0_x16_reference};
+                                 gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
+                                 gemm_dequant};
   return table;
 }
 

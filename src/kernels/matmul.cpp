@@ -60,18 +60,18 @@ void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
       });
       return;
     }
-    default: {
-      // Formats without an integer kernel yet (Q4_K, Q6_K, BF16): dequantize a row, then vector dots.
-      pool.parallel_for(w.rows, grain, [&](std::size_t begin, std::size_t end, int) {
-        thread_local std::vector<float> row;
-        row.resize(w.cols);
-        for (std::size_t r = begin; r < end; ++r) {
-          dequantize_row(w.type, w.row(r), row.data(), w.cols);
-          for (std::size_t t = 0; t < n_tokens; ++t) y[t * ldy + r] = kt.dot_f32(row.data(), x.data() + t * w.cols, w.cols);
-        }
+    case DType::Q4_K:
+    case DType::Q6_K:
+      pool.parallel_for(w.rows, grain, [&](std::size_t b, std::size_t e, int) {
+        kt.gemm_dequant(w.type, w.data, stride, w.cols, b, e, x.data(), n_tokens, y, ldy);
       });
       return;
-    }
+    default:
+      // BF16 (rare in downloads): the reference dequantization for every path.
+      pool.parallel_for(w.rows, grain, [&](std::size_t b, std::size_t e, int) {
+        scalar_kernels().gemm_dequant(w.type, w.data, stride, w.cols, b, e, x.data(), n_tokens, y, ldy);
+      });
+      return;
   }
 }
 

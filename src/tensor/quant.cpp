@@ -7,6 +7,7 @@
 
 #include "util/error.h"
 #include "util/fp16.h"
+#include "tensor/quant-inl.h"
 
 namespace promptly {
 namespace {
@@ -27,61 +28,6 @@ void dequantize_q4_0(const BlockQ4_0* b, float* y, std::size_t nb) {
     for (int j = 0; j < kQK4_0 / 2; ++j) {
       out[j] = d * static_cast<float>((b[i].qs[j] & 0x0f) - 8);
       out[j + kQK4_0 / 2] = d * static_cast<float>((b[i].qs[j] >> 4) - 8);
-    }
-  }
-}
-
-// Sub-block j's 6-bit scale and min from the 12 packed bytes of a Q4_K block.
-inline void q4k_scale_min(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = static_cast<std::uint8_t>((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4));
-    m = static_cast<std::uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
-
-void dequantize_q4_k(const BlockQ4_K* b, float* y, std::size_t nb) {
-  for (std::size_t i = 0; i < nb; ++i) {
-    const float d = fp16_to_fp32(b[i].d);
-    const float dmin = fp16_to_fp32(b[i].dmin);
-    const std::uint8_t* q = b[i].qs;
-    for (int j = 0, is = 0; j < kQK_K; j += 64, is += 2) {
-      std::uint8_t sc, m;
-      q4k_scale_min(is, b[i].scales, sc, m);
-      const float d1 = d * sc, m1 = dmin * m;
-      q4k_scale_min(is + 1, b[i].scales, sc, m);
-      const float d2 = d * sc, m2 = dmin * m;
-      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0xf) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
-      q += 32;
-    }
-  }
-}
-
-void dequantize_q6_k(const BlockQ6_K* b, float* y, std::size_t nb) {
-  for (std::size_t i = 0; i < nb; ++i) {
-    const float d = fp16_to_fp32(b[i].d);
-    const std::uint8_t* ql = b[i].ql;
-    const std::uint8_t* qh = b[i].qh;
-    const std::int8_t* sc = b[i].scales;
-    for (int n = 0; n < kQK_K; n += 128) {
-      for (int l = 0; l < 32; ++l) {
-        const int is = l / 16;
-        const int q1 = ((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32;
-        const int q2 = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
-        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-        y[l] = d * sc[is + 0] * static_cast<float>(q1);
-        y[l + 32] = d * sc[is + 2] * static_cast<float>(q2);
-        y[l + 64] = d * sc[is + 4] * static_cast<float>(q3);
-        y[l + 96] = d * sc[is + 6] * static_cast<float>(q4);
-      }
-      y += 128;
-      ql += 64;
-      qh += 32;
-      sc += 8;
     }
   }
 }
