@@ -170,6 +170,51 @@ TEST(Model, ClearErrorsForModelsItCannotRun) {
                     "'llama.block_count' has type string, expected an integer");
 }
 
+// Llama 3.1-style frequency factors (rope_freqs.weight) and linear position scaling, against the
+// reference's independent rope.
+TEST(Model, RopeScalingMatchesReference) {
+  test::TempDir dir;
+  const std::string base = make_synthetic(dir, "tiny");
+  const std::string path = rewrite(base, dir.file("rope.gguf"), {[](gguf::Writer& w) {
+                                                                  w.set_string("llama.rope.scaling.type", "linear");
+                                                                  w.set_f32("llama.rope.scaling.factor", 4.0f);
+                                                                },
+                                                                {}});
+  // Add the factors tensor (head_dim 64 -> 32 factors between 1 and 8).
+  const std::string with_freqs = rewrite(path, dir.file("rope2.gguf"), {{}, [](const gguf::TensorInfo& t, gguf::Writer& w) {
+                                                                          if (t.name != "output_norm.weight") return false;
+                                                                          const gguf::TensorInfo* src = &t;
+                                                                          w.add_tensor(t.name, t.dims, t.type, [src](std::uint8_t* o) {
+                                                                            std::memcpy(o, src->data, src->n_bytes);
+                                                                          });
+                                                                          w.add_tensor("rope_freqs.weight", {32}, DType::F32, [](std::uint8_t* o) {
+                                                                            for (int i = 0; i < 32; ++i) {
+                                                                              const float f = 1.0f + 7.0f * static_cast<float>(i) / 31.0f;
+                                                                              std::memcpy(o + 4 * i, &f, 4);
+                                                                            }
+                                                                          });
+                                                                          return true;
+                                                                        }});
+  for (const std::string& p : {path, with_freqs}) {
+    auto f = gguf::File::open(p);
+    Model model(f);
+    test::ReferenceModel ref(*f);
+    ThreadPool pool(2);
+    const std::vector<std::int32_t> tokens = {1, 300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310};
+    KvCache cache = model.make_cache(32);
+    const auto got = logits_of(model, cache, pool, tokens, 0, 0);
+    const auto want = ref.run({tokens.begin(), tokens.end()});
+    const std::size_t V = model.config().n_vocab;
+    for (std::size_t t = 0; t < tokens.size(); ++t)
+      for (std::size_t v = 0; v < V; ++v) ASSERT_NEAR(got[t * V + v], want[t][v], 2e-3) << p << " t " << t;
+  }
+  // and the scaling really changes the result
+  auto plain = gguf::File::open(base);
+  auto scaled = gguf::File::open(with_freqs);
+  const auto a = test::ReferenceModel(*plain).run({1, 300, 301, 302}), b = test::ReferenceModel(*scaled).run({1, 300, 301, 302});
+  EXPECT_GT(std::fabs(a[3][5] - b[3][5]) + std::fabs(a[3][9] - b[3][9]), 1e-4);
+}
+
 TEST(Model, TiedEmbeddingsWhenOutputIsAbsent) {
   test::TempDir dir;
   const std::string path = rewrite(make_synthetic(dir, "tiny"), dir.file("tied.gguf"),

@@ -27,6 +27,10 @@ class ReferenceModel {
     eps_ = f.get_double(a + "attention.layer_norm_rms_epsilon").value_or(1e-5);
     base_ = f.get_double(a + "rope.freq_base").value_or(10000.0);
     neox_ = arch_ == "qwen2";
+    if (f.get_string(a + "rope.scaling.type").value_or("") == "linear") {
+      pos_scale_ = 1.0 / f.get_double(a + "rope.scaling.factor").value_or(1.0);
+    }
+    if (const gguf::TensorInfo* t = f.find_tensor("rope_freqs.weight")) freq_factors_ = mat_1d(t);
     n_vocab_ = static_cast<int>(f.find_tensor("token_embd.weight")->dims[1]);
   }
 
@@ -141,7 +145,8 @@ class ReferenceModel {
   }
   void rope(double* v, int pos) const {
     for (int i = 0; i < n_rot_ / 2; ++i) {
-      const double theta = pos * std::pow(base_, -2.0 * i / n_rot_);
+      double theta = pos * pos_scale_ * std::pow(base_, -2.0 * i / n_rot_);
+      if (!freq_factors_.empty()) theta /= freq_factors_[static_cast<std::size_t>(i)];
       const int a = neox_ ? i : 2 * i, b = neox_ ? i + n_rot_ / 2 : 2 * i + 1;
       const double x0 = v[a], x1 = v[b];
       v[a] = x0 * std::cos(theta) - x1 * std::sin(theta);
@@ -154,6 +159,8 @@ class ReferenceModel {
   std::string arch_;
   int n_embd_, n_layer_, n_head_, n_head_kv_, head_dim_, n_rot_, n_vocab_;
   double eps_, base_;
+  double pos_scale_ = 1.0;
+  std::vector<double> freq_factors_;
   bool neox_;
 };
 
