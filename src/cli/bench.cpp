@@ -10,6 +10,7 @@
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/file_io.h"
 
 namespace promptly::cli {
 namespace {
@@ -36,11 +37,7 @@ int bench_tokenize(const BenchTokenizeOptions& o) {
   const Tokenizer tok = Tokenizer::from_file(o.model);
   std::string text;
   if (!o.file.empty()) {
-    std::ifstream in(o.file, std::ios::binary);
-    if (!in) throw Error("cannot read '" + o.file + "'");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
+    text = read_file(o.file, "text file");
   } else {
     text = sample_text(1 << 20);
   }

@@ -9,6 +9,7 @@
 #include "convert/synthetic_model.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/file_io.h"
 
 namespace promptly::cli {
 
@@ -18,11 +19,7 @@ int gen_model(const GenModelOptions& o) {
   if (!dtype) throw Error("unknown --dtype '" + o.dtype + "'; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K");
   std::string tmpl;
   if (!o.chat_template_file.empty()) {
-    std::ifstream in(o.chat_template_file, std::ios::binary);
-    if (!in) throw Error("cannot read chat template '" + o.chat_template_file + "'");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    tmpl = ss.str();
+    tmpl = read_file(o.chat_template_file, "chat template");
   }
   ThreadPool pool(o.threads > 0 ? o.threads : default_thread_count());
   const auto t0 = SteadyClock::now();

@@ -10,6 +10,7 @@
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/file_io.h"
 
 namespace promptly::cli {
 
@@ -22,11 +23,7 @@ int run(const RunOptions& o) {
   }
   std::string prompt = o.prompt;
   if (!o.prompt_file.empty()) {
-    std::ifstream in(o.prompt_file, std::ios::binary);
-    if (!in) throw Error("cannot read prompt file '" + o.prompt_file + "'");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    prompt = ss.str();
+    prompt = read_file(o.prompt_file, "prompt file");
   }
 
   const auto t_load = SteadyClock::now();

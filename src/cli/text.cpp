@@ -8,17 +8,10 @@
 #include "cli/commands.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/file_io.h"
 
 namespace promptly::cli {
 namespace {
-
-std::string read_text_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(std::string("cannot read ") + what + " '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 void print_warnings(const Vocab& v) {
   for (const auto& w : v.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
@@ -44,7 +37,7 @@ int render_template(const TemplateOptions& o) {
     if (tok.vocab().bos >= 0) bos = tok.vocab().tokens[static_cast<std::size_t>(tok.vocab().bos)];
     if (tok.vocab().eos >= 0) eos = tok.vocab().tokens[static_cast<std::size_t>(tok.vocab().eos)];
   }
-  if (!o.template_file.empty()) source = read_text_file(o.template_file, "chat template");
+  if (!o.template_file.empty()) source = read_file(o.template_file, "chat template");
   if (source.empty()) {
     if (!o.model.empty()) std::fprintf(stderr, "note: the model has no chat template; using ChatML\n");
     source = ChatTemplate::chatml_source();
@@ -54,7 +47,7 @@ int render_template(const TemplateOptions& o) {
 
   nlohmann::ordered_json messages;
   try {
-    messages = nlohmann::ordered_json::parse(read_text_file(o.messages_file, "messages file"));
+    messages = nlohmann::ordered_json::parse(read_file(o.messages_file, "messages file"));
   } catch (const nlohmann::json::exception& e) {
     throw Error("messages file '" + o.messages_file + "' is not valid JSON: " + e.what());
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
@@ -36,180 +37,125 @@ std::string replace_all(std::string_view s, std::string_view from, std::string_v
   return out;
 }
 
-// SentencePiece BPE over scored pieces: repeatedly merge the adjacent pair whose concatenation is the
-// highest-scoring vocabulary piece (leftmost on ties), then map each final symbol to its id, falling
-// back to the merges that built it and finally to byte tokens.
-class SpmSession {
+// Adjacent-pair merging over a linked list of UTF-8 symbols, the loop both SentencePiece and BPE
+// run: candidate pairs wait in a priority queue (higher priority first, leftmost on ties); a pair
+// whose symbols changed after it was queued is stale and skipped. `priority(left, right)` returns
+// nullopt when the pair is not a merge.
+class SymbolMerger {
  public:
-  SpmSession(const Vocab& vocab, std::string_view text) : vocab_(vocab), text_(text) {}
-
-  void run(std::vector<std::int32_t>& out) {
-    std::size_t offs = 0;
-    while (offs < text_.size()) {
-      const std::size_t n = std::min(utf8_len(static_cast<unsigned char>(text_[offs])), text_.size() - offs);
-      const int index = static_cast<int>(symbols_.size());
-      symbols_.push_back({index - 1, offs + n == text_.size() ? -1 : index + 1, offs, n});
-      offs += n;
-    }
-    for (int i = 1; i < static_cast<int>(symbols_.size()); ++i) try_add_bigram(i - 1, i);
-    while (!queue_.empty()) {
-      const Bigram b = queue_.top();
-      queue_.pop();
-      Symbol& left = symbols_[static_cast<std::size_t>(b.left)];
-      Symbol& right = symbols_[static_cast<std::size_t>(b.right)];
-      if (left.n == 0 || right.n == 0 || left.n + right.n != b.size) continue;  // stale entry
-      left.n += right.n;
-      right.n = 0;
-      left.next = right.next;
-      if (right.next >= 0) symbols_[static_cast<std::size_t>(right.next)].prev = b.left;
-      try_add_bigram(left.prev, b.left);
-      try_add_bigram(b.left, left.next);
-    }
-    for (int i = symbols_.empty() ? -1 : 0; i != -1; i = symbols_[static_cast<std::size_t>(i)].next) {
-      resegment(symbols_[static_cast<std::size_t>(i)], out);
-    }
-  }
-
- private:
   struct Symbol {
     int prev, next;
-    std::size_t start, n;
-  };
-  struct Bigram {
-    int left, right;
-    float score;
-    std::size_t size;
-  };
-  struct Order {
-    bool operator()(const Bigram& a, const Bigram& b) const {
-      return a.score < b.score || (a.score == b.score && a.left > b.left);
-    }
+    std::size_t start, n;  // n == 0: merged into its left neighbour
   };
 
-  std::string_view text_of(const Symbol& s) const { return text_.substr(s.start, s.n); }
-
-  void try_add_bigram(int left, int right) {
-    if (left == -1 || right == -1) return;
-    const Symbol& l = symbols_[static_cast<std::size_t>(left)];
-    const Symbol& r = symbols_[static_cast<std::size_t>(right)];
-    const std::string_view merged = text_.substr(l.start, l.n + r.n);
-    const std::int32_t id = vocab_.find(merged);
-    if (id < 0) return;
-    queue_.push({left, right, vocab_.scores[static_cast<std::size_t>(id)], merged.size()});
-    rev_merge_[std::string(merged)] = {left, right};
-  }
-
-  void resegment(const Symbol& s, std::vector<std::int32_t>& out) {
-    const std::string_view text = text_of(s);
-    const std::int32_t id = vocab_.find(text);
-    if (id >= 0) {
-      out.push_back(id);
-      return;
-    }
-    auto it = rev_merge_.find(std::string(text));
-    if (it == rev_merge_.end()) {
-      for (unsigned char c : text) {
-        const std::int32_t byte_id = vocab_.byte_tokens[c];
-        out.push_back(byte_id >= 0 ? byte_id : vocab_.unk);
-      }
-      return;
-    }
-    resegment(symbols_[static_cast<std::size_t>(it->second.first)], out);
-    resegment(symbols_[static_cast<std::size_t>(it->second.second)], out);
-  }
-
-  const Vocab& vocab_;
-  std::string_view text_;
-  std::vector<Symbol> symbols_;
-  std::priority_queue<Bigram, std::vector<Bigram>, Order> queue_;
-  std::unordered_map<std::string, std::pair<int, int>> rev_merge_;
-};
-
-
-// Byte-level BPE on one pre-tokenized word: bytes become GPT-2's printable code points, then the
-// adjacent pair with the lowest merge rank merges first (leftmost on ties) until no pair is a merge.
-class BpeSession {
- public:
-  BpeSession(const Vocab& vocab, const std::string& word) : vocab_(vocab), word_(word) {}
-
-  void run(std::vector<std::int32_t>& out) {
-    if (vocab_.ignore_merges) {
-      const std::int32_t id = vocab_.find(word_);
-      if (id >= 0) {
-        out.push_back(id);
-        return;
-      }
-    }
-    for (std::size_t offs = 0; offs < word_.size();) {
-      const std::size_t n = std::min(utf8_len(static_cast<unsigned char>(word_[offs])), word_.size() - offs);
+  template <typename Priority>
+  void run(std::string_view text, Priority priority) {
+    text_ = text;
+    for (std::size_t offs = 0; offs < text.size();) {
+      const std::size_t n = std::min(utf8_len(static_cast<unsigned char>(text[offs])), text.size() - offs);
       const int index = static_cast<int>(symbols_.size());
-      symbols_.push_back({index - 1, offs + n == word_.size() ? -1 : index + 1, offs, n});
+      symbols_.push_back({index - 1, offs + n == text.size() ? -1 : index + 1, offs, n});
       offs += n;
     }
+    auto try_add = [&](int left, int right) {
+      if (left == -1 || right == -1) return;
+      const auto p = priority(left, right);
+      if (!p) return;
+      queue_.push({left, right, *p, at(left).n + at(right).n});
+    };
     for (int i = 1; i < static_cast<int>(symbols_.size()); ++i) try_add(i - 1, i);
     while (!queue_.empty()) {
-      const Bigram b = queue_.top();
+      const Pair b = queue_.top();
       queue_.pop();
-      Symbol& left = symbols_[static_cast<std::size_t>(b.left)];
-      Symbol& right = symbols_[static_cast<std::size_t>(b.right)];
+      Symbol& left = at(b.left);
+      Symbol& right = at(b.right);
       if (left.n == 0 || right.n == 0 || left.n + right.n != b.size) continue;  // stale entry
       left.n += right.n;
       right.n = 0;
       left.next = right.next;
-      if (right.next >= 0) symbols_[static_cast<std::size_t>(right.next)].prev = b.left;
+      if (right.next >= 0) at(right.next).prev = b.left;
       try_add(left.prev, b.left);
       try_add(b.left, left.next);
     }
-    for (const Symbol& sym : symbols_) {
-      if (sym.n == 0) continue;
-      const std::string_view piece = std::string_view(word_).substr(sym.start, sym.n);
-      const std::int32_t id = vocab_.find(piece);
-      if (id >= 0) {
-        out.push_back(id);
-        continue;
-      }
-      // No token for the merged piece: fall back to one token per encoded byte character.
-      for (std::size_t k = 0; k < piece.size();) {
-        const std::size_t n = std::min(utf8_len(static_cast<unsigned char>(piece[k])), piece.size() - k);
-        const std::int32_t byte_id = vocab_.find(piece.substr(k, n));
-        if (byte_id >= 0) out.push_back(byte_id);
-        k += n;
-      }
-    }
   }
 
+  Symbol& at(int i) { return symbols_[static_cast<std::size_t>(i)]; }
+  std::string_view text_of(const Symbol& s) const { return text_.substr(s.start, s.n); }
+  std::string_view text_of(int left, int right) const {  // the two symbols joined
+    return text_.substr(symbols_[static_cast<std::size_t>(left)].start,
+                        symbols_[static_cast<std::size_t>(left)].n + symbols_[static_cast<std::size_t>(right)].n);
+  }
+  const std::vector<Symbol>& symbols() const { return symbols_; }
+
  private:
-  struct Symbol {
-    int prev, next;
-    std::size_t start, n;
-  };
-  struct Bigram {
+  struct Pair {
     int left, right;
-    std::int32_t rank;
+    double priority;
     std::size_t size;
   };
   struct Order {
-    bool operator()(const Bigram& a, const Bigram& b) const { return a.rank > b.rank || (a.rank == b.rank && a.left > b.left); }
+    bool operator()(const Pair& a, const Pair& b) const {
+      return a.priority < b.priority || (a.priority == b.priority && a.left > b.left);
+    }
   };
-
-  void try_add(int left, int right) {
-    if (left == -1 || right == -1) return;
-    const Symbol& l = symbols_[static_cast<std::size_t>(left)];
-    const Symbol& r = symbols_[static_cast<std::size_t>(right)];
-    key_.assign(word_, l.start, l.n);
-    key_ += ' ';
-    key_.append(word_, r.start, r.n);
-    auto it = vocab_.merge_ranks.find(key_);
-    if (it == vocab_.merge_ranks.end()) return;
-    queue_.push({left, right, it->second, l.n + r.n});
-  }
-
-  const Vocab& vocab_;
-  const std::string& word_;
+  std::string_view text_;
   std::vector<Symbol> symbols_;
-  std::priority_queue<Bigram, std::vector<Bigram>, Order> queue_;
-  std::string key_;
+  std::priority_queue<Pair, std::vector<Pair>, Order> queue_;
 };
+
+// SentencePiece BPE over scored pieces: merge the pair whose concatenation is the highest-scoring
+// vocabulary piece; then each final symbol is a vocabulary piece (every merge made one) or a single
+// character the vocabulary lacks, which falls back to its byte tokens.
+void encode_spm_text(const Vocab& vocab, std::string_view text, std::vector<std::int32_t>& out) {
+  SymbolMerger merger;
+  merger.run(text, [&](int left, int right) -> std::optional<double> {
+    const std::int32_t id = vocab.find(merger.text_of(left, right));
+    if (id < 0) return std::nullopt;
+    return vocab.scores[static_cast<std::size_t>(id)];
+  });
+  for (int i = merger.symbols().empty() ? -1 : 0; i != -1; i = merger.at(i).next) {
+    const std::string_view piece = merger.text_of(merger.at(i));
+    if (const std::int32_t id = vocab.find(piece); id >= 0) {
+      out.push_back(id);
+      continue;
+    }
+    for (unsigned char c : piece) out.push_back(vocab.byte_tokens[c] >= 0 ? vocab.byte_tokens[c] : vocab.unk);
+  }
+}
+
+// Byte-level BPE on one pre-tokenized word (already mapped to GPT-2's printable code points): the
+// pair with the lowest merge rank merges first. A final piece without a token falls back to one
+// token per encoded byte character.
+void encode_bpe_word(const Vocab& vocab, const std::string& word, std::vector<std::int32_t>& out) {
+  if (vocab.ignore_merges) {
+    if (const std::int32_t id = vocab.find(word); id >= 0) {
+      out.push_back(id);
+      return;
+    }
+  }
+  SymbolMerger merger;
+  std::string key;
+  merger.run(word, [&](int left, int right) -> std::optional<double> {
+    key.assign(merger.text_of(merger.at(left)));
+    key += ' ';
+    key += merger.text_of(merger.at(right));
+    auto it = vocab.merge_ranks.find(key);
+    if (it == vocab.merge_ranks.end()) return std::nullopt;
+    return -static_cast<double>(it->second);  // lower rank = higher priority
+  });
+  for (int i = merger.symbols().empty() ? -1 : 0; i != -1; i = merger.at(i).next) {
+    const std::string_view piece = merger.text_of(merger.at(i));
+    if (const std::int32_t id = vocab.find(piece); id >= 0) {
+      out.push_back(id);
+      continue;
+    }
+    for (std::size_t k = 0; k < piece.size();) {
+      const std::size_t n = std::min(utf8_len(static_cast<unsigned char>(piece[k])), piece.size() - k);
+      if (const std::int32_t byte_id = vocab.find(piece.substr(k, n)); byte_id >= 0) out.push_back(byte_id);
+      k += n;
+    }
+  }
+}
 
 // Decodes one UTF-8 code point at s[i]; advances i. Invalid bytes decode as themselves.
 char32_t next_code_point(std::string_view s, std::size_t& i) {
@@ -254,13 +200,11 @@ void Tokenizer::encode_bpe(std::string_view text, std::vector<std::int32_t>& out
   for (std::string_view piece : splitter_->split(text)) {
     word.clear();
     for (unsigned char c : piece) word += byte_to_unicode(c);
-    BpeSession(vocab_, word).run(out);
+    encode_bpe_word(vocab_, word, out);
   }
 }
 
-void Tokenizer::encode_spm(std::string_view text, std::vector<std::int32_t>& out) const {
-  SpmSession(vocab_, text).run(out);
-}
+void Tokenizer::encode_spm(std::string_view text, std::vector<std::int32_t>& out) const { encode_spm_text(vocab_, text, out); }
 
 std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
   std::vector<std::int32_t> out;
