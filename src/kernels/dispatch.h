@@ -10,12 +10,16 @@
 
 namespace promptly::kernels {
 
+constexpr std::size_t kQ4KGroupBytes = 2368;  // one super-block of 16 rows in the Q4_Kx16 layout
+constexpr std::size_t kQ6KGroupBytes = 4384;  // ... and in the Q6_Kx16 layout
+
 // Activations quantized to Q8_0 for integer dot products: per token, n_blocks blocks, plus
 // d * sum(q) per block (Q4_0's -8 offset is applied through it).
 struct QuantizedRows {
   const BlockQ8_0* blocks;
   const float* sums;
   std::size_t n_blocks;  // per token
+  const float* half_sums;  // d * sum(q) of each block's two 16-element halves (Q6_K sub-blocks)
 };
 
 struct KernelTable {
@@ -43,6 +47,10 @@ struct KernelTable {
                         std::size_t n_tokens, float* y, std::size_t ldy);
   void (*gemm_q8_0_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                         std::size_t n_tokens, float* y, std::size_t ldy);
+  void (*gemm_q4_k_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                        std::size_t n_tokens, float* y, std::size_t ldy);
+  void (*gemm_q6_k_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                        std::size_t n_tokens, float* y, std::size_t ldy);
   // Any other supported type: dequantize each row, then F32 dots.
   void (*gemm_dequant)(DType type, const std::uint8_t* w, std::size_t w_stride, std::size_t cols, std::size_t r0, std::size_t r1,
                        const float* x, std::size_t n_tokens, float* y, std::size_t ldy);
@@ -50,6 +58,10 @@ struct KernelTable {
 
 // The scalar reference of the interleaved layout, shared by paths without a kernel of their own.
 void gemm_q4_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                             std::size_t n_tokens, float* y, std::size_t ldy);
+void gemm_q4_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                             std::size_t n_tokens, float* y, std::size_t ldy);
+void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                              std::size_t n_tokens, float* y, std::size_t ldy);
 void gemm_q8_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                              std::size_t n_tokens, float* y, std::size_t ldy);

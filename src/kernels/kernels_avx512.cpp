@@ -113,6 +113,122 @@ void tile_x16(const std::uint8_t* group, std::size_t nb, const QuantizedRows& x,
   for (int j = 0; j < C; ++j) _mm512_storeu_ps(y + (t + j) * ldy, acc[j]);
 }
 
+// Q4_Kx16: 16 rows x C tokens. Per 32-element sub-block: 8 VNNI instructions per token, then the
+// sub-block's scale (d * sc) and min (dmin * m, against the activation block's sum).
+template <int C>
+void tile_q4_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+  __m512 acc[C];
+  for (int j = 0; j < C; ++j) acc[j] = _mm512_setzero_ps();
+  const __m512i mask = _mm512_set1_epi8(0x0f);
+  for (std::size_t sb = 0; sb < nsb; ++sb) {
+    const std::uint8_t* g = group + sb * kQ4KGroupBytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32)));
+    for (int p = 0; p < 4; ++p) {
+      const std::uint8_t* quants = g + 320 + 512 * p;
+      __m512i lo[8], hi[8];
+      for (int k = 0; k < 8; ++k) {
+        const __m512i v = _mm512_loadu_si512(quants + 64 * k);
+        lo[k] = _mm512_and_si512(v, mask);
+        hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+      }
+      for (int half = 0; half < 2; ++half) {
+        const int s = 2 * p + half;
+        const __m512 scale = _mm512_mul_ps(
+            d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 64 + 32 * s)))));
+        const __m512 minv = _mm512_mul_ps(
+            dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 64 + 32 * s + 16)))));
+        const __m512i* q = half == 0 ? lo : hi;
+        const std::size_t k_block = sb * 8 + static_cast<std::size_t>(s);
+        for (int j = 0; j < C; ++j) {
+          const BlockQ8_0& xb = x.blocks[(t + j) * x.n_blocks + k_block];
+          __m512i dot0 = _mm512_setzero_si512(), dot1 = _mm512_setzero_si512();
+          for (int k = 0; k < 8; k += 2) {
+            std::int32_t x0, x1;
+            std::memcpy(&x0, xb.qs + 4 * k, 4);
+            std::memcpy(&x1, xb.qs + 4 * k + 4, 4);
+            dot0 = _mm512_dpbusd_epi32(dot0, q[k], _mm512_set1_epi32(x0));
+            dot1 = _mm512_dpbusd_epi32(dot1, q[k + 1], _mm512_set1_epi32(x1));
+          }
+          const __m512 prod = _mm512_mul_ps(_mm512_set1_ps(h2f(xb.d)), _mm512_cvtepi32_ps(_mm512_add_epi32(dot0, dot1)));
+          acc[j] = _mm512_fmadd_ps(scale, prod, acc[j]);
+          acc[j] = _mm512_fnmadd_ps(minv, _mm512_set1_ps(x.sums[(t + j) * x.n_blocks + k_block]), acc[j]);
+        }
+      }
+    }
+  }
+  for (int j = 0; j < C; ++j) _mm512_storeu_ps(y + (t + j) * ldy, acc[j]);
+}
+
+void gemm_q4_k_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                   std::size_t n_tokens, float* y, std::size_t ldy) {
+  const std::size_t nsb = cols / kQK_K;
+  for (std::size_t r = r0; r < r1; r += 16) {
+    const std::uint8_t* group = w + (r / 16) * nsb * kQ4KGroupBytes;
+    std::size_t t = 0;
+    for (; t + 4 <= n_tokens; t += 4) tile_q4_k_x16<4>(group, nsb, x, t, y + r, ldy);
+    switch (n_tokens - t) {
+      case 3: tile_q4_k_x16<3>(group, nsb, x, t, y + r, ldy); break;
+      case 2: tile_q4_k_x16<2>(group, nsb, x, t, y + r, ldy); break;
+      case 1: tile_q4_k_x16<1>(group, nsb, x, t, y + r, ldy); break;
+      default: break;
+    }
+  }
+}
+
+// Q6_Kx16: 16 rows x C tokens. Per 16-element sub-block: 4 VNNI instructions per token on the
+// unsigned 6-bit values, the -32 offset through the activation half-block sums, then the sub-block
+// scale (d * sc).
+template <int C>
+void tile_q6_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+  __m512 acc[C];
+  for (int j = 0; j < C; ++j) acc[j] = _mm512_setzero_ps();
+  for (std::size_t sb = 0; sb < nsb; ++sb) {
+    const std::uint8_t* g = group + sb * kQ6KGroupBytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
+    for (int s = 0; s < 16; ++s) {
+      const __m512 scale =
+          _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 32 + 16 * s)))));
+      __m512i q[4];
+      for (int k = 0; k < 4; ++k) q[k] = _mm512_loadu_si512(g + 288 + 64 * (4 * s + k));
+      const std::size_t k_block = sb * 8 + static_cast<std::size_t>(s / 2);
+      const int half = s % 2;
+      for (int j = 0; j < C; ++j) {
+        const BlockQ8_0& xb = x.blocks[(t + j) * x.n_blocks + k_block];
+        __m512i dot0 = _mm512_setzero_si512(), dot1 = _mm512_setzero_si512();
+        for (int k = 0; k < 4; k += 2) {
+          std::int32_t x0, x1;
+          std::memcpy(&x0, xb.qs + 16 * half + 4 * k, 4);
+          std::memcpy(&x1, xb.qs + 16 * half + 4 * k + 4, 4);
+          dot0 = _mm512_dpbusd_epi32(dot0, q[k], _mm512_set1_epi32(x0));
+          dot1 = _mm512_dpbusd_epi32(dot1, q[k + 1], _mm512_set1_epi32(x1));
+        }
+        // d_x * dot - 32 * d_x * sum(x half)
+        const __m512 corrected = _mm512_fmsub_ps(_mm512_set1_ps(h2f(xb.d)), _mm512_cvtepi32_ps(_mm512_add_epi32(dot0, dot1)),
+                                                 _mm512_set1_ps(32.0f * x.half_sums[2 * ((t + j) * x.n_blocks + k_block) + half]));
+        acc[j] = _mm512_fmadd_ps(scale, corrected, acc[j]);
+      }
+    }
+  }
+  for (int j = 0; j < C; ++j) _mm512_storeu_ps(y + (t + j) * ldy, acc[j]);
+}
+
+void gemm_q6_k_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                   std::size_t n_tokens, float* y, std::size_t ldy) {
+  const std::size_t nsb = cols / kQK_K;
+  for (std::size_t r = r0; r < r1; r += 16) {
+    const std::uint8_t* group = w + (r / 16) * nsb * kQ6KGroupBytes;
+    std::size_t t = 0;
+    for (; t + 4 <= n_tokens; t += 4) tile_q6_k_x16<4>(group, nsb, x, t, y + r, ldy);
+    switch (n_tokens - t) {
+      case 3: tile_q6_k_x16<3>(group, nsb, x, t, y + r, ldy); break;
+      case 2: tile_q6_k_x16<2>(group, nsb, x, t, y + r, ldy); break;
+      case 1: tile_q6_k_x16<1>(group, nsb, x, t, y + r, ldy); break;
+      default: break;
+    }
+  }
+}
+
 template <bool Q8>
 void gemm_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x, std::size_t n_tokens,
               float* y, std::size_t ldy) {
@@ -141,7 +257,8 @@ void gemm_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size
 const KernelTable& avx512_kernels() {
   static const KernelTable table{"avx512",         avx512::quantize_q8_0, avx512::gemm_q8_0, avx512::gemm_q4_0,
                                  avx512::gemm_f16, avx512::gemm_f32,      avx512::Isa::dot_f32, avx512::attention,
-                                 avx512::gemm_x16<false>, avx512::gemm_x16<true>, avx512::gemm_dequant};
+                                 avx512::gemm_x16<false>, avx512::gemm_x16<true>,
+                                 avx512::gemm_q4_k_x16,   avx512::gemm_q6_k_x16, avx512::gemm_dequant};
   return table;
 }
 

@@ -176,10 +176,73 @@ void gemm_dequant(DType type, const std::uint8_t* w, std::size_t w_stride, std::
   }
 }
 
+void gemm_q4_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                             std::size_t n_tokens, float* y, std::size_t ldy) {
+  const std::size_t nsb = cols / kQK_K;
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::uint8_t* group = w + (r / 16) * nsb * kQ4KGroupBytes;
+    const std::size_t lane = r % 16;
+    for (std::size_t t = 0; t < n_tokens; ++t) {
+      const BlockQ8_0* xb = x.blocks + t * x.n_blocks;
+      const float* xs = x.sums + t * x.n_blocks;
+      float acc = 0.0f;
+      for (std::size_t sb = 0; sb < nsb; ++sb) {
+        const std::uint8_t* g = group + sb * kQ4KGroupBytes;
+        std::uint16_t d16, dmin16;
+        std::memcpy(&d16, g + 2 * lane, 2);
+        std::memcpy(&dmin16, g + 32 + 2 * lane, 2);
+        const float d = fp16_to_fp32(d16), dmin = fp16_to_fp32(dmin16);
+        for (int s = 0; s < 8; ++s) {
+          const std::uint8_t sc = g[64 + 32 * s + lane], m = g[64 + 32 * s + 16 + lane];
+          const std::uint8_t* quants = g + 320 + 512 * (s / 2);
+          int dot = 0;
+          for (int e = 0; e < 32; ++e) {
+            const std::uint8_t byte = quants[64 * (e / 4) + 4 * lane + e % 4];
+            dot += ((s % 2 == 0) ? (byte & 0xf) : (byte >> 4)) * xb[sb * 8 + s].qs[e];
+          }
+          const std::size_t k = sb * 8 + s;
+          acc += d * sc * fp16_to_fp32(xb[k].d) * static_cast<float>(dot) - dmin * m * xs[k];
+        }
+      }
+      y[t * ldy + r] = acc;
+    }
+  }
+}
+
+void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                             std::size_t n_tokens, float* y, std::size_t ldy) {
+  const std::size_t nsb = cols / kQK_K;
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::uint8_t* group = w + (r / 16) * nsb * kQ6KGroupBytes;
+    const std::size_t lane = r % 16;
+    for (std::size_t t = 0; t < n_tokens; ++t) {
+      const BlockQ8_0* xb = x.blocks + t * x.n_blocks;
+      float acc = 0.0f;
+      for (std::size_t sb = 0; sb < nsb; ++sb) {
+        const std::uint8_t* g = group + sb * kQ6KGroupBytes;
+        std::uint16_t d16;
+        std::memcpy(&d16, g + 2 * lane, 2);
+        const float d = fp16_to_fp32(d16);
+        for (int s = 0; s < 16; ++s) {
+          const float sc = static_cast<float>(static_cast<std::int8_t>(g[32 + 16 * s + lane]));
+          const BlockQ8_0& xk = xb[sb * 8 + static_cast<std::size_t>(s / 2)];
+          int dot = 0;
+          for (int e = 0; e < 16; ++e) {
+            const int el = 16 * s + e;  // element within the super-block
+            dot += (static_cast<int>(g[288 + 64 * (el / 4) + 4 * lane + el % 4]) - 32) * xk.qs[16 * (s % 2) + e];
+          }
+          acc += d * sc * fp16_to_fp32(xk.d) * static_cast<float>(dot);
+        }
+      }
+      y[t * ldy + r] = acc;
+    }
+  }
+}
+
 const KernelTable& scalar_kernels() {
   static const KernelTable table{"scalar", quantize_q8_0, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32, attention,
                                  gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
-                                 gemm_dequant};
+                                 gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, gemm_dequant};
   return table;
 }
 

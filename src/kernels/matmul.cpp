@@ -4,7 +4,9 @@
 #include <cstring>
 
 #include "kernels/dispatch.h"
+#include "tensor/quant-inl.h"
 #include "tensor/quant.h"
+#include "util/fp16.h"
 
 namespace promptly::kernels {
 
@@ -15,9 +17,22 @@ void Activations::quantize(ThreadPool& pool) {
   const std::size_t nb = k_ / kQK8_0;
   q8_.resize(n_tokens_ * nb);
   sums_.resize(n_tokens_ * nb);
+  half_sums_.resize(2 * n_tokens_ * nb);
   const KernelTable& kt = kernel_table(active_isa());
   pool.parallel_for(n_tokens_, std::max<std::size_t>(1, 8192 / std::max<std::size_t>(1, k_)), [&](std::size_t b, std::size_t e, int) {
-    for (std::size_t t = b; t < e; ++t) kt.quantize_q8_0(x_ + t * k_, &q8_[t * nb], &sums_[t * nb], k_);
+    for (std::size_t t = b; t < e; ++t) {
+      kt.quantize_q8_0(x_ + t * k_, &q8_[t * nb], &sums_[t * nb], k_);
+      for (std::size_t i = t * nb; i < (t + 1) * nb; ++i) {
+        int lo = 0, hi = 0;
+        for (int j = 0; j < 16; ++j) {
+          lo += q8_[i].qs[j];
+          hi += q8_[i].qs[16 + j];
+        }
+        const float d = fp16_to_fp32(q8_[i].d);
+        half_sums_[2 * i] = d * static_cast<float>(lo);
+        half_sums_[2 * i + 1] = d * static_cast<float>(hi);
+      }
+    }
   });
   quantized_ = true;
 }
@@ -34,10 +49,13 @@ void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
 
   if (w.layout != Layout::Plain) {
     x.quantize(pool);
-    const QuantizedRows q{x.q8(), x.q8_sums(), w.cols / kQK8_0};
+    const QuantizedRows q{x.q8(), x.q8_sums(), w.cols / kQK8_0, x.q8_half_sums()};
     const std::size_t groups = w.rows / 16;
     const std::size_t group_grain = std::max<std::size_t>(1, grain / 16);
-    const auto gemm = w.layout == Layout::Q4_0x16 ? kt.gemm_q4_0_x16 : kt.gemm_q8_0_x16;
+    const auto gemm = w.layout == Layout::Q4_0x16   ? kt.gemm_q4_0_x16
+                      : w.layout == Layout::Q8_0x16 ? kt.gemm_q8_0_x16
+                      : w.layout == Layout::Q4_Kx16 ? kt.gemm_q4_k_x16
+                                                    : kt.gemm_q6_k_x16;
     pool.parallel_for(groups, group_grain, [&](std::size_t b, std::size_t e, int) {
       gemm(w.data, w.cols, b * 16, e * 16, q, n_tokens, y, ldy);
     });
@@ -47,7 +65,7 @@ void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
     case DType::Q8_0:
     case DType::Q4_0: {
       x.quantize(pool);
-      const QuantizedRows q{x.q8(), x.q8_sums(), w.cols / kQK8_0};
+      const QuantizedRows q{x.q8(), x.q8_sums(), w.cols / kQK8_0, x.q8_half_sums()};
       const auto gemm = w.type == DType::Q8_0 ? kt.gemm_q8_0 : kt.gemm_q4_0;
       pool.parallel_for(w.rows, grain, [&](std::size_t b, std::size_t e, int) { gemm(w.data, stride, b, e, q, n_tokens, y, ldy); });
       return;
@@ -76,10 +94,79 @@ void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
 }
 
 bool can_repack_x16(const WeightMatrix& w) {
-  return (w.type == DType::Q4_0 || w.type == DType::Q8_0) && w.layout == Layout::Plain && w.rows % 16 == 0 && w.rows > 0;
+  return (w.type == DType::Q4_0 || w.type == DType::Q8_0 || w.type == DType::Q4_K || w.type == DType::Q6_K) &&
+         w.layout == Layout::Plain &&
+         w.rows % 16 == 0 && w.rows > 0;
 }
 
+std::size_t repacked_bytes(const WeightMatrix& w) {
+  if (w.type == DType::Q4_K) return w.rows / 16 * (w.cols / kQK_K) * kQ4KGroupBytes;
+  if (w.type == DType::Q6_K) return w.rows / 16 * (w.cols / kQK_K) * kQ6KGroupBytes;
+  return w.rows * w.row_stride();
+}
+
+namespace {
+
+void repack_q4_k_x16(const WeightMatrix& w, std::uint8_t* out) {
+  const std::size_t nsb = w.cols / kQK_K;
+  for (std::size_t grp = 0; grp < w.rows / 16; ++grp) {
+    for (std::size_t sb = 0; sb < nsb; ++sb) {
+      std::uint8_t* g = out + (grp * nsb + sb) * kQ4KGroupBytes;
+      for (std::size_t lane = 0; lane < 16; ++lane) {
+        const BlockQ4_K& src = reinterpret_cast<const BlockQ4_K*>(w.row(grp * 16 + lane))[sb];
+        std::memcpy(g + 2 * lane, &src.d, 2);
+        std::memcpy(g + 32 + 2 * lane, &src.dmin, 2);
+        for (int s = 0; s < 8; ++s) {
+          std::uint8_t sc, m;
+          q4k_scale_min(s, src.scales, sc, m);
+          g[64 + 32 * s + lane] = sc;
+          g[64 + 32 * s + 16 + lane] = m;
+        }
+        for (int p = 0; p < 4; ++p)
+          for (int k = 0; k < 8; ++k) std::memcpy(g + 320 + 512 * p + 64 * k + 4 * lane, src.qs + 32 * p + 4 * k, 4);
+      }
+    }
+  }
+}
+
+void repack_q6_k_x16(const WeightMatrix& w, std::uint8_t* out) {
+  const std::size_t nsb = w.cols / kQK_K;
+  std::vector<std::uint8_t> q(kQK_K);
+  for (std::size_t grp = 0; grp < w.rows / 16; ++grp) {
+    for (std::size_t sb = 0; sb < nsb; ++sb) {
+      std::uint8_t* g = out + (grp * nsb + sb) * kQ6KGroupBytes;
+      for (std::size_t lane = 0; lane < 16; ++lane) {
+        const BlockQ6_K& src = reinterpret_cast<const BlockQ6_K*>(w.row(grp * 16 + lane))[sb];
+        std::memcpy(g + 2 * lane, &src.d, 2);
+        for (int s = 0; s < 16; ++s) g[32 + 16 * s + lane] = static_cast<std::uint8_t>(src.scales[s]);
+        // The 6-bit values in element order (the inverse of ggml's ql/qh packing).
+        for (int n = 0; n < 2; ++n) {
+          const std::uint8_t* ql = src.ql + 64 * n;
+          const std::uint8_t* qh = src.qh + 32 * n;
+          for (int l = 0; l < 32; ++l) {
+            q[128 * n + l] = static_cast<std::uint8_t>((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4));
+            q[128 * n + l + 32] = static_cast<std::uint8_t>((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4));
+            q[128 * n + l + 64] = static_cast<std::uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+            q[128 * n + l + 96] = static_cast<std::uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+          }
+        }
+        for (int k = 0; k < 64; ++k) std::memcpy(g + 288 + 64 * k + 4 * lane, &q[4 * static_cast<std::size_t>(k)], 4);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 Layout repack_x16(const WeightMatrix& w, std::uint8_t* out) {
+  if (w.type == DType::Q4_K) {
+    repack_q4_k_x16(w, out);
+    return Layout::Q4_Kx16;
+  }
+  if (w.type == DType::Q6_K) {
+    repack_q6_k_x16(w, out);
+    return Layout::Q6_Kx16;
+  }
   const std::size_t nb = w.cols / 32;
   const bool q8 = w.type == DType::Q8_0;
   const std::size_t block_bytes = q8 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);

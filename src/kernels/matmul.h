@@ -15,6 +15,8 @@ enum class Layout {
   Plain,    // ggml's: one row after another
   Q4_0x16,  // Q4_0 repacked for the AVX-512 kernels: see repack_x16
   Q8_0x16,  // Q8_0 likewise
+  Q4_Kx16,  // Q4_K likewise, scales unpacked (see repack_x16)
+  Q6_Kx16,  // Q6_K likewise, quants unpacked to bytes
 };
 
 struct WeightMatrix {
@@ -43,6 +45,7 @@ class Activations {
   void quantize(ThreadPool& pool);
   const BlockQ8_0* q8() const { return q8_.data(); }
   const float* q8_sums() const { return sums_.data(); }
+  const float* q8_half_sums() const { return half_sums_.data(); }
   bool quantized() const { return quantized_; }
 
  private:
@@ -51,6 +54,7 @@ class Activations {
   bool quantized_ = false;
   std::vector<BlockQ8_0> q8_;
   std::vector<float> sums_;
+  std::vector<float> half_sums_;
 };
 
 // y[t * w.rows + r] = dot(w.row(r), token t) for every token. Each weight row is read once per call
@@ -71,7 +75,16 @@ float dot_f32(const float* a, const float* b, std::size_t n);
 // (4 for Q4_0, 8 for Q8_0) those 4 bytes of rows 0..15 (64 bytes). Q8_0 quants are stored + 128
 // (unsigned, as VNNI wants one operand; the activation sums undo the offset). The size is unchanged
 // (16 x 18 or 16 x 34 bytes per block). rows must be a multiple of 16.
+// Q4_K: per group of 16 rows and per 256-element super-block: the 16 fp16 d, the 16 fp16 dmin, then
+// per 32-element sub-block s the 16 unpacked 6-bit scales and 16 mins (one byte each), then per pair
+// of sub-blocks (2p, 2p+1) eight 4-byte groups of 16 rows (low nibbles: sub-block 2p, high: 2p+1).
+// 2368 bytes for 16 rows x 144: 3% larger, so the scales need no unpacking in the kernel.
+// Q6_K: per group and super-block: the 16 fp16 d, the 16 sub-block scales of each row (int8,
+// sub-block-major: 16 x 16 bytes), then the 6-bit quants as bytes (0..63) in 64 four-element groups
+// of 16 rows. 4384 bytes for 16 x 210 (30% larger: unpacking 6-bit fields per token would cost more
+// than reading the bytes; Q6_K is a minority of a Q4_K_M file).
 bool can_repack_x16(const WeightMatrix& w);
+std::size_t repacked_bytes(const WeightMatrix& w);
 // Returns the layout the repacked data has.
 Layout repack_x16(const WeightMatrix& w, std::uint8_t* out);
 

@@ -118,10 +118,9 @@ void Model::repack_for_kernels() {
   if (kernels::active_isa() != kernels::Isa::Avx512) return;
   auto repack = [&](kernels::WeightMatrix& m) {
     if (!kernels::can_repack_x16(m)) return;
-    const std::size_t bytes = m.rows * m.row_stride();
-    auto buf = std::make_unique<std::uint8_t[]>(bytes);
+    auto buf = std::make_unique<std::uint8_t[]>(kernels::repacked_bytes(m));
     const kernels::Layout layout = kernels::repack_x16(m, buf.get());
-    file_->release_pages(m.data, bytes);
+    file_->release_pages(m.data, m.rows * m.row_stride());
     m.data = buf.get();
     m.layout = layout;
     repacked_.push_back(std::move(buf));

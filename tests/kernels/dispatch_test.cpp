@@ -138,25 +138,49 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
   IsaGuard guard;
   std::mt19937 rng(9);
   std::normal_distribution<float> dist;
-  for (DType type : {DType::Q4_0, DType::Q8_0})
-  for (std::size_t cols : {32u, 96u, 512u}) {
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K})
+  for (std::size_t cols : {256u, 512u, 768u}) {
     for (std::size_t rows : {16u, 48u}) {
       for (std::size_t tokens : {1u, 2u, 5u, 9u}) {
         std::vector<float> wf(rows * cols), x(tokens * cols);
         for (float& v : wf) v = dist(rng);
         for (float& v : x) v = dist(rng);
-        std::vector<std::uint8_t> w(rows * row_bytes(type, cols)), packed(w.size());
+        std::vector<std::uint8_t> w(rows * row_bytes(type, cols));
         for (std::size_t r = 0; r < rows; ++r) quantize_row(type, &wf[r * cols], &w[r * row_bytes(type, cols)], cols);
         const WeightMatrix plain{type, w.data(), rows, cols};
         ASSERT_TRUE(can_repack_x16(plain));
+        std::vector<std::uint8_t> packed(repacked_bytes(plain));
         const Layout layout = repack_x16(plain, packed.data());
         EXPECT_EQ(layout == Layout::Q8_0x16, type == DType::Q8_0);
+        EXPECT_EQ(layout == Layout::Q4_Kx16, type == DType::Q4_K);
+        EXPECT_EQ(layout == Layout::Q6_Kx16, type == DType::Q6_K);
         const WeightMatrix inter{type, packed.data(), rows, cols, layout};
         ThreadPool pool(2);
         set_isa(Isa::Scalar);
-        std::vector<float> ref(tokens * rows), got(tokens * rows);
-        matmul(plain, x.data(), tokens, ref.data(), pool);
-        std::vector<Isa> paths = {Isa::Scalar};
+        std::vector<float> plain_ref(tokens * rows), ref(tokens * rows), got(tokens * rows);
+        matmul(plain, x.data(), tokens, plain_ref.data(), pool);
+        matmul(inter, x.data(), tokens, ref.data(), pool);  // the layout's scalar reference
+        // Against the plain layout: equal for Q4_0/Q8_0 (both use int8 activations); Q4_K's plain path
+        // uses float activations, so there the int8 rounding bound applies (half a step per value).
+        std::vector<float> deq(cols);
+        for (std::size_t r = 0; r < rows; ++r) {
+          dequantize_row(type, &w[r * row_bytes(type, cols)], deq.data(), cols);
+          for (std::size_t t = 0; t < tokens; ++t) {
+            double bound = 1e-4 * std::sqrt(static_cast<double>(cols)) + 1e-5 * std::fabs(plain_ref[t * rows + r]);
+            if (type == DType::Q4_K || type == DType::Q6_K) {
+              for (std::size_t b = 0; b < cols / 32; ++b) {
+                double amax = 0, wsum = 0;
+                for (std::size_t c = 32 * b; c < 32 * b + 32; ++c) {
+                  amax = std::max(amax, std::fabs(static_cast<double>(x[t * cols + c])));
+                  wsum += std::fabs(static_cast<double>(deq[c]));
+                }
+                bound += 0.5 * amax / 127.0 * wsum * 1.01;
+              }
+            }
+            ASSERT_NEAR(ref[t * rows + r], plain_ref[t * rows + r], bound) << dtype_name(type) << " r " << r << " t " << t;
+          }
+        }
+        std::vector<Isa> paths;
         for (Isa isa : fast_paths()) paths.push_back(isa);
         for (Isa isa : paths) {
           set_isa(isa);
