@@ -240,8 +240,10 @@ inline __m256 exp256(__m256 x) {
 
 // Online-softmax attention for one head (see KernelTable::attention); head_dim a multiple of 8 takes
 // the vector path, anything else the scalar tail.
-void attention(const float* q, const float* k, const float* v, std::size_t stride, std::size_t n_ctx, std::size_t head_dim,
-               float scale, float* out) {
+void attention(const float* q, const float* const* k_blocks, const float* const* v_blocks, std::size_t block_tokens,
+               std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
+  auto key = [&](std::size_t j) { return k_blocks[j / block_tokens] + (j % block_tokens) * stride + offset; };
+  auto value = [&](std::size_t j) { return v_blocks[j / block_tokens] + (j % block_tokens) * stride + offset; };
   constexpr std::size_t kMaxVec = 32;  // up to 256-wide heads in registers
   const std::size_t nv = head_dim / 8;
   if (head_dim % 8 != 0 || nv > kMaxVec) {
@@ -249,7 +251,8 @@ void attention(const float* q, const float* k, const float* v, std::size_t strid
     std::fill_n(out, head_dim, 0.0f);
     for (std::size_t j = 0; j < n_ctx; ++j) {
       float s = 0.0f;
-      for (std::size_t i = 0; i < head_dim; ++i) s += q[i] * k[j * stride + i];
+      const float* kj = key(j);
+      for (std::size_t i = 0; i < head_dim; ++i) s += q[i] * kj[i];
       s *= scale;
       if (s > m) {
         const float c = std::exp(m - s);
@@ -259,7 +262,8 @@ void attention(const float* q, const float* k, const float* v, std::size_t strid
       }
       const float p = std::exp(s - m);
       l += p;
-      for (std::size_t i = 0; i < head_dim; ++i) out[i] += p * v[j * stride + i];
+      const float* vj = value(j);
+      for (std::size_t i = 0; i < head_dim; ++i) out[i] += p * vj[i];
     }
     for (std::size_t i = 0; i < head_dim; ++i) out[i] = l > 0.0f ? out[i] / l : 0.0f;
     return;
@@ -277,7 +281,7 @@ void attention(const float* q, const float* k, const float* v, std::size_t strid
     float chunk_max = -INFINITY;
     for (std::size_t u = 0; u < 8; ++u) {
       if (u < n) {
-        const float* kj = k + (j0 + u) * stride;
+        const float* kj = key(j0 + u);
         __m256 d = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kj));
         for (std::size_t i = 1; i < nv; ++i) d = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kj + 8 * i), d);
         s8[u] = hsum(d);
@@ -298,7 +302,7 @@ void attention(const float* q, const float* k, const float* v, std::size_t strid
     for (std::size_t u = 0; u < n; ++u) {
       l += p8[u];
       const __m256 pu = _mm256_set1_ps(p8[u]);
-      const float* vj = v + (j0 + u) * stride;
+      const float* vj = value(j0 + u);
       for (std::size_t i = 0; i < nv; ++i) acc[i] = _mm256_fmadd_ps(pu, _mm256_loadu_ps(vj + 8 * i), acc[i]);
     }
   }

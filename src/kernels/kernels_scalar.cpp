@@ -92,12 +92,13 @@ void gemm_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::
   }
 }
 
-void attention(const float* q, const float* k, const float* v, std::size_t stride, std::size_t n_ctx, std::size_t head_dim,
-               float scale, float* out) {
+void attention(const float* q, const float* const* k_blocks, const float* const* v_blocks, std::size_t block_tokens,
+               std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
   float m = -INFINITY, l = 0.0f;
   std::fill_n(out, head_dim, 0.0f);
   for (std::size_t j = 0; j < n_ctx; ++j) {
-    const float s = dot_f32(q, k + j * stride, head_dim) * scale;
+    const std::size_t at = (j % block_tokens) * stride + offset;
+    const float s = dot_f32(q, k_blocks[j / block_tokens] + at, head_dim) * scale;
     if (s > m) {
       const float correction = std::exp(m - s);  // exp(-inf) = 0 on the first position
       for (std::size_t i = 0; i < head_dim; ++i) out[i] *= correction;
@@ -106,7 +107,7 @@ void attention(const float* q, const float* k, const float* v, std::size_t strid
     }
     const float p = std::exp(s - m);
     l += p;
-    const float* vj = v + j * stride;
+    const float* vj = v_blocks[j / block_tokens] + at;
     for (std::size_t i = 0; i < head_dim; ++i) out[i] += p * vj[i];
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;

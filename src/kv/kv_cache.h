@@ -1,39 +1,52 @@
 #pragma once
-// Per-sequence key/value storage for attention. This first version keeps one contiguous F32 region
-// per (sequence, layer) that grows as tokens arrive; the paged block pool with prefix sharing replaces
-// it behind the same accessors (issue "KV cache and scheduler").
+// Per-sequence views of the paged KV store: each sequence has a block table (block ids in position
+// order) into a BlockPool. The model writes K/V rows by position and attention reads them block by
+// block. (Prefix sharing and eviction build on the pool's reference counts: issue "KV cache and
+// scheduler".)
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
 #include <vector>
 
+#include "kv/block_pool.h"
+
 namespace promptly {
 
 class KvCache {
  public:
-  KvCache(std::size_t n_layers, std::size_t kv_dim, std::size_t max_positions);
+  static constexpr std::size_t kDefaultBlockTokens = 16;
 
-  // Makes room for positions [0, n_positions) of `seq`; throws Error past max_positions.
+  // Room for max_sequences sequences of up to max_positions positions each.
+  KvCache(std::size_t n_layers, std::size_t kv_dim, std::size_t max_positions, std::size_t max_sequences = 1,
+          std::size_t block_tokens = kDefaultBlockTokens);
+
+  // Makes room for positions [0, n_positions) of `seq`; throws Error past max_positions or when the
+  // pool has no free block left (with the numbers, so the caller can size the cache).
   void reserve(int seq, std::size_t n_positions);
   float* key(std::size_t layer, int seq, std::size_t pos);
   float* value(std::size_t layer, int seq, std::size_t pos);
+  // Block base pointers of `seq` for `layer` (keys and values), for block-wise attention.
+  void block_pointers(std::size_t layer, int seq, std::vector<const float*>& keys, std::vector<const float*>& values);
   // Positions [0, length) of `seq` hold valid entries.
   std::size_t length(int seq) const;
   void set_length(int seq, std::size_t length);
+  // Frees the sequence's blocks.
   void erase(int seq);
 
-  std::size_t kv_dim() const { return kv_dim_; }
+  std::size_t kv_dim() const { return pool_.kv_dim(); }
+  std::size_t block_tokens() const { return pool_.block_tokens(); }
   std::size_t max_positions() const { return max_positions_; }
+  const BlockPool& pool() const { return pool_; }
 
  private:
   struct Sequence {
-    std::vector<std::vector<float>> keys, values;  // per layer: capacity x kv_dim
-    std::size_t capacity = 0;
+    std::vector<int> blocks;
     std::size_t length = 0;
   };
   Sequence& get(int seq);
 
-  std::size_t n_layers_, kv_dim_, max_positions_;
+  BlockPool pool_;
+  std::size_t max_positions_;
   std::unordered_map<int, Sequence> seqs_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 #include <string>
 
 #include "kernels/cpu.h"
@@ -206,12 +207,20 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     for (std::size_t t = 0; t < T; ++t) attn_macs += 2 * HD * (static_cast<std::size_t>(batch.positions[t]) + 1);
     const std::size_t attn_grain = std::max<std::size_t>(1, (1 << 16) * T / std::max<std::size_t>(1, attn_macs));
     const kernels::KernelTable& kt = kernels::kernel_table(kernels::active_isa());
+    // Block tables of the batch's sequences for this layer, looked up once per layer.
+    thread_local std::unordered_map<int, std::pair<std::vector<const float*>, std::vector<const float*>>> tables_storage;
+    auto& tables = tables_storage;  // the workers below must see this thread's instance, not their own
+    tables.clear();
+    for (std::size_t t = 0; t < T; ++t) {
+      auto [it, fresh] = tables.try_emplace(batch.seq_ids[t]);
+      if (fresh) cache.block_pointers(il, batch.seq_ids[t], it->second.first, it->second.second);
+    }
+    const std::size_t block_tokens = cache.block_tokens();
     pool.parallel_for(T * c.n_head, attn_grain, [&](std::size_t begin, std::size_t end, int) {
       for (std::size_t job = begin; job < end; ++job) {
         const std::size_t t = job / c.n_head, h = job % c.n_head, kvh = h / group;
-        const int seq = batch.seq_ids[t];
-        // Positions of one sequence are contiguous in this cache: look the sequence up once.
-        kt.attention(&q[t * QD + h * HD], cache.key(il, seq, 0) + kvh * HD, cache.value(il, seq, 0) + kvh * HD, KVD,
+        const auto& [keys, values] = tables.at(batch.seq_ids[t]);
+        kt.attention(&q[t * QD + h * HD], keys.data(), values.data(), block_tokens, KVD, kvh * HD,
                      static_cast<std::size_t>(batch.positions[t]) + 1, HD, attn_scale, &attn[t * QD + h * HD]);
       }
     });

@@ -227,9 +227,21 @@ TEST(Dispatch, AttentionMatchesTwoPassSoftmax) {
       for (double& x : s) sum += x = std::exp(x - mx);
       for (std::size_t j = 0; j < n_ctx; ++j)
         for (std::size_t i = 0; i < head_dim; ++i) want[i] += s[j] / sum * v[j * stride + i];
+      // Paged as the cache pages it: blocks of 7 positions (an awkward size), the head at offset head_dim.
+      constexpr std::size_t kBlock = 7;
+      std::vector<float> kp((n_ctx / kBlock + 1) * kBlock * stride + head_dim), vp(kp.size());
+      std::vector<const float*> kb, vb;
+      for (std::size_t j = 0; j < n_ctx; ++j) {
+        if (j % kBlock == 0) {
+          kb.push_back(kp.data() + j * stride);
+          vb.push_back(vp.data() + j * stride);
+        }
+        std::copy_n(&k[j * stride], head_dim, &kp[j * stride + head_dim]);
+        std::copy_n(&v[j * stride], head_dim, &vp[j * stride + head_dim]);
+      }
       for (Isa isa : paths) {
         std::vector<float> got(head_dim);
-        kernel_table(isa).attention(q.data(), k.data(), v.data(), stride, n_ctx, head_dim, scale, got.data());
+        kernel_table(isa).attention(q.data(), kb.data(), vb.data(), kBlock, stride, head_dim, n_ctx, head_dim, scale, got.data());
         for (std::size_t i = 0; i < head_dim; ++i) {
           ASSERT_NEAR(got[i], want[i], 1e-4) << isa_name(isa) << " head_dim " << head_dim << " n_ctx " << n_ctx;
         }

@@ -1,0 +1,41 @@
+#include "kv/block_pool.h"
+
+#include <string>
+
+#include "util/error.h"
+
+namespace promptly {
+
+std::size_t BlockPool::block_bytes(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens) {
+  return n_layers * 2 * block_tokens * kv_dim * sizeof(float);
+}
+
+BlockPool::BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, std::size_t n_blocks)
+    : n_layers_(n_layers), kv_dim_(kv_dim), block_tokens_(block_tokens), refs_(n_blocks, 0) {
+  if (block_tokens == 0 || n_blocks == 0) throw Error("KV pool needs at least one block of at least one token");
+  // new[] without value-initialisation: the pages stay untouched (not resident) until written.
+  storage_.reset(new float[n_blocks * n_layers * 2 * block_tokens * kv_dim]);
+  free_.reserve(n_blocks);
+  for (std::size_t b = n_blocks; b-- > 0;) free_.push_back(static_cast<int>(b));
+}
+
+int BlockPool::allocate() {
+  if (free_.empty()) return -1;
+  const int b = free_.back();
+  free_.pop_back();
+  refs_[static_cast<std::size_t>(b)] = 1;
+  return b;
+}
+
+void BlockPool::retain(int block) {
+  if (refs_[static_cast<std::size_t>(block)] <= 0) throw Error("internal: retaining free KV block " + std::to_string(block));
+  ++refs_[static_cast<std::size_t>(block)];
+}
+
+void BlockPool::release(int block) {
+  int& r = refs_[static_cast<std::size_t>(block)];
+  if (r <= 0) throw Error("internal: releasing free KV block " + std::to_string(block));
+  if (--r == 0) free_.push_back(block);
+}
+
+}  // namespace promptly
