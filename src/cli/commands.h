@@ -17,6 +17,7 @@ struct RunOptions {
   bool json = false;
   bool no_bos = false;
   bool parse_special = false;
+  std::string kv_type = "f32";
 };
 int run(const RunOptions& o);
 

@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   run_cmd->add_option("-c,--ctx-size", run.gen.ctx_size, "Context size (default: the model's)");
   run_cmd->add_option("-b,--batch-size", run.gen.prefill_chunk, "Prompt tokens per forward pass")->capture_default_str();
   run_cmd->add_flag("--ignore-eos", run.gen.ignore_eos, "Keep generating past end-of-generation tokens");
+  run_cmd->add_option("--kv-type", run.kv_type, "KV cache element type: f32 (exact) or f16 (half the memory)")->capture_default_str();
   run_cmd->add_flag("--no-bos", run.no_bos, "Do not add BOS/EOS to the prompt");
   run_cmd->add_flag("--special", run.parse_special, "Parse control tokens written in the prompt");
   run_cmd->add_flag("--json", run.json, "Print one JSON object with ids, text and timings instead of streaming");

@@ -44,7 +44,9 @@ int run(const RunOptions& o) {
     std::fflush(stdout);
   };
   if (!o.json) stream(prompt);
-  const GenerateResult r = generate(model, tokenizer, prompt_ids, o.gen, pool, o.json ? nullptr : std::function<void(const std::string&)>(stream));
+  GenerateOptions gen = o.gen;
+  gen.kv_type = parse_kv_type(o.kv_type);
+  const GenerateResult r = generate(model, tokenizer, prompt_ids, gen, pool, o.json ? nullptr : std::function<void(const std::string&)>(stream));
   const GenerateTimings& t = r.timings;
 
   if (o.json) {

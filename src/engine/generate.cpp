@@ -21,7 +21,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
 
   GenerateResult result;
   result.finish_reason = "length";
-  KvCache cache = model.make_cache(ctx);
+  KvCache cache = model.make_cache(ctx, options.kv_type);
   Sampler sampler(options.sampling);
   StreamingDetokenizer detok(tokenizer, prompt);
   const std::vector<std::int32_t> stop_ids = tokenizer.vocab().end_of_generation_ids();

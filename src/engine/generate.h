@@ -20,6 +20,8 @@ struct GenerateOptions {
   bool ignore_eos = false;
   std::size_t ctx_size = 0;          // 0: the model's training context
   std::size_t prefill_chunk = 512;   // prompt tokens per forward call
+  // F32 keeps results bit-for-bit comparable with reference implementations; F16 halves the cache.
+  KvType kv_type = KvType::F32;
 };
 
 struct GenerateTimings {

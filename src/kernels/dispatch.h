@@ -39,8 +39,9 @@ struct KernelTable {
   float (*dot_f32)(const float* a, const float* b, std::size_t n);
   // One query head against n_ctx cached positions in a single pass with an online softmax (a running
   // max and sum, rescaled when the max grows): numerically stable, no score buffer. The cache is
-  // paged: key j is k_blocks[j / block_tokens] + (j % block_tokens) * stride + offset (values alike).
-  void (*attention)(const float* q, const float* const* k_blocks, const float* const* v_blocks, std::size_t block_tokens,
+  // paged: key j is k_blocks[j / block_tokens] + (j % block_tokens) * stride + offset (values alike),
+  // in elements of F16 (f16 = true) or F32.
+  void (*attention)(const float* q, const void* const* k_blocks, const void* const* v_blocks, bool f16, std::size_t block_tokens,
                     std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out);
   // Q4_0x16 layout (see repack_q4_0_x16); r0 and r1 are multiples of 16.
   void (*gemm_q4_0_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,

@@ -240,10 +240,28 @@ inline __m256 exp256(__m256 x) {
 
 // Online-softmax attention for one head (see KernelTable::attention); head_dim a multiple of 8 takes
 // the vector path, anything else the scalar tail.
-void attention(const float* q, const float* const* k_blocks, const float* const* v_blocks, std::size_t block_tokens,
-               std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
-  auto key = [&](std::size_t j) { return k_blocks[j / block_tokens] + (j % block_tokens) * stride + offset; };
-  auto value = [&](std::size_t j) { return v_blocks[j / block_tokens] + (j % block_tokens) * stride + offset; };
+template <typename T>
+inline __m256 kv_load8(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_loadu_ps(p);
+  } else {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+}
+template <typename T>
+inline float kv_load1(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return *p;
+  } else {
+    return h2f(*p);
+  }
+}
+
+template <typename T>
+void attention_impl(const float* q, const void* const* k_blocks, const void* const* v_blocks, std::size_t block_tokens,
+                    std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
+  auto key = [&](std::size_t j) { return static_cast<const T*>(k_blocks[j / block_tokens]) + (j % block_tokens) * stride + offset; };
+  auto value = [&](std::size_t j) { return static_cast<const T*>(v_blocks[j / block_tokens]) + (j % block_tokens) * stride + offset; };
   constexpr std::size_t kMaxVec = 32;  // up to 256-wide heads in registers
   const std::size_t nv = head_dim / 8;
   if (head_dim % 8 != 0 || nv > kMaxVec) {
@@ -251,8 +269,8 @@ void attention(const float* q, const float* const* k_blocks, const float* const*
     std::fill_n(out, head_dim, 0.0f);
     for (std::size_t j = 0; j < n_ctx; ++j) {
       float s = 0.0f;
-      const float* kj = key(j);
-      for (std::size_t i = 0; i < head_dim; ++i) s += q[i] * kj[i];
+      const T* kj = key(j);
+      for (std::size_t i = 0; i < head_dim; ++i) s += q[i] * kv_load1(kj + i);
       s *= scale;
       if (s > m) {
         const float c = std::exp(m - s);
@@ -262,8 +280,8 @@ void attention(const float* q, const float* const* k_blocks, const float* const*
       }
       const float p = std::exp(s - m);
       l += p;
-      const float* vj = value(j);
-      for (std::size_t i = 0; i < head_dim; ++i) out[i] += p * vj[i];
+      const T* vj = value(j);
+      for (std::size_t i = 0; i < head_dim; ++i) out[i] += p * kv_load1(vj + i);
     }
     for (std::size_t i = 0; i < head_dim; ++i) out[i] = l > 0.0f ? out[i] / l : 0.0f;
     return;
@@ -281,9 +299,9 @@ void attention(const float* q, const float* const* k_blocks, const float* const*
     float chunk_max = -INFINITY;
     for (std::size_t u = 0; u < 8; ++u) {
       if (u < n) {
-        const float* kj = key(j0 + u);
-        __m256 d = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kj));
-        for (std::size_t i = 1; i < nv; ++i) d = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kj + 8 * i), d);
+        const T* kj = key(j0 + u);
+        __m256 d = _mm256_mul_ps(qv[0], kv_load8(kj));
+        for (std::size_t i = 1; i < nv; ++i) d = _mm256_fmadd_ps(qv[i], kv_load8(kj + 8 * i), d);
         s8[u] = hsum(d);
         chunk_max = std::max(chunk_max, s8[u]);
       } else {
@@ -302,12 +320,21 @@ void attention(const float* q, const float* const* k_blocks, const float* const*
     for (std::size_t u = 0; u < n; ++u) {
       l += p8[u];
       const __m256 pu = _mm256_set1_ps(p8[u]);
-      const float* vj = value(j0 + u);
-      for (std::size_t i = 0; i < nv; ++i) acc[i] = _mm256_fmadd_ps(pu, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+      const T* vj = value(j0 + u);
+      for (std::size_t i = 0; i < nv; ++i) acc[i] = _mm256_fmadd_ps(pu, kv_load8(vj + 8 * i), acc[i]);
     }
   }
   const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
   for (std::size_t i = 0; i < nv; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], inv));
+}
+
+void attention(const float* q, const void* const* k_blocks, const void* const* v_blocks, bool f16, std::size_t block_tokens,
+               std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
+  if (f16) {
+    attention_impl<std::uint16_t>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out);
+  } else {
+    attention_impl<float>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out);
+  }
 }
 
 // Formats without an integer kernel yet (Q4_K, Q6_K): a row is dequantized (the reference code,

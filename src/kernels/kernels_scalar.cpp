@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/dispatch.h"
@@ -92,13 +93,26 @@ void gemm_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::
   }
 }
 
-void attention(const float* q, const float* const* k_blocks, const float* const* v_blocks, std::size_t block_tokens,
-               std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
+template <typename T>
+float kv_at(const void* block, std::size_t i) {
+  if constexpr (std::is_same_v<T, float>) {
+    return static_cast<const float*>(block)[i];
+  } else {
+    return fp16_to_fp32(static_cast<const std::uint16_t*>(block)[i]);
+  }
+}
+
+template <typename T>
+void attention_impl(const float* q, const void* const* k_blocks, const void* const* v_blocks, std::size_t block_tokens,
+                    std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
   float m = -INFINITY, l = 0.0f;
   std::fill_n(out, head_dim, 0.0f);
   for (std::size_t j = 0; j < n_ctx; ++j) {
     const std::size_t at = (j % block_tokens) * stride + offset;
-    const float s = dot_f32(q, k_blocks[j / block_tokens] + at, head_dim) * scale;
+    const void* kb = k_blocks[j / block_tokens];
+    float s = 0.0f;
+    for (std::size_t i = 0; i < head_dim; ++i) s += q[i] * kv_at<T>(kb, at + i);
+    s *= scale;
     if (s > m) {
       const float correction = std::exp(m - s);  // exp(-inf) = 0 on the first position
       for (std::size_t i = 0; i < head_dim; ++i) out[i] *= correction;
@@ -107,11 +121,20 @@ void attention(const float* q, const float* const* k_blocks, const float* const*
     }
     const float p = std::exp(s - m);
     l += p;
-    const float* vj = v_blocks[j / block_tokens] + at;
-    for (std::size_t i = 0; i < head_dim; ++i) out[i] += p * vj[i];
+    const void* vb = v_blocks[j / block_tokens];
+    for (std::size_t i = 0; i < head_dim; ++i) out[i] += p * kv_at<T>(vb, at + i);
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   for (std::size_t i = 0; i < head_dim; ++i) out[i] *= inv;
+}
+
+void attention(const float* q, const void* const* k_blocks, const void* const* v_blocks, bool f16, std::size_t block_tokens,
+               std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
+  if (f16) {
+    attention_impl<std::uint16_t>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out);
+  } else {
+    attention_impl<float>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out);
+  }
 }
 
 }  // namespace

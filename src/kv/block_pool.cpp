@@ -6,15 +6,25 @@
 
 namespace promptly {
 
-std::size_t BlockPool::block_bytes(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens) {
-  return n_layers * 2 * block_tokens * kv_dim * sizeof(float);
+const char* kv_type_name(KvType t) { return t == KvType::F32 ? "f32" : "f16"; }
+
+KvType parse_kv_type(const std::string& name) {
+  if (name == "f32" || name == "F32") return KvType::F32;
+  if (name == "f16" || name == "F16") return KvType::F16;
+  throw Error("unknown KV cache type '" + name + "'; supported: f16, f32");
 }
 
-BlockPool::BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, std::size_t n_blocks)
-    : n_layers_(n_layers), kv_dim_(kv_dim), block_tokens_(block_tokens), refs_(n_blocks, 0) {
+std::size_t kv_type_bytes(KvType t) { return t == KvType::F32 ? 4 : 2; }
+
+std::size_t BlockPool::block_bytes(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, KvType type) {
+  return n_layers * 2 * block_tokens * kv_dim * kv_type_bytes(type);
+}
+
+BlockPool::BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, std::size_t n_blocks, KvType type)
+    : n_layers_(n_layers), kv_dim_(kv_dim), block_tokens_(block_tokens), type_(type), elem_(kv_type_bytes(type)), refs_(n_blocks, 0) {
   if (block_tokens == 0 || n_blocks == 0) throw Error("KV pool needs at least one block of at least one token");
   // new[] without value-initialisation: the pages stay untouched (not resident) until written.
-  storage_.reset(new float[n_blocks * n_layers * 2 * block_tokens * kv_dim]);
+  storage_.reset(new std::uint8_t[n_blocks * block_bytes(n_layers, kv_dim, block_tokens, type)]);
   free_.reserve(n_blocks);
   for (std::size_t b = n_blocks; b-- > 0;) free_.push_back(static_cast<int>(b));
 }

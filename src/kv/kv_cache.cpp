@@ -4,12 +4,14 @@
 #include <string>
 
 #include "util/error.h"
+#include "util/fp16.h"
 
 namespace promptly {
 
-KvCache::KvCache(std::size_t n_layers, std::size_t kv_dim, std::size_t max_positions, std::size_t max_sequences,
+KvCache::KvCache(std::size_t n_layers, std::size_t kv_dim, std::size_t max_positions, std::size_t max_sequences, KvType type,
                  std::size_t block_tokens)
-    : pool_(n_layers, kv_dim, block_tokens, ((max_positions + block_tokens - 1) / block_tokens) * std::max<std::size_t>(1, max_sequences)),
+    : pool_(n_layers, kv_dim, block_tokens, ((max_positions + block_tokens - 1) / block_tokens) * std::max<std::size_t>(1, max_sequences),
+            type),
       max_positions_(max_positions) {}
 
 KvCache::Sequence& KvCache::get(int seq) {
@@ -34,17 +36,39 @@ void KvCache::reserve(int seq, std::size_t n_positions) {
   }
 }
 
-float* KvCache::key(std::size_t layer, int seq, std::size_t pos) {
+void KvCache::write(std::size_t layer, int seq, std::size_t pos, const float* key, const float* value) {
   const Sequence& s = get(seq);
-  return pool_.keys(s.blocks[pos / pool_.block_tokens()], layer) + (pos % pool_.block_tokens()) * pool_.kv_dim();
+  const int block = s.blocks[pos / pool_.block_tokens()];
+  const std::size_t at = (pos % pool_.block_tokens()) * pool_.kv_dim();
+  if (pool_.type() == KvType::F32) {
+    std::copy_n(key, pool_.kv_dim(), reinterpret_cast<float*>(pool_.keys(block, layer)) + at);
+    std::copy_n(value, pool_.kv_dim(), reinterpret_cast<float*>(pool_.values(block, layer)) + at);
+    return;
+  }
+  auto* k = reinterpret_cast<std::uint16_t*>(pool_.keys(block, layer)) + at;
+  auto* v = reinterpret_cast<std::uint16_t*>(pool_.values(block, layer)) + at;
+  for (std::size_t i = 0; i < pool_.kv_dim(); ++i) {
+    k[i] = fp32_to_fp16(key[i]);
+    v[i] = fp32_to_fp16(value[i]);
+  }
 }
 
-float* KvCache::value(std::size_t layer, int seq, std::size_t pos) {
+void KvCache::read(std::size_t layer, int seq, std::size_t pos, float* key, float* value) {
   const Sequence& s = get(seq);
-  return pool_.values(s.blocks[pos / pool_.block_tokens()], layer) + (pos % pool_.block_tokens()) * pool_.kv_dim();
+  const int block = s.blocks[pos / pool_.block_tokens()];
+  const std::size_t at = (pos % pool_.block_tokens()) * pool_.kv_dim();
+  for (std::size_t i = 0; i < pool_.kv_dim(); ++i) {
+    if (pool_.type() == KvType::F32) {
+      key[i] = reinterpret_cast<const float*>(pool_.keys(block, layer))[at + i];
+      value[i] = reinterpret_cast<const float*>(pool_.values(block, layer))[at + i];
+    } else {
+      key[i] = fp16_to_fp32(reinterpret_cast<const std::uint16_t*>(pool_.keys(block, layer))[at + i]);
+      value[i] = fp16_to_fp32(reinterpret_cast<const std::uint16_t*>(pool_.values(block, layer))[at + i]);
+    }
+  }
 }
 
-void KvCache::block_pointers(std::size_t layer, int seq, std::vector<const float*>& keys, std::vector<const float*>& values) {
+void KvCache::block_pointers(std::size_t layer, int seq, std::vector<const void*>& keys, std::vector<const void*>& values) {
   const Sequence& s = get(seq);
   keys.resize(s.blocks.size());
   values.resize(s.blocks.size());

@@ -18,15 +18,17 @@ class KvCache {
 
   // Room for max_sequences sequences of up to max_positions positions each.
   KvCache(std::size_t n_layers, std::size_t kv_dim, std::size_t max_positions, std::size_t max_sequences = 1,
-          std::size_t block_tokens = kDefaultBlockTokens);
+          KvType type = KvType::F16, std::size_t block_tokens = kDefaultBlockTokens);
 
   // Makes room for positions [0, n_positions) of `seq`; throws Error past max_positions or when the
   // pool has no free block left (with the numbers, so the caller can size the cache).
   void reserve(int seq, std::size_t n_positions);
-  float* key(std::size_t layer, int seq, std::size_t pos);
-  float* value(std::size_t layer, int seq, std::size_t pos);
-  // Block base pointers of `seq` for `layer` (keys and values), for block-wise attention.
-  void block_pointers(std::size_t layer, int seq, std::vector<const float*>& keys, std::vector<const float*>& values);
+  // Stores one position's key and value rows (kv_dim floats each), converting to type().
+  void write(std::size_t layer, int seq, std::size_t pos, const float* key, const float* value);
+  // Reads them back as floats (tests, debugging).
+  void read(std::size_t layer, int seq, std::size_t pos, float* key, float* value);
+  // Block base pointers of `seq` for `layer` (keys and values, elements of type()), for attention.
+  void block_pointers(std::size_t layer, int seq, std::vector<const void*>& keys, std::vector<const void*>& values);
   // Positions [0, length) of `seq` hold valid entries.
   std::size_t length(int seq) const;
   void set_length(int seq, std::size_t length);
@@ -34,6 +36,7 @@ class KvCache {
   void erase(int seq);
 
   std::size_t kv_dim() const { return pool_.kv_dim(); }
+  KvType type() const { return pool_.type(); }
   std::size_t block_tokens() const { return pool_.block_tokens(); }
   std::size_t max_positions() const { return max_positions_; }
   const BlockPool& pool() const { return pool_; }

@@ -132,8 +132,8 @@ void Model::repack_for_kernels() {
   if (output_.data != token_embd_.data) repack(output_);  // a tied output is the embedding table, read by row
 }
 
-KvCache Model::make_cache(std::size_t max_positions) const {
-  return KvCache(config_.n_layer, config_.kv_dim(), max_positions);
+KvCache Model::make_cache(std::size_t max_positions, KvType type, std::size_t max_sequences) const {
+  return KvCache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type);
 }
 
 void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits) const {
@@ -196,9 +196,7 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
       const auto pos = static_cast<float>(batch.positions[t]);
       for (std::size_t h = 0; h < c.n_head; ++h) kernels::rope(&q[t * QD + h * HD], c.n_rot, inv_freq_.data(), pos, c.rope_neox);
       for (std::size_t h = 0; h < c.n_head_kv; ++h) kernels::rope(&k[t * KVD + h * HD], c.n_rot, inv_freq_.data(), pos, c.rope_neox);
-      const auto p = static_cast<std::size_t>(batch.positions[t]);
-      std::copy_n(&k[t * KVD], KVD, cache.key(il, batch.seq_ids[t], p));
-      std::copy_n(&v[t * KVD], KVD, cache.value(il, batch.seq_ids[t], p));
+      cache.write(il, batch.seq_ids[t], static_cast<std::size_t>(batch.positions[t]), &k[t * KVD], &v[t * KVD]);
     }
 
     // Causal attention: token t sees positions [0, pos_t] of its own sequence, which the cache now
@@ -208,7 +206,7 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     const std::size_t attn_grain = std::max<std::size_t>(1, (1 << 16) * T / std::max<std::size_t>(1, attn_macs));
     const kernels::KernelTable& kt = kernels::kernel_table(kernels::active_isa());
     // Block tables of the batch's sequences for this layer, looked up once per layer.
-    thread_local std::unordered_map<int, std::pair<std::vector<const float*>, std::vector<const float*>>> tables_storage;
+    thread_local std::unordered_map<int, std::pair<std::vector<const void*>, std::vector<const void*>>> tables_storage;
     auto& tables = tables_storage;  // the workers below must see this thread's instance, not their own
     tables.clear();
     for (std::size_t t = 0; t < T; ++t) {
@@ -216,11 +214,12 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
       if (fresh) cache.block_pointers(il, batch.seq_ids[t], it->second.first, it->second.second);
     }
     const std::size_t block_tokens = cache.block_tokens();
+    const bool kv_f16 = cache.type() == KvType::F16;
     pool.parallel_for(T * c.n_head, attn_grain, [&](std::size_t begin, std::size_t end, int) {
       for (std::size_t job = begin; job < end; ++job) {
         const std::size_t t = job / c.n_head, h = job % c.n_head, kvh = h / group;
         const auto& [keys, values] = tables.at(batch.seq_ids[t]);
-        kt.attention(&q[t * QD + h * HD], keys.data(), values.data(), block_tokens, KVD, kvh * HD,
+        kt.attention(&q[t * QD + h * HD], keys.data(), values.data(), kv_f16, block_tokens, KVD, kvh * HD,
                      static_cast<std::size_t>(batch.positions[t]) + 1, HD, attn_scale, &attn[t * QD + h * HD]);
       }
     });

@@ -38,7 +38,7 @@ class Model {
   // want_logits is set, in batch order, to `logits` (n_vocab floats per such token).
   void forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits) const;
 
-  KvCache make_cache(std::size_t max_positions) const;
+  KvCache make_cache(std::size_t max_positions, KvType type = KvType::F16, std::size_t max_sequences = 1) const;
 
  private:
   std::shared_ptr<const gguf::File> file_;

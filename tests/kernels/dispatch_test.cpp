@@ -14,6 +14,7 @@
 #include "kernels/matmul.h"
 #include "tensor/quant.h"
 #include "util/error.h"
+#include "util/fp16.h"
 
 namespace promptly::kernels {
 namespace {
@@ -227,23 +228,45 @@ TEST(Dispatch, AttentionMatchesTwoPassSoftmax) {
       for (double& x : s) sum += x = std::exp(x - mx);
       for (std::size_t j = 0; j < n_ctx; ++j)
         for (std::size_t i = 0; i < head_dim; ++i) want[i] += s[j] / sum * v[j * stride + i];
-      // Paged as the cache pages it: blocks of 7 positions (an awkward size), the head at offset head_dim.
+      // Paged as the cache pages it: blocks of 7 positions (an awkward size), the head at offset
+      // head_dim; in F32 (compared with the reference directly) and F16 (compared with the reference
+      // of the F16-rounded values, which is what the cache holds).
       constexpr std::size_t kBlock = 7;
-      std::vector<float> kp((n_ctx / kBlock + 1) * kBlock * stride + head_dim), vp(kp.size());
-      std::vector<const float*> kb, vb;
+      const std::size_t n_alloc = (n_ctx / kBlock + 1) * kBlock * stride + head_dim;
+      std::vector<float> kp(n_alloc), vp(n_alloc);
+      std::vector<std::uint16_t> kh(n_alloc), vh(n_alloc);
+      std::vector<const void*> kb, vb, khb, vhb;
       for (std::size_t j = 0; j < n_ctx; ++j) {
         if (j % kBlock == 0) {
           kb.push_back(kp.data() + j * stride);
           vb.push_back(vp.data() + j * stride);
+          khb.push_back(kh.data() + j * stride);
+          vhb.push_back(vh.data() + j * stride);
         }
-        std::copy_n(&k[j * stride], head_dim, &kp[j * stride + head_dim]);
-        std::copy_n(&v[j * stride], head_dim, &vp[j * stride + head_dim]);
+        for (std::size_t i = 0; i < head_dim; ++i) {
+          kp[j * stride + head_dim + i] = k[j * stride + i];
+          vp[j * stride + head_dim + i] = v[j * stride + i];
+          kh[j * stride + head_dim + i] = fp32_to_fp16(k[j * stride + i]);
+          vh[j * stride + head_dim + i] = fp32_to_fp16(v[j * stride + i]);
+        }
       }
+      std::vector<double> sh(n_ctx), want_h(head_dim, 0.0);
+      double mxh = -1e300, sumh = 0;
+      for (std::size_t j = 0; j < n_ctx; ++j) {
+        for (std::size_t i = 0; i < head_dim; ++i) sh[j] += static_cast<double>(q[i]) * fp16_to_fp32(kh[j * stride + head_dim + i]);
+        sh[j] *= scale;
+        mxh = std::max(mxh, sh[j]);
+      }
+      for (double& x : sh) sumh += x = std::exp(x - mxh);
+      for (std::size_t j = 0; j < n_ctx; ++j)
+        for (std::size_t i = 0; i < head_dim; ++i) want_h[i] += sh[j] / sumh * fp16_to_fp32(vh[j * stride + head_dim + i]);
       for (Isa isa : paths) {
-        std::vector<float> got(head_dim);
-        kernel_table(isa).attention(q.data(), kb.data(), vb.data(), kBlock, stride, head_dim, n_ctx, head_dim, scale, got.data());
+        std::vector<float> got(head_dim), got_h(head_dim);
+        kernel_table(isa).attention(q.data(), kb.data(), vb.data(), false, kBlock, stride, head_dim, n_ctx, head_dim, scale, got.data());
+        kernel_table(isa).attention(q.data(), khb.data(), vhb.data(), true, kBlock, stride, head_dim, n_ctx, head_dim, scale, got_h.data());
         for (std::size_t i = 0; i < head_dim; ++i) {
           ASSERT_NEAR(got[i], want[i], 1e-4) << isa_name(isa) << " head_dim " << head_dim << " n_ctx " << n_ctx;
+          ASSERT_NEAR(got_h[i], want_h[i], 1e-4) << isa_name(isa) << " f16 head_dim " << head_dim << " n_ctx " << n_ctx;
         }
       }
     }

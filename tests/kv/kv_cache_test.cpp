@@ -24,39 +24,48 @@ TEST(BlockPool, AllocatesRefCountsAndFrees) {
   EXPECT_THROW(pool.retain(c), Error);  // a freed block cannot be retained or released again
   EXPECT_THROW(pool.release(c), Error);
   // Keys and values of different blocks and layers never overlap.
-  EXPECT_EQ(pool.values(a, 0), pool.keys(a, 0) + 4 * 8);
-  EXPECT_EQ(pool.keys(a, 1), pool.values(a, 0) + 4 * 8);
-  EXPECT_EQ(BlockPool::block_bytes(2, 8, 4), 2u * 2 * 4 * 8 * sizeof(float));
+  EXPECT_EQ(pool.values(a, 0), pool.keys(a, 0) + 4 * 8 * 2);  // F16 by default
+  EXPECT_EQ(pool.keys(a, 1), pool.values(a, 0) + 4 * 8 * 2);
+  EXPECT_EQ(BlockPool::block_bytes(2, 8, 4, KvType::F32), 2u * 2 * 4 * 8 * sizeof(float));
+  EXPECT_EQ(BlockPool::block_bytes(2, 8, 4, KvType::F16), 2u * 2 * 4 * 8 * 2);
 }
 
 TEST(KvCache, PositionsAcrossBlockBoundariesAndErase) {
-  KvCache cache(2, 4, 10, 2, 3);  // blocks of 3 positions, room for 2 sequences of 10
-  EXPECT_EQ(cache.pool().n_blocks(), 8u);
-  cache.reserve(7, 7);
-  for (std::size_t pos = 0; pos < 7; ++pos)
-    for (std::size_t l = 0; l < 2; ++l) {
-      cache.key(l, 7, pos)[0] = static_cast<float>(100 * l + pos);
-      cache.value(l, 7, pos)[3] = -static_cast<float>(100 * l + pos);
+  for (KvType type : {KvType::F32, KvType::F16}) {
+    KvCache cache(2, 4, 10, 2, type, 3);  // blocks of 3 positions, room for 2 sequences of 10
+    EXPECT_EQ(cache.pool().n_blocks(), 8u);
+    cache.reserve(7, 7);
+    for (std::size_t pos = 0; pos < 7; ++pos)
+      for (std::size_t l = 0; l < 2; ++l) {
+        const float k[4] = {static_cast<float>(100 * l + pos), 0.5f, 0.25f, 1.0f / 3.0f};
+        const float v[4] = {1, 2, 3, -static_cast<float>(100 * l + pos)};
+        cache.write(l, 7, pos, k, v);
+      }
+    float k[4], v[4];
+    cache.read(1, 7, 6, k, v);  // position 6 lives in block 2, slot 0
+    EXPECT_EQ(k[0], 106.0f);
+    EXPECT_EQ(v[3], -106.0f);
+    EXPECT_NEAR(k[3], 1.0f / 3.0f, type == KvType::F16 ? 2e-4 : 0.0) << kv_type_name(type);
+    std::vector<const void*> keys, values;
+    cache.block_pointers(1, 7, keys, values);
+    ASSERT_EQ(keys.size(), 3u);
+    EXPECT_EQ(cache.pool().n_free(), 5u);
+    EXPECT_THROW(cache.reserve(7, 11), Error);  // past the per-sequence context
+    cache.reserve(8, 10);
+    EXPECT_EQ(cache.pool().n_free(), 1u);
+    try {
+      cache.reserve(9, 10);
+      FAIL();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("KV cache is full"), std::string::npos);
     }
-  std::vector<const float*> keys, values;
-  cache.block_pointers(1, 7, keys, values);
-  ASSERT_EQ(keys.size(), 3u);
-  EXPECT_EQ(keys[2][(6 % 3) * 4], 106.0f);  // position 6 lives in block 2, slot 0
-  EXPECT_EQ(values[1][(4 % 3) * 4 + 3], -104.0f);
-  EXPECT_EQ(cache.pool().n_free(), 5u);
-  EXPECT_THROW(cache.reserve(7, 11), Error);  // past the per-sequence context
-  cache.reserve(8, 10);
-  EXPECT_EQ(cache.pool().n_free(), 1u);
-  try {
-    cache.reserve(9, 10);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("KV cache is full"), std::string::npos);
+    cache.erase(7);
+    cache.erase(8);
+    cache.erase(9);  // the partial reservation of 9 is returned too
+    EXPECT_EQ(cache.pool().n_free(), cache.pool().n_blocks());
   }
-  cache.erase(7);
-  cache.erase(8);
-  cache.erase(9);  // the partial reservation of 9 is returned too
-  EXPECT_EQ(cache.pool().n_free(), cache.pool().n_blocks());
+  EXPECT_EQ(parse_kv_type("f16"), KvType::F16);
+  EXPECT_THROW(parse_kv_type("q3"), Error);
 }
 
 }  // namespace

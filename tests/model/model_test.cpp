@@ -60,7 +60,7 @@ TEST_P(SyntheticArch, LogitsMatchReference) {
   test::ReferenceModel ref(*f);
   ThreadPool pool(2);
   const std::vector<std::int32_t> tokens = {1, 300, 301, 500, 17, 999, 42, 5};
-  KvCache cache = model.make_cache(64);
+  KvCache cache = model.make_cache(64, KvType::F32, 4);
   const auto got = logits_of(model, cache, pool, tokens, 0, 0);
   const auto want = ref.run({tokens.begin(), tokens.end()});
   const std::size_t V = model.config().n_vocab;
@@ -87,12 +87,12 @@ TEST(Model, BatchingAndChunkingDoNotChangeLogits) {
   const std::vector<std::int32_t> a = {1, 400, 401, 402, 403, 404, 405, 406, 407};
   const std::vector<std::int32_t> b = {1, 600, 601, 602, 603};
 
-  KvCache alone = model.make_cache(64);
+  KvCache alone = model.make_cache(64, KvType::F32, 4);
   const auto ref_a = logits_of(model, alone, pool, a, 0, 0);
   const std::size_t V = model.config().n_vocab;
 
   // a token by token, interleaved with b in the same batches
-  KvCache mixed = model.make_cache(64);
+  KvCache mixed = model.make_cache(64, KvType::F32, 4);
   std::vector<float> got_a;
   for (std::size_t i = 0; i < a.size(); ++i) {
     Batch batch;
@@ -107,7 +107,7 @@ TEST(Model, BatchingAndChunkingDoNotChangeLogits) {
   for (std::size_t i = 0; i < ref_a.size(); ++i) ASSERT_NEAR(got_a[i], ref_a[i], 1e-4) << i;
 
   // chunks of 4 + 5
-  KvCache chunked = model.make_cache(64);
+  KvCache chunked = model.make_cache(64, KvType::F32, 4);
   auto c1 = logits_of(model, chunked, pool, {a.begin(), a.begin() + 4}, 3, 0);
   auto c2 = logits_of(model, chunked, pool, {a.begin() + 4, a.end()}, 3, 4);
   c1.insert(c1.end(), c2.begin(), c2.end());
@@ -201,7 +201,7 @@ TEST(Model, RopeScalingMatchesReference) {
     test::ReferenceModel ref(*f);
     ThreadPool pool(2);
     const std::vector<std::int32_t> tokens = {1, 300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310};
-    KvCache cache = model.make_cache(32);
+    KvCache cache = model.make_cache(32, KvType::F32);
     const auto got = logits_of(model, cache, pool, tokens, 0, 0);
     const auto want = ref.run({tokens.begin(), tokens.end()});
     const std::size_t V = model.config().n_vocab;
@@ -223,7 +223,7 @@ TEST(Model, TiedEmbeddingsWhenOutputIsAbsent) {
   Model model(f);
   test::ReferenceModel ref(*f);  // uses token_embd for the output when output.weight is absent
   ThreadPool pool(1);
-  KvCache cache = model.make_cache(8);
+  KvCache cache = model.make_cache(8, KvType::F32);
   const auto got = logits_of(model, cache, pool, {1, 2, 3}, 0, 0);
   const auto want = ref.run({1, 2, 3});
   for (std::size_t v = 0; v < model.config().n_vocab; ++v) ASSERT_NEAR(got[2 * model.config().n_vocab + v], want[2][v], 1e-3);
@@ -233,9 +233,9 @@ TEST(Model, ContextOverflowIsAnError) {
   test::TempDir dir;
   Model model(gguf::File::open(make_synthetic(dir, "tiny")));
   ThreadPool pool(1);
-  KvCache cache = model.make_cache(4);
+  KvCache cache = model.make_cache(4, KvType::F32);
   EXPECT_THROW(logits_of(model, cache, pool, {1, 2, 3, 4, 5}, 0, 0), Error);
-  KvCache ok = model.make_cache(4);
+  KvCache ok = model.make_cache(4, KvType::F32);
   EXPECT_THROW(logits_of(model, ok, pool, {1, 5000}, 0, 0), Error);  // token outside the vocabulary
 }
 

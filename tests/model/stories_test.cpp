@@ -47,6 +47,15 @@ TEST(Stories260K, Greedy200MatchesReference) {
   }
 }
 
+// A half-precision KV cache moves logits by a few 1e-3 but keeps every greedy choice.
+TEST(Stories260K, F16KvCacheKeepsTheGreedyReference) {
+  Loaded m(test::shared_model("stories260K.gguf"));
+  ThreadPool pool(2);
+  GenerateOptions o = greedy(200);
+  o.kv_type = KvType::F16;
+  EXPECT_EQ(generate(m.model, m.tokenizer, {1}, o, pool).ids, reference_ids());
+}
+
 TEST(Stories260K, LogitsMatchReferenceWithin1e3) {
   Loaded m(test::shared_model("stories260K.gguf"));
   const auto ids = reference_ids();
@@ -55,7 +64,7 @@ TEST(Stories260K, LogitsMatchReferenceWithin1e3) {
 
   // One batch holding the whole sequence (prefill path) ...
   ThreadPool pool(2);
-  KvCache cache = m.model.make_cache(512);
+  KvCache cache = m.model.make_cache(512, KvType::F32);
   Batch batch;
   for (std::size_t i = 0; i < inputs.size(); ++i) batch.add(inputs[i], static_cast<std::int32_t>(i), 0, true);
   std::vector<float> logits;
