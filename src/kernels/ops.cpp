@@ -25,18 +25,6 @@ void rope(float* x, std::size_t n_rot, const float* inv_freq, float position, bo
   }
 }
 
-void softmax(float* x, std::size_t n) {
-  if (n == 0) return;
-  const float mx = *std::max_element(x, x + n);
-  double sum = 0.0;
-  for (std::size_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (std::size_t i = 0; i < n; ++i) x[i] *= inv;
-}
-
 void silu_mul(float* gate, const float* up, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) {
     const float g = gate[i];

@@ -12,9 +12,6 @@ void rmsnorm(const float* x, const float* weight, std::size_t n, float eps, floa
 // Normal ordering rotates adjacent pairs (x[2i], x[2i+1]); NeoX ordering rotates (x[i], x[i + n_rot/2]).
 void rope(float* x, std::size_t n_rot, const float* inv_freq, float position, bool neox);
 
-// In place, numerically stable (subtracts the max).
-void softmax(float* x, std::size_t n);
-
 // gate = silu(gate) * up
 void silu_mul(float* gate, const float* up, std::size_t n);
 

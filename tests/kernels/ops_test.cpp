@@ -21,14 +21,6 @@ TEST(Ops, RmsNorm) {
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(out[i], x[i] / rms * w[i], 1e-6);
 }
 
-TEST(Ops, SoftmaxIsStableAndNormalized) {
-  float x[3] = {1000.0f, 1000.0f, -1000.0f};
-  softmax(x, 3);
-  EXPECT_NEAR(x[0], 0.5f, 1e-6);
-  EXPECT_NEAR(x[1], 0.5f, 1e-6);
-  EXPECT_NEAR(x[2], 0.0f, 1e-6);
-}
-
 TEST(Ops, SiluMul) {
   float g[2] = {0.0f, 2.0f};
   const float u[2] = {3.0f, 0.5f};
