@@ -249,41 +249,15 @@ inline __m256 kv_load8(const T* p) {
   }
 }
 template <typename T>
-inline float kv_load1(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return *p;
-  } else {
-    return h2f(*p);
-  }
-}
-
-template <typename T>
 void attention_impl(const float* q, const void* const* k_blocks, const void* const* v_blocks, std::size_t block_tokens,
                     std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
   auto key = [&](std::size_t j) { return static_cast<const T*>(k_blocks[j / block_tokens]) + (j % block_tokens) * stride + offset; };
   auto value = [&](std::size_t j) { return static_cast<const T*>(v_blocks[j / block_tokens]) + (j % block_tokens) * stride + offset; };
   constexpr std::size_t kMaxVec = 32;  // up to 256-wide heads in registers
   const std::size_t nv = head_dim / 8;
-  if (head_dim % 8 != 0 || nv > kMaxVec) {
-    float m = -INFINITY, l = 0.0f;
-    std::fill_n(out, head_dim, 0.0f);
-    for (std::size_t j = 0; j < n_ctx; ++j) {
-      float s = 0.0f;
-      const T* kj = key(j);
-      for (std::size_t i = 0; i < head_dim; ++i) s += q[i] * kv_load1(kj + i);
-      s *= scale;
-      if (s > m) {
-        const float c = std::exp(m - s);
-        for (std::size_t i = 0; i < head_dim; ++i) out[i] *= c;
-        l *= c;
-        m = s;
-      }
-      const float p = std::exp(s - m);
-      l += p;
-      const T* vj = value(j);
-      for (std::size_t i = 0; i < head_dim; ++i) out[i] += p * kv_load1(vj + i);
-    }
-    for (std::size_t i = 0; i < head_dim; ++i) out[i] = l > 0.0f ? out[i] / l : 0.0f;
+  if (head_dim % 8 != 0 || nv > kMaxVec) {  // unusual head sizes: the reference path
+    scalar_kernels().attention(q, k_blocks, v_blocks, std::is_same_v<T, std::uint16_t>, block_tokens, stride, offset, n_ctx,
+                               head_dim, scale, out);
     return;
   }
   __m256 qv[kMaxVec], acc[kMaxVec];
@@ -337,8 +311,9 @@ void attention(const float* q, const void* const* k_blocks, const void* const* v
   }
 }
 
-// Formats without an integer kernel yet (Q4_K, Q6_K): a row is dequantized (the reference code,
-// vectorized by this TU's compiler flags) and dotted with every token.
+// Types without an integer kernel for this layout (K-quants whose rows are not a multiple of 16,
+// BF16): a row is dequantized, then dotted with every token. The K-quant reference code is compiled
+// here with this TU's flags, which vectorizes it.
 void gemm_dequant(DType type, const std::uint8_t* w, std::size_t w_stride, std::size_t cols, std::size_t r0, std::size_t r1,
                   const float* x, std::size_t n_tokens, float* y, std::size_t ldy) {
   thread_local std::vector<float> row;
@@ -347,8 +322,10 @@ void gemm_dequant(DType type, const std::uint8_t* w, std::size_t w_stride, std::
     const std::uint8_t* src = w + r * w_stride;
     if (type == DType::Q4_K) {
       dequantize_q4_k(reinterpret_cast<const BlockQ4_K*>(src), row.data(), cols / kQK_K);
-    } else {
+    } else if (type == DType::Q6_K) {
       dequantize_q6_k(reinterpret_cast<const BlockQ6_K*>(src), row.data(), cols / kQK_K);
+    } else {
+      dequantize_row(type, src, row.data(), cols);
     }
     for (std::size_t t = 0; t < n_tokens; ++t) y[t * ldy + r] = Isa::dot_f32(row.data(), x + t * cols, cols);
   }

@@ -9,6 +9,7 @@
 #include "kernels/dispatch.h"
 #include "util/fp16.h"
 #include "tensor/quant-inl.h"
+#include "tensor/quant.h"
 
 namespace promptly::kernels {
 namespace avx2 {

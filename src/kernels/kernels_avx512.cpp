@@ -18,6 +18,7 @@
 #include "kernels/dispatch.h"
 #include "util/fp16.h"
 #include "tensor/quant-inl.h"
+#include "tensor/quant.h"
 
 namespace promptly::kernels {
 namespace avx512 {
@@ -160,21 +161,6 @@ void tile_q4_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
   for (int j = 0; j < C; ++j) _mm512_storeu_ps(y + (t + j) * ldy, acc[j]);
 }
 
-void gemm_q4_k_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
-                   std::size_t n_tokens, float* y, std::size_t ldy) {
-  const std::size_t nsb = cols / kQK_K;
-  for (std::size_t r = r0; r < r1; r += 16) {
-    const std::uint8_t* group = w + (r / 16) * nsb * kQ4KGroupBytes;
-    std::size_t t = 0;
-    for (; t + 4 <= n_tokens; t += 4) tile_q4_k_x16<4>(group, nsb, x, t, y + r, ldy);
-    switch (n_tokens - t) {
-      case 3: tile_q4_k_x16<3>(group, nsb, x, t, y + r, ldy); break;
-      case 2: tile_q4_k_x16<2>(group, nsb, x, t, y + r, ldy); break;
-      case 1: tile_q4_k_x16<1>(group, nsb, x, t, y + r, ldy); break;
-      default: break;
-    }
-  }
-}
 
 // Q6_Kx16: 16 rows x C tokens. Per 16-element sub-block: 4 VNNI instructions per token on the
 // unsigned 6-bit values, the -32 offset through the activation half-block sums, then the sub-block
@@ -213,43 +199,53 @@ void tile_q6_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
   for (int j = 0; j < C; ++j) _mm512_storeu_ps(y + (t + j) * ldy, acc[j]);
 }
 
-void gemm_q6_k_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
-                   std::size_t n_tokens, float* y, std::size_t ldy) {
-  const std::size_t nsb = cols / kQK_K;
+
+// Runs Tile<C>(group, n_super, x, t, y + r, ldy) over 16-row groups [r0, r1) and all tokens, C <= kMax.
+template <std::size_t kGroupBytesPer, std::size_t kElemsPer, int kMax, template <int> class Tile>
+void x16_driver(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                std::size_t n_tokens, float* y, std::size_t ldy) {
+  const std::size_t n = cols / kElemsPer;  // blocks (or super-blocks) per row
   for (std::size_t r = r0; r < r1; r += 16) {
-    const std::uint8_t* group = w + (r / 16) * nsb * kQ6KGroupBytes;
+    const std::uint8_t* group = w + (r / 16) * n * kGroupBytesPer;
     std::size_t t = 0;
-    for (; t + 4 <= n_tokens; t += 4) tile_q6_k_x16<4>(group, nsb, x, t, y + r, ldy);
+    if constexpr (kMax >= 8) {
+      for (; t + 8 <= n_tokens; t += 8) Tile<8>::run(group, n, x, t, y + r, ldy);
+    }
+    for (; t + 4 <= n_tokens; t += 4) Tile<4>::run(group, n, x, t, y + r, ldy);
     switch (n_tokens - t) {
-      case 3: tile_q6_k_x16<3>(group, nsb, x, t, y + r, ldy); break;
-      case 2: tile_q6_k_x16<2>(group, nsb, x, t, y + r, ldy); break;
-      case 1: tile_q6_k_x16<1>(group, nsb, x, t, y + r, ldy); break;
+      case 3: Tile<3>::run(group, n, x, t, y + r, ldy); break;
+      case 2: Tile<2>::run(group, n, x, t, y + r, ldy); break;
+      case 1: Tile<1>::run(group, n, x, t, y + r, ldy); break;
       default: break;
     }
   }
 }
 
-template <bool Q8>
-void gemm_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x, std::size_t n_tokens,
-              float* y, std::size_t ldy) {
-  const std::size_t nb = cols / 32;
-  const std::size_t group_bytes = nb * (Q8 ? 16 * 34 : 16 * 18);
-  for (std::size_t r = r0; r < r1; r += 16) {
-    const std::uint8_t* group = w + (r / 16) * group_bytes;
-    std::size_t t = 0;
-    for (; t + 8 <= n_tokens; t += 8) tile_x16<Q8, 8>(group, nb, x, t, y + r, ldy);
-    if (n_tokens - t >= 4) {
-      tile_x16<Q8, 4>(group, nb, x, t, y + r, ldy);
-      t += 4;
-    }
-    switch (n_tokens - t) {
-      case 3: tile_x16<Q8, 3>(group, nb, x, t, y + r, ldy); break;
-      case 2: tile_x16<Q8, 2>(group, nb, x, t, y + r, ldy); break;
-      case 1: tile_x16<Q8, 1>(group, nb, x, t, y + r, ldy); break;
-      default: break;
-    }
+template <int C>
+struct Q4_0Tile {
+  static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+    tile_x16<false, C>(g, n, x, t, y, ldy);
   }
-}
+};
+template <int C>
+struct Q8_0Tile {
+  static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+    tile_x16<true, C>(g, n, x, t, y, ldy);
+  }
+};
+template <int C>
+struct Q4_KTile {
+  static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+    tile_q4_k_x16<C>(g, n, x, t, y, ldy);
+  }
+};
+template <int C>
+struct Q6_KTile {
+  static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+    tile_q6_k_x16<C>(g, n, x, t, y, ldy);
+  }
+};
+
 
 }  // namespace
 }  // namespace avx512
@@ -257,8 +253,10 @@ void gemm_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size
 const KernelTable& avx512_kernels() {
   static const KernelTable table{"avx512",         avx512::quantize_q8_0, avx512::gemm_q8_0, avx512::gemm_q4_0,
                                  avx512::gemm_f16, avx512::gemm_f32,      avx512::Isa::dot_f32, avx512::attention,
-                                 avx512::gemm_x16<false>, avx512::gemm_x16<true>,
-                                 avx512::gemm_q4_k_x16,   avx512::gemm_q6_k_x16, avx512::gemm_dequant};
+                                 avx512::x16_driver<16 * 18, 32, 8, avx512::Q4_0Tile>,
+                                 avx512::x16_driver<16 * 34, 32, 8, avx512::Q8_0Tile>,
+                                 avx512::x16_driver<kQ4KGroupBytes, kQK_K, 4, avx512::Q4_KTile>,
+                                 avx512::x16_driver<kQ6KGroupBytes, kQK_K, 4, avx512::Q6_KTile>, avx512::gemm_dequant};
   return table;
 }
 

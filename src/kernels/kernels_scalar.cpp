@@ -139,10 +139,15 @@ void attention(const float* q, const void* const* k_blocks, const void* const* v
 
 }  // namespace
 
-void gemm_q4_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
-                             std::size_t n_tokens, float* y, std::size_t ldy) {
-  const std::size_t nb = cols / kQK4_0;
-  constexpr std::size_t kGroupBlock = 16 * sizeof(BlockQ4_0);
+namespace {
+
+// Both layouts: 16 fp16 scales, then 4-byte groups of 16 rows; Q4_0 packs two elements per byte
+// (low nibble j, high nibble j + 16, offset 8), Q8_0 stores one unsigned byte (offset 128).
+template <bool Q8>
+void gemm_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                        std::size_t n_tokens, float* y, std::size_t ldy) {
+  const std::size_t nb = cols / 32;
+  constexpr std::size_t kGroupBlock = 16 * (Q8 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0));
   for (std::size_t r = r0; r < r1; ++r) {
     const std::uint8_t* group = w + (r / 16) * nb * kGroupBlock;
     const std::size_t lane = r % 16;
@@ -154,9 +159,13 @@ void gemm_q4_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
         std::uint16_t d;
         std::memcpy(&d, gb + 2 * lane, 2);
         int dot = 0;
-        for (int j = 0; j < 16; ++j) {
-          const std::uint8_t q = gb[32 + 64 * (j / 4) + 4 * lane + j % 4];
-          dot += ((q & 0xf) - 8) * xb[b].qs[j] + ((q >> 4) - 8) * xb[b].qs[j + 16];
+        for (int j = 0; j < (Q8 ? 32 : 16); ++j) {
+          const int q = gb[32 + 64 * (j / 4) + 4 * lane + j % 4];
+          if constexpr (Q8) {
+            dot += (q - 128) * xb[b].qs[j];
+          } else {
+            dot += ((q & 0xf) - 8) * xb[b].qs[j] + ((q >> 4) - 8) * xb[b].qs[j + 16];
+          }
         }
         acc += fp16_to_fp32(d) * fp16_to_fp32(xb[b].d) * static_cast<float>(dot);
       }
@@ -165,31 +174,18 @@ void gemm_q4_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
   }
 }
 
+}  // namespace
+
+void gemm_q4_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                             std::size_t n_tokens, float* y, std::size_t ldy) {
+  gemm_x16_reference<false>(w, cols, r0, r1, x, n_tokens, y, ldy);
+}
+
 void gemm_q8_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                              std::size_t n_tokens, float* y, std::size_t ldy) {
-  const std::size_t nb = cols / kQK8_0;
-  constexpr std::size_t kGroupBlock = 16 * sizeof(BlockQ8_0);
-  for (std::size_t r = r0; r < r1; ++r) {
-    const std::uint8_t* group = w + (r / 16) * nb * kGroupBlock;
-    const std::size_t lane = r % 16;
-    for (std::size_t t = 0; t < n_tokens; ++t) {
-      const BlockQ8_0* xb = x.blocks + t * x.n_blocks;
-      float acc = 0.0f;
-      for (std::size_t b = 0; b < nb; ++b) {
-        const std::uint8_t* gb = group + b * kGroupBlock;
-        std::uint16_t d;
-        std::memcpy(&d, gb + 2 * lane, 2);
-        int dot = 0;
-        for (int j = 0; j < 32; ++j) {
-          const int q = static_cast<int>(gb[32 + 64 * (j / 4) + 4 * lane + j % 4]) - 128;
-          dot += q * xb[b].qs[j];
-        }
-        acc += fp16_to_fp32(d) * fp16_to_fp32(xb[b].d) * static_cast<float>(dot);
-      }
-      y[t * ldy + r] = acc;
-    }
-  }
+  gemm_x16_reference<true>(w, cols, r0, r1, x, n_tokens, y, ldy);
 }
+
 
 void gemm_dequant(DType type, const std::uint8_t* w, std::size_t w_stride, std::size_t cols, std::size_t r0, std::size_t r1,
                   const float* x, std::size_t n_tokens, float* y, std::size_t ldy) {

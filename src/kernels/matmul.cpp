@@ -78,16 +78,9 @@ void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
       });
       return;
     }
-    case DType::Q4_K:
-    case DType::Q6_K:
+    default:
       pool.parallel_for(w.rows, grain, [&](std::size_t b, std::size_t e, int) {
         kt.gemm_dequant(w.type, w.data, stride, w.cols, b, e, x.data(), n_tokens, y, ldy);
-      });
-      return;
-    default:
-      // BF16 (rare in downloads): the reference dequantization for every path.
-      pool.parallel_for(w.rows, grain, [&](std::size_t b, std::size_t e, int) {
-        scalar_kernels().gemm_dequant(w.type, w.data, stride, w.cols, b, e, x.data(), n_tokens, y, ldy);
       });
       return;
   }
