@@ -14,13 +14,22 @@ KvCache::KvCache(std::size_t n_layers, std::size_t kv_dim, std::size_t max_posit
             type),
       max_positions_(max_positions) {}
 
+KvCache::KvCache(WithBlocks, std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
+                 std::size_t block_tokens)
+    : pool_(n_layers, kv_dim, block_tokens, n_blocks, type), max_positions_(max_positions) {}
+
+KvCache KvCache::with_blocks(std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
+                             std::size_t block_tokens) {
+  return KvCache(WithBlocks{}, n_layers, kv_dim, n_blocks, max_positions, type, block_tokens);
+}
+
 KvCache::Sequence& KvCache::get(int seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) throw Error("internal: KV cache has no sequence " + std::to_string(seq));
   return it->second;
 }
 
-void KvCache::reserve(int seq, std::size_t n_positions) {
+bool KvCache::try_reserve(int seq, std::size_t n_positions) {
   if (n_positions > max_positions_) {
     throw Error("sequence needs " + std::to_string(n_positions) + " positions but the context holds " +
                 std::to_string(max_positions_) + " (raise --ctx-size or shorten the prompt)");
@@ -28,12 +37,30 @@ void KvCache::reserve(int seq, std::size_t n_positions) {
   Sequence& s = seqs_[seq];
   while (s.blocks.size() * pool_.block_tokens() < n_positions) {
     const int b = pool_.allocate();
-    if (b < 0) {
-      throw Error("KV cache is full: all " + std::to_string(pool_.n_blocks()) + " blocks of " + std::to_string(pool_.block_tokens()) +
-                  " tokens are in use");
-    }
+    if (b < 0) return false;
     s.blocks.push_back(b);
   }
+  return true;
+}
+
+void KvCache::reserve(int seq, std::size_t n_positions) {
+  if (!try_reserve(seq, n_positions)) {
+    throw Error("KV cache is full: all " + std::to_string(pool_.n_blocks()) + " blocks of " + std::to_string(pool_.block_tokens()) +
+                " tokens are in use");
+  }
+}
+
+void KvCache::adopt(int seq, const std::vector<int>& blocks, std::size_t length) {
+  Sequence& s = seqs_[seq];
+  s.blocks.insert(s.blocks.end(), blocks.begin(), blocks.end());
+  if (length > s.blocks.size() * pool_.block_tokens()) throw Error("internal: adopted KV blocks are shorter than their length");
+  s.length = length;
+}
+
+const std::vector<int>& KvCache::blocks(int seq) const {
+  static const std::vector<int> kNone;
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? kNone : it->second.blocks;
 }
 
 void KvCache::write(std::size_t layer, int seq, std::size_t pos, const float* key, const float* value) {

@@ -20,9 +20,21 @@ class KvCache {
   KvCache(std::size_t n_layers, std::size_t kv_dim, std::size_t max_positions, std::size_t max_sequences = 1,
           KvType type = KvType::F16, std::size_t block_tokens = kDefaultBlockTokens);
 
+  // A pool of exactly n_blocks blocks shared by any number of sequences (the engine's budgeted cache).
+  static KvCache with_blocks(std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
+                             std::size_t block_tokens = kDefaultBlockTokens);
+
   // Makes room for positions [0, n_positions) of `seq`; throws Error past max_positions or when the
   // pool has no free block left (with the numbers, so the caller can size the cache).
   void reserve(int seq, std::size_t n_positions);
+  // Like reserve, but returns false instead of throwing when the pool runs out (blocks taken so far
+  // stay with the sequence). Still throws past max_positions.
+  bool try_reserve(int seq, std::size_t n_positions);
+  // Appends `blocks` (references already held for it) to the table of `seq`, creating it if needed,
+  // and sets its length: how a sequence takes over cached blocks.
+  void adopt(int seq, const std::vector<int>& blocks, std::size_t length);
+  // The sequence's block table (empty for an unknown sequence).
+  const std::vector<int>& blocks(int seq) const;
   // Stores one position's key and value rows (kv_dim floats each), converting to type().
   void write(std::size_t layer, int seq, std::size_t pos, const float* key, const float* value);
   // Reads them back as floats (tests, debugging).
@@ -40,6 +52,8 @@ class KvCache {
   std::size_t block_tokens() const { return pool_.block_tokens(); }
   std::size_t max_positions() const { return max_positions_; }
   const BlockPool& pool() const { return pool_; }
+  BlockPool& pool() { return pool_; }
+  std::size_t n_sequences() const { return seqs_.size(); }
 
  private:
   struct Sequence {
@@ -47,6 +61,9 @@ class KvCache {
     std::size_t length = 0;
   };
   Sequence& get(int seq);
+  struct WithBlocks {};
+  KvCache(WithBlocks, std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
+          std::size_t block_tokens);
 
   BlockPool pool_;
   std::size_t max_positions_;

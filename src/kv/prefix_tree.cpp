@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <queue>
 
 namespace promptly {
 
@@ -17,13 +18,14 @@ PrefixTree::~PrefixTree() {
   release_all(root_);
 }
 
-std::size_t PrefixTree::match(const std::vector<std::int32_t>& tokens, std::vector<int>& blocks) {
-  ++queries_;
+std::size_t PrefixTree::match(const std::vector<std::int32_t>& tokens, std::vector<int>& blocks, std::size_t limit, bool count) {
+  if (count) ++queries_;
   const std::size_t bt = pool_.block_tokens();
+  const std::size_t n = std::min(limit, tokens.size());
   Node* node = &root_;
   std::size_t matched = 0;
   std::vector<std::int32_t> key(bt);
-  while (matched + bt <= tokens.size()) {
+  while (matched + bt <= n) {
     std::copy_n(tokens.begin() + static_cast<long>(matched), bt, key.begin());
     auto it = node->children.find(key);
     if (it == node->children.end()) break;
@@ -33,7 +35,7 @@ std::size_t PrefixTree::match(const std::vector<std::int32_t>& tokens, std::vect
     blocks.push_back(node->block);
     matched += bt;
   }
-  hit_tokens_ += matched;
+  if (count) hit_tokens_ += matched;
   return matched;
 }
 
@@ -58,27 +60,47 @@ void PrefixTree::insert(const std::vector<std::int32_t>& tokens, const std::vect
   }
 }
 
+std::size_t PrefixTree::evictable_blocks() const {
+  std::size_t n = 0;
+  std::vector<const Node*> stack = {&root_};
+  while (!stack.empty()) {
+    const Node* node = stack.back();
+    stack.pop_back();
+    for (const auto& [key, child] : node->children) {
+      if (pool_.refs(child->block) == 1) ++n;
+      stack.push_back(child.get());
+    }
+  }
+  return n;
+}
+
 std::size_t PrefixTree::evict(std::size_t n) {
+  // Candidates: leaves only the tree holds, oldest first. Evicting a leaf can make its parent such
+  // a leaf; a parent was last used no later than its children, so it joins the same order.
+  auto newer = [](const Node* a, const Node* b) { return a->last_used > b->last_used; };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(newer)> candidates(newer);
+  auto evictable_leaf = [&](const Node* node) {
+    return node != &root_ && node->children.empty() && pool_.refs(node->block) == 1;
+  };
+  std::vector<Node*> stack = {&root_};
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (auto& [key, child] : node->children) {
+      if (evictable_leaf(child.get())) candidates.push(child.get());
+      stack.push_back(child.get());
+    }
+  }
   std::size_t freed = 0;
-  while (freed < n) {
-    // The least recently used leaf that nobody but the tree holds.
-    Node* victim = nullptr;
-    std::function<void(Node&)> scan = [&](Node& node) {
-      for (auto& [key, child] : node.children) {
-        if (child->children.empty()) {
-          if (pool_.refs(child->block) == 1 && (!victim || child->last_used < victim->last_used)) victim = child.get();
-        } else {
-          scan(*child);
-        }
-      }
-    };
-    scan(root_);
-    if (!victim) break;
+  while (freed < n && !candidates.empty()) {
+    Node* victim = candidates.top();
+    candidates.pop();
     pool_.release(victim->block);
     Node* parent = victim->parent;
-    parent->children.erase(victim->key);
+    parent->children.erase(victim->key);  // destroys victim
     --n_nodes_;
     ++freed;
+    if (evictable_leaf(parent)) candidates.push(parent);
   }
   return freed;
 }

@@ -7,6 +7,7 @@
 // cached: the next request recomputes those few tokens, which is cheaper than copy-on-write.
 #include <cstddef>
 #include <cstdint>
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <vector>
@@ -22,9 +23,11 @@ class PrefixTree {
   PrefixTree(const PrefixTree&) = delete;
   PrefixTree& operator=(const PrefixTree&) = delete;
 
-  // Appends to `blocks` the cached blocks of the longest block-aligned prefix of `tokens` and returns
-  // how many tokens they hold. Each returned block is retained for the caller.
-  std::size_t match(const std::vector<std::int32_t>& tokens, std::vector<int>& blocks);
+  // Appends to `blocks` the cached blocks of the longest block-aligned prefix of the first
+  // min(limit, size) `tokens` and returns how many tokens they hold. Each returned block is retained
+  // for the caller. Counts as a query (stats) only when `count` is set.
+  std::size_t match(const std::vector<std::int32_t>& tokens, std::vector<int>& blocks, std::size_t limit = SIZE_MAX,
+                    bool count = true);
 
   // Offers a sequence's full blocks (blocks[i] holds tokens [i*B, (i+1)*B)). Blocks for prefixes the
   // tree lacks are adopted (retained); where the tree already has that prefix, it keeps its own block.
@@ -35,6 +38,8 @@ class PrefixTree {
   std::size_t evict(std::size_t n);
 
   std::size_t cached_blocks() const { return n_nodes_; }
+  // Cached blocks that nobody but the tree references (what evict could free).
+  std::size_t evictable_blocks() const;
   std::size_t queries() const { return queries_; }
   std::size_t hit_tokens() const { return hit_tokens_; }
 

@@ -1,0 +1,410 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "util/error.h"
+
+namespace promptly {
+
+const char* request_state_name(RequestState s) {
+  switch (s) {
+    case RequestState::Waiting: return "waiting";
+    case RequestState::Prefilling: return "prefilling";
+    case RequestState::Decoding: return "decoding";
+    case RequestState::Finished: return "finished";
+    case RequestState::Preempted: return "preempted";
+  }
+  return "?";
+}
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::None: return "none";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Timeout: return "timeout";
+    case FinishReason::Error: return "error";
+  }
+  return "?";
+}
+
+namespace {
+
+std::size_t available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::size_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return std::size_t{4} << 30;  // unknown: assume a modest machine
+}
+
+}  // namespace
+
+std::size_t parse_memory_size(const std::string& text) {
+  const std::string bad = "invalid memory size '" + text + "'; use e.g. 4GiB, 512MiB, 300MB or 25%";
+  if (text.empty()) throw Error(bad);
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || !(value > 0) || !std::isfinite(value)) throw Error(bad);
+  std::string unit(end);
+  double scale = 1;
+  if (unit == "%") {
+    if (value > 100) throw Error(bad);
+    return static_cast<std::size_t>(available_memory_bytes() * value / 100.0);
+  }
+  if (unit.empty() || unit == "B") scale = 1;
+  else if (unit == "K" || unit == "KiB") scale = 1024.0;
+  else if (unit == "M" || unit == "MiB") scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "KB") scale = 1e3;
+  else if (unit == "MB") scale = 1e6;
+  else if (unit == "GB") scale = 1e9;
+  else throw Error(bad);
+  return static_cast<std::size_t>(value * scale);
+}
+
+namespace {
+
+KvCache make_engine_cache(const Model& model, const EngineOptions& o, std::size_t ctx) {
+  const ModelConfig& c = model.config();
+  const std::size_t block_bytes = BlockPool::block_bytes(c.n_layer, c.kv_dim(), o.block_tokens, o.kv_type);
+  std::size_t budget = o.kv_memory;
+  if (budget == 0) {
+    const std::size_t blocks_per_ctx = (ctx + o.block_tokens - 1) / o.block_tokens;
+    budget = std::min(8 * blocks_per_ctx * block_bytes, available_memory_bytes() / 2);
+  }
+  const std::size_t n_blocks = budget / block_bytes;
+  if (n_blocks < 2) {
+    throw Error("KV memory budget of " + std::to_string(budget) + " bytes holds fewer than 2 blocks of " +
+                std::to_string(o.block_tokens) + " tokens (" + std::to_string(block_bytes) + " bytes each); raise --kv-memory");
+  }
+  return KvCache::with_blocks(c.n_layer, c.kv_dim(), n_blocks, ctx, o.kv_type, o.block_tokens);
+}
+
+}  // namespace
+
+Engine::Engine(const Model& model, const Tokenizer* tokenizer, EngineOptions options)
+    : model_(model),
+      tokenizer_(tokenizer),
+      options_(options),
+      ctx_(options.ctx_size ? options.ctx_size : model.config().n_ctx_train),
+      pool_(options.threads > 0 ? options.threads : default_thread_count()),
+      cache_(make_engine_cache(model, options_, ctx_)),
+      scheduler_(cache_, SchedulerOptions{std::max<std::size_t>(1, options.max_running), options.prefix_cache}) {
+  if (options_.max_batch_tokens == 0) throw Error("--max-batch-tokens must be at least 1");
+  if (tokenizer_) eog_ids_ = tokenizer_->vocab().end_of_generation_ids();
+  publish_stats();
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+std::uint64_t Engine::submit(Request request) {
+  const std::size_t n_vocab = model_.config().n_vocab;
+  if (request.prompt.empty()) throw Error("the prompt has no tokens");
+  for (std::int32_t t : request.prompt) {
+    if (t < 0 || static_cast<std::size_t>(t) >= n_vocab) {
+      throw Error("prompt token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(n_vocab));
+    }
+  }
+  if (request.prompt.size() >= ctx_) {
+    throw Error("the prompt has " + std::to_string(request.prompt.size()) + " tokens but the context holds " + std::to_string(ctx_) +
+                " (at least one must be left to generate)");
+  }
+  const std::size_t capacity = cache_.pool().n_blocks() * cache_.block_tokens();
+  if (request.prompt.size() >= capacity) {
+    throw Error("the prompt has " + std::to_string(request.prompt.size()) + " tokens but the KV cache budget holds " +
+                std::to_string(capacity) + " (raise --kv-memory)");
+  }
+  if (!request.stop.empty() && !tokenizer_) throw Error("stop strings need a tokenizer");
+  for (const std::string& s : request.stop) {
+    if (s.empty()) throw Error("stop strings must not be empty");
+  }
+  for (const auto& [token, bias] : request.logit_bias) {
+    if (token < 0 || static_cast<std::size_t>(token) >= n_vocab) {
+      throw Error("logit_bias token id " + std::to_string(token) + " is outside the vocabulary of " + std::to_string(n_vocab));
+    }
+  }
+
+  std::unique_lock lock(mutex_);
+  if (stopping_) throw Error("the engine is shutting down");
+  const std::uint64_t id = next_id_++;
+  auto seq = std::make_unique<Sequence>(id, id, std::move(request));
+  seq->times.arrival = SteadyClock::now();
+  if (seq->request.timeout_s > 0) {
+    seq->deadline = seq->times.arrival + std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(seq->request.timeout_s));
+  }
+  const std::size_t room = ctx_ - seq->n_prompt;
+  seq->max_new = seq->request.max_tokens < 0 ? room : std::min<std::size_t>(room, static_cast<std::size_t>(seq->request.max_tokens));
+  if (tokenizer_) seq->detokenizer = std::make_unique<StreamingDetokenizer>(*tokenizer_, seq->tokens);
+  inbox_.push_back(std::move(seq));
+  live_.push_back(id);
+  lock.unlock();
+  wake_.notify_one();
+  return id;
+}
+
+bool Engine::cancel(std::uint64_t id) {
+  {
+    std::lock_guard lock(mutex_);
+    if (std::find(live_.begin(), live_.end(), id) == live_.end()) return false;
+    cancels_.push_back(id);
+  }
+  wake_.notify_one();
+  return true;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void Engine::loop() {
+  for (;;) {
+    std::vector<std::uint64_t> cancels;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || scheduler_.has_work(); });
+      if (stopping_) break;
+      while (!inbox_.empty()) {
+        scheduler_.add(std::move(inbox_.front()));
+        inbox_.pop_front();
+      }
+      cancels.swap(cancels_);
+    }
+    for (std::uint64_t id : cancels) {
+      if (Sequence* s = scheduler_.find(id)) finish(*s, FinishReason::Cancelled);
+    }
+    const auto now = SteadyClock::now();
+    for (Sequence* s : scheduler_.all()) {
+      if (s->deadline <= now) finish(*s, FinishReason::Timeout);
+    }
+    step();
+    publish_stats();
+  }
+  // Shutdown: everything still queued or running ends as cancelled.
+  {
+    std::lock_guard lock(mutex_);
+    while (!inbox_.empty()) {
+      scheduler_.add(std::move(inbox_.front()));
+      inbox_.pop_front();
+    }
+  }
+  for (Sequence* s : scheduler_.all()) finish(*s, FinishReason::Cancelled);
+  publish_stats();
+}
+
+std::size_t Engine::step_budget(std::size_t n_decoding) const {
+  if (options_.itl_target_ms <= 0 || n_decoding == 0) return options_.max_batch_tokens;
+  const double scaled = budget_scale_ * static_cast<double>(options_.max_batch_tokens);
+  // Every decoding stream always gets its token, plus room for a little prefill progress.
+  return std::clamp<std::size_t>(static_cast<std::size_t>(scaled), n_decoding + 1, options_.max_batch_tokens);
+}
+
+void Engine::step() {
+  std::size_t n_decoding = 0;
+  for (const auto& s : scheduler_.running()) n_decoding += s->state == RequestState::Decoding;
+  const std::size_t budget = step_budget(n_decoding);
+  StepPlan plan = scheduler_.plan(budget);
+  for (auto& [seq, reason] : scheduler_.take_ended()) {
+    // Already out of the scheduler: announce it.
+    Sequence& s = *seq;
+    finish(s, reason);
+  }
+  if (plan.batch.size() == 0) {
+    // Nothing could run (every request waits on memory another holds): let time pass, not spin.
+    if (scheduler_.has_work()) {
+      std::unique_lock lock(mutex_);
+      wake_.wait_for(lock, std::chrono::milliseconds(1));
+    }
+    return;
+  }
+  const auto t0 = SteadyClock::now();
+  try {
+    model_.forward(plan.batch, cache_, pool_, logits_);
+  } catch (const std::exception& e) {
+    for (const StepPlan::Chunk& c : plan.chunks) finish(*c.seq, FinishReason::Error, e.what());
+    return;
+  }
+  const double step_ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - t0).count();
+  ++steps_;
+  if (options_.itl_target_ms > 0 && plan.n_decode > 0) {
+    // Feedback toward 90% of the target (headroom for noise): the step's cost grows with its tokens.
+    const double ratio = 0.9 * options_.itl_target_ms / std::max(step_ms, 1e-3);
+    const double used = static_cast<double>(plan.batch.size()) / static_cast<double>(options_.max_batch_tokens);
+    const double next = used * std::clamp(ratio, 0.5, 2.0);
+    budget_scale_ = std::clamp(0.5 * budget_scale_ + 0.5 * next, 0.0, 1.0);
+  }
+  scheduler_.commit(plan);
+  std::size_t row = 0;
+  const std::size_t n_vocab = model_.config().n_vocab;
+  for (const StepPlan::Chunk& c : plan.chunks) {
+    if (!c.sample) continue;
+    sample(*c.seq, &logits_[row * n_vocab]);
+    ++row;
+  }
+}
+
+void Engine::sample(Sequence& s, float* logits) {
+  const std::size_t n_vocab = model_.config().n_vocab;
+  for (const auto& [token, bias] : s.request.logit_bias) logits[token] += bias;
+  // Log-probabilities of the model's distribution (after logit_bias, before sampling penalties).
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top;
+  double log_norm = 0;
+  std::vector<float> raw;
+  if (s.request.top_logprobs >= 0) {
+    const float mx = *std::max_element(logits, logits + n_vocab);
+    double sum = 0;
+    for (std::size_t i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
+    log_norm = mx + std::log(sum);
+    raw.assign(logits, logits + n_vocab);
+    const std::size_t k = std::min<std::size_t>(static_cast<std::size_t>(s.request.top_logprobs), n_vocab);
+    if (k > 0) {
+      std::vector<std::int32_t> ids(n_vocab);
+      for (std::size_t i = 0; i < n_vocab; ++i) ids[i] = static_cast<std::int32_t>(i);
+      std::partial_sort(ids.begin(), ids.begin() + static_cast<long>(k), ids.end(),
+                        [&](std::int32_t a, std::int32_t b) { return raw[a] > raw[b] || (raw[a] == raw[b] && a < b); });
+      for (std::size_t i = 0; i < k; ++i) top.push_back({ids[i], static_cast<float>(raw[ids[i]] - log_norm)});
+    }
+  }
+  const std::int32_t id = s.sampler.sample(logits, n_vocab, s.tokens);
+  if (!raw.empty()) logprob = static_cast<float>(raw[id] - log_norm);
+
+  const auto now = SteadyClock::now();
+  if (s.n_generated == 0 && s.times.first_token == SteadyClock::time_point{}) s.times.first_token = now;
+  s.times.last_token = now;
+  s.state = RequestState::Decoding;
+  s.prompt_done = true;
+
+  const bool end_of_generation = !s.request.ignore_eos && std::find(eog_ids_.begin(), eog_ids_.end(), id) != eog_ids_.end();
+  if (end_of_generation) {
+    finish(s, FinishReason::Stop);
+    return;
+  }
+  s.tokens.push_back(id);
+  ++s.n_generated;
+  ++generation_tokens_;
+  if (emit_token(s, id, logprob, std::move(top))) {
+    finish(s, FinishReason::Stop);  // a stop string ended it
+  } else if (s.n_generated >= s.max_new || s.tokens.size() >= ctx_) {
+    finish(s, FinishReason::Length);
+  }
+}
+
+bool Engine::emit_token(Sequence& s, std::int32_t id, float logprob, std::vector<TokenLogprob> top) {
+  EngineEvent e;
+  e.kind = EngineEvent::Kind::Token;
+  e.request_id = s.id;
+  e.time = s.times.last_token;
+  e.token = id;
+  e.logprob = logprob;
+  e.top_logprobs = std::move(top);
+  bool stopped = false;
+  if (s.detokenizer) {
+    s.held_text += s.detokenizer->push(id);
+    const std::vector<std::string>& stops = s.request.stop;
+    std::size_t cut = std::string::npos;
+    for (const std::string& stop : stops) cut = std::min(cut, s.held_text.find(stop));
+    if (cut != std::string::npos) {
+      e.text = s.held_text.substr(0, cut);
+      s.held_text.clear();
+      s.detokenizer.reset();  // whatever follows the stop string is never shown
+      stopped = true;
+    } else {
+      // Hold back the longest tail that could still grow into a stop string.
+      std::size_t keep = 0;
+      for (const std::string& stop : stops) {
+        for (std::size_t n = std::min(stop.size() - 1, s.held_text.size()); n > keep; --n) {
+          if (s.held_text.compare(s.held_text.size() - n, n, stop, 0, n) == 0) {
+            keep = n;
+            break;
+          }
+        }
+      }
+      e.text = s.held_text.substr(0, s.held_text.size() - keep);
+      s.held_text.erase(0, s.held_text.size() - keep);
+    }
+  }
+  if (s.request.on_event) s.request.on_event(e);
+  return stopped;
+}
+
+void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) {
+  std::unique_ptr<Sequence> owned = scheduler_.remove(&s);  // null when the scheduler already let it go
+  EngineEvent e;
+  e.kind = EngineEvent::Kind::Finished;
+  e.request_id = s.id;
+  e.finish_reason = reason;
+  e.error = error;
+  // Text still held back (a possible stop string that never completed, an unfinished UTF-8
+  // sequence) is shown now.
+  if (s.detokenizer) s.held_text += s.detokenizer->flush();
+  e.text = std::move(s.held_text);
+  s.state = RequestState::Finished;
+  s.times.finished = SteadyClock::now();
+  e.time = s.times.finished;
+  s.usage.prompt_tokens = s.n_prompt;
+  s.usage.completion_tokens = s.n_generated;
+  e.usage = s.usage;
+  e.times = s.times;
+  prompt_tokens_ += s.n_prompt;
+  ++finished_[static_cast<int>(reason)];
+  {
+    std::lock_guard lock(mutex_);
+    live_.erase(std::remove(live_.begin(), live_.end(), s.id), live_.end());
+  }
+  if (s.request.on_event) s.request.on_event(e);
+}
+
+void Engine::publish_stats() {
+  EngineStats st;
+  for (const auto& s : scheduler_.running()) {
+    ++st.running;
+    st.prefilling += s->state == RequestState::Prefilling;
+    st.decoding += s->state == RequestState::Decoding;
+  }
+  st.waiting = scheduler_.waiting().size();
+  const BlockPool& pool = cache_.pool();
+  st.kv_blocks_total = pool.n_blocks();
+  st.kv_blocks_free = pool.n_free();
+  st.kv_blocks_cached = scheduler_.evictable_blocks();
+  st.kv_blocks_used = st.kv_blocks_total - st.kv_blocks_free - st.kv_blocks_cached;
+  st.kv_block_tokens = cache_.block_tokens();
+  const ModelConfig& c = model_.config();
+  st.kv_bytes_per_token = BlockPool::block_bytes(c.n_layer, c.kv_dim(), 1, cache_.type());
+  st.kv_budget_bytes = pool.n_blocks() * BlockPool::block_bytes(c.n_layer, c.kv_dim(), cache_.block_tokens(), cache_.type());
+  st.ctx_size = ctx_;
+  const SchedulerCounters& k = scheduler_.counters();
+  st.prefix_cache_queries = k.prefix_queries;
+  st.prefix_cache_hits = k.prefix_hits;
+  st.tokens_computed = k.tokens_computed;
+  st.tokens_reused = k.tokens_reused;
+  st.preemptions = k.preemptions;
+  st.evicted_blocks = k.evicted_blocks;
+  st.prompt_tokens = prompt_tokens_;
+  st.generation_tokens = generation_tokens_;
+  st.steps = steps_;
+  std::copy(std::begin(finished_), std::end(finished_), std::begin(st.finished));
+  std::lock_guard lock(mutex_);
+  // Requests still in the inbox are waiting too.
+  st.waiting += inbox_.size();
+  stats_ = st;
+}
+
+}  // namespace promptly

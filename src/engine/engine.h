@@ -1,0 +1,108 @@
+#pragma once
+// The serving engine: one thread runs the step loop (plan a batch, run the model once, sample, emit
+// events) over every request in flight, so all users share each pass over the weights. Any thread
+// may submit, cancel and read stats; events arrive through each request's callback on the engine
+// thread.
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+#include "util/thread_pool.h"
+
+namespace promptly {
+
+struct EngineOptions {
+  std::size_t kv_memory = 0;        // KV pool bytes; 0: room for 8 full contexts, at most half the free RAM
+  KvType kv_type = KvType::F16;
+  std::size_t block_tokens = KvCache::kDefaultBlockTokens;
+  std::size_t max_batch_tokens = 512;  // tokens per step
+  double itl_target_ms = 0;         // > 0: while streams decode, size steps to keep their inter-token time near this
+  std::size_t max_running = 32;
+  std::size_t ctx_size = 0;         // per-request positions; 0: the model's training context
+  bool prefix_cache = true;
+  int threads = 0;                  // 0: one per core
+};
+
+struct EngineStats {
+  std::size_t running = 0, waiting = 0, prefilling = 0, decoding = 0;
+  std::size_t kv_blocks_total = 0, kv_blocks_free = 0, kv_blocks_cached = 0, kv_blocks_used = 0;
+  std::size_t kv_block_tokens = 0;
+  std::size_t kv_bytes_per_token = 0;
+  std::size_t kv_budget_bytes = 0;
+  std::size_t ctx_size = 0;
+  std::uint64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // prompt tokens looked up / found
+  std::uint64_t tokens_computed = 0, tokens_reused = 0;
+  std::uint64_t prompt_tokens = 0, generation_tokens = 0;
+  std::uint64_t preemptions = 0, evicted_blocks = 0, steps = 0;
+  std::uint64_t finished[6] = {};  // by FinishReason
+  // Blocks in use by running requests as a fraction of the pool (what vLLM calls kv_cache_usage).
+  double kv_usage() const { return kv_blocks_total ? static_cast<double>(kv_blocks_used) / kv_blocks_total : 0.0; }
+};
+
+class Engine {
+ public:
+  // `tokenizer` may be null (token ids only: no text, no stop strings, no end-of-generation ids).
+  Engine(const Model& model, const Tokenizer* tokenizer, EngineOptions options);
+  ~Engine();  // cancels whatever is still in flight (each gets its finished event)
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request and returns its id. Throws Error for requests that can never run (no tokens,
+  // a prompt longer than the context or than the whole KV budget, token ids outside the vocabulary).
+  std::uint64_t submit(Request request);
+  // Ends the request as "cancelled" at the next step boundary, freeing its KV references. False
+  // when it is unknown or already finished.
+  bool cancel(std::uint64_t id);
+  EngineStats stats() const;
+  const EngineOptions& options() const { return options_; }
+  std::size_t ctx_size() const { return ctx_; }
+
+ private:
+  void loop();
+  void step();
+  std::size_t step_budget(std::size_t n_decoding) const;
+  void sample(Sequence& s, float* logits);
+  // Streams the token's text; true when it completed a stop string.
+  bool emit_token(Sequence& s, std::int32_t id, float logprob, std::vector<TokenLogprob> top);
+  void finish(Sequence& s, FinishReason reason, const std::string& error = {});
+  void publish_stats();
+
+  const Model& model_;
+  const Tokenizer* tokenizer_;
+  EngineOptions options_;
+  std::size_t ctx_;
+  std::vector<std::int32_t> eog_ids_;
+  ThreadPool pool_;
+  KvCache cache_;
+  Scheduler scheduler_;
+  std::vector<float> logits_;
+  double budget_scale_ = 1.0;  // ITL control: fraction of max_batch_tokens the next mixed step may use
+  std::size_t last_budget_ = 0;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::unique_ptr<Sequence>> inbox_;
+  std::vector<std::uint64_t> cancels_;
+  std::vector<std::uint64_t> live_;  // submitted and not yet finished
+  bool stopping_ = false;
+  std::uint64_t next_id_ = 1;
+  EngineStats stats_;
+  std::uint64_t finished_[6] = {};
+  std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0;
+  std::thread thread_;
+};
+
+// "4GiB", "512MiB", "300MB", "1e9", or "25%" (of the memory available now). Throws Error otherwise.
+std::size_t parse_memory_size(const std::string& text);
+
+}  // namespace promptly

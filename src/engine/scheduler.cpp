@@ -1,0 +1,251 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace promptly {
+
+Sequence::Sequence(std::uint64_t id_, std::uint64_t order_, Request r)
+    : id(id_), seq_id(static_cast<int>(id_ & 0x7fffffff)), order(order_), request(std::move(r)), sampler(request.sampling) {
+  tokens = request.prompt;
+  n_prompt = tokens.size();
+}
+
+Scheduler::Scheduler(KvCache& cache, SchedulerOptions options) : cache_(cache), tree_(cache.pool()), options_(options) {}
+
+Scheduler::~Scheduler() {
+  for (auto& s : running_) cache_.erase(s->seq_id);
+}
+
+void Scheduler::add(std::unique_ptr<Sequence> seq) {
+  seq->state = RequestState::Waiting;
+  waiting_.push_back(std::move(seq));
+}
+
+Sequence* Scheduler::find(std::uint64_t id) {
+  for (auto& s : running_) if (s->id == id) return s.get();
+  for (auto& s : waiting_) if (s->id == id) return s.get();
+  return nullptr;
+}
+
+std::vector<Sequence*> Scheduler::all() const {
+  std::vector<Sequence*> v;
+  for (auto& s : running_) v.push_back(s.get());
+  for (auto& s : waiting_) v.push_back(s.get());
+  return v;
+}
+
+namespace {
+std::unique_ptr<Sequence> take(std::vector<std::unique_ptr<Sequence>>& from, Sequence* s) {
+  auto it = std::find_if(from.begin(), from.end(), [&](const auto& p) { return p.get() == s; });
+  if (it == from.end()) return nullptr;
+  std::unique_ptr<Sequence> owned = std::move(*it);
+  from.erase(it);
+  return owned;
+}
+}  // namespace
+
+std::unique_ptr<Sequence> Scheduler::remove(Sequence* s) {
+  if (auto owned = take(running_, s)) {
+    release_kv(*owned);
+    return owned;
+  }
+  return take(waiting_, s);
+}
+
+std::vector<std::pair<std::unique_ptr<Sequence>, FinishReason>> Scheduler::take_ended() { return std::move(ended_); }
+
+void Scheduler::offer_blocks(Sequence& s) {
+  if (!options_.prefix_cache) return;
+  const std::size_t full = s.n_computed / cache_.block_tokens();
+  if (full <= s.inserted_blocks) return;
+  const std::vector<std::int32_t> prefix(s.tokens.begin(), s.tokens.begin() + static_cast<long>(full * cache_.block_tokens()));
+  tree_.insert(prefix, cache_.blocks(s.seq_id));
+  s.inserted_blocks = full;
+}
+
+void Scheduler::release_kv(Sequence& s) {
+  offer_blocks(s);  // what it computed stays cached for a follow-up turn or its own resumption
+  cache_.erase(s.seq_id);
+  s.n_computed = 0;
+  s.inserted_blocks = 0;
+}
+
+void Scheduler::preempt(Sequence& s) {
+  release_kv(s);
+  s.state = RequestState::Preempted;
+  ++s.usage.preemptions;
+  ++counters_.preemptions;
+  s.state = RequestState::Waiting;  // recomputed from the cache when memory allows
+  if (auto owned = take(running_, &s)) waiting_.push_back(std::move(owned));
+}
+
+void Scheduler::end(Sequence& s, FinishReason reason) {
+  if (auto owned = take(running_, &s)) {
+    release_kv(*owned);
+    ended_.emplace_back(std::move(owned), reason);
+  }
+}
+
+bool Scheduler::ensure_blocks(Sequence& s, std::size_t n_positions) {
+  const std::size_t bt = cache_.block_tokens();
+  for (;;) {
+    if (cache_.try_reserve(s.seq_id, n_positions)) return true;
+    const std::size_t missing = (n_positions + bt - 1) / bt - cache_.blocks(s.seq_id).size();
+    if (const std::size_t freed = tree_.evict(missing)) {
+      counters_.evicted_blocks += freed;
+      continue;
+    }
+    // The lowest-ranked running sequence below `s` that is not already part of this step.
+    Sequence* victim = nullptr;
+    for (auto& r : running_) {
+      if (r.get() == &s || r->in_batch || !s.ranks_before(*r)) continue;
+      if (!victim || victim->ranks_before(*r)) victim = r.get();
+    }
+    if (victim) {
+      preempt(*victim);
+      continue;
+    }
+    const bool alone = std::all_of(running_.begin(), running_.end(),
+                                   [&](const auto& r) { return r.get() == &s || cache_.blocks(r->seq_id).empty(); });
+    if (alone) {
+      // Nothing else holds memory: the sequence has outgrown the whole KV budget.
+      end(s, FinishReason::Length);
+    } else if (s.state == RequestState::Decoding) {
+      preempt(s);  // outranked by everyone holding memory: step aside, resume when they finish
+    }
+    // A prefilling sequence keeps its blocks and retries next step.
+    return false;
+  }
+}
+
+void Scheduler::extend_from_cache(Sequence& s) {
+  if (!options_.prefix_cache) return;
+  const std::size_t bt = cache_.block_tokens();
+  if (s.n_computed % bt != 0 || cache_.blocks(s.seq_id).size() != s.n_computed / bt) return;
+  std::vector<int> blocks;
+  // At least the last token is always computed: its logits pick the next token.
+  const std::size_t matched = tree_.match(s.tokens, blocks, s.tokens.size() - 1, /*count=*/false);
+  const std::size_t have = s.n_computed / bt;
+  for (std::size_t i = 0; i < std::min(have, blocks.size()); ++i) cache_.pool().release(blocks[i]);
+  if (matched <= s.n_computed) {
+    for (std::size_t i = have; i < blocks.size(); ++i) cache_.pool().release(blocks[i]);
+    return;
+  }
+  const std::vector<int> extra(blocks.begin() + static_cast<long>(have), blocks.end());
+  cache_.adopt(s.seq_id, extra, matched);
+  counters_.tokens_reused += matched - s.n_computed;
+  if (!s.prompt_done) {
+    const std::size_t gained = std::min(matched, s.n_prompt) - std::min(s.n_computed, s.n_prompt);
+    s.usage.cached_tokens += gained;
+    counters_.prefix_hits += gained;
+  }
+  s.n_computed = matched;
+  s.inserted_blocks = matched / bt;
+}
+
+bool Scheduler::waits_for_leader(const Sequence& s) const {
+  if (!options_.prefix_cache) return false;
+  const std::size_t bt = cache_.block_tokens();
+  const std::size_t n = s.n_computed, next_end = n + bt;
+  if (n % bt != 0 || next_end > s.tokens.size() - 1) return false;
+  for (const auto& l : running_) {
+    if (l.get() == &s || l->state != RequestState::Prefilling) continue;
+    const bool ahead = l->n_computed > n || (l->n_computed == n && l->ranks_before(s));
+    if (!ahead || l->n_computed >= next_end || l->tokens.size() < next_end) continue;
+    if (std::equal(s.tokens.begin(), s.tokens.begin() + static_cast<long>(next_end), l->tokens.begin())) return true;
+  }
+  return false;
+}
+
+bool Scheduler::admit(Sequence& s) {
+  const std::size_t bt = cache_.block_tokens();
+  std::vector<int> blocks;
+  std::size_t matched = 0;
+  if (options_.prefix_cache) matched = tree_.match(s.tokens, blocks, s.tokens.size() - 1, /*count=*/false);
+  const std::size_t needed = (s.tokens.size() + 1 + bt - 1) / bt - blocks.size();
+  const std::size_t available = cache_.pool().n_free() + tree_.evictable_blocks();
+  if (needed > available && !running_.empty()) {
+    for (int b : blocks) cache_.pool().release(b);
+    return false;  // wait for memory rather than thrash
+  }
+  cache_.adopt(s.seq_id, blocks, matched);
+  s.n_computed = matched;
+  s.inserted_blocks = matched / bt;
+  counters_.tokens_reused += matched;
+  if (s.times.scheduled == SteadyClock::time_point{}) {  // first admission: the prompt's cache lookup
+    s.times.scheduled = SteadyClock::now();
+    const std::size_t hit = std::min(matched, s.n_prompt);
+    s.usage.cached_tokens = hit;
+    counters_.prefix_queries += s.n_prompt;
+    counters_.prefix_hits += hit;
+  }
+  s.state = RequestState::Prefilling;
+  return true;
+}
+
+void Scheduler::schedule_prefill(Sequence& s, std::size_t& budget, StepPlan& plan) {
+  extend_from_cache(s);
+  if (budget == 0 || waits_for_leader(s)) return;
+  const std::size_t chunk = std::min(budget, s.pending());
+  if (!ensure_blocks(s, s.n_computed + chunk)) return;
+  const bool sample = chunk == s.pending();
+  for (std::size_t i = 0; i < chunk; ++i) {
+    const std::size_t pos = s.n_computed + i;
+    plan.batch.add(s.tokens[pos], static_cast<std::int32_t>(pos), s.seq_id, sample && i + 1 == chunk);
+  }
+  plan.chunks.push_back({&s, chunk, sample});
+  s.in_batch = true;
+  budget -= chunk;
+}
+
+StepPlan Scheduler::plan(std::size_t budget) {
+  StepPlan plan;
+  auto by_rank = [](const auto& a, const auto& b) { return a->ranks_before(*b); };
+  std::stable_sort(running_.begin(), running_.end(), by_rank);
+  for (auto& s : running_) s->in_batch = false;
+
+  // Snapshots: ensure_blocks may preempt or end sequences (moving them out of running_).
+  std::vector<Sequence*> ranked;
+  for (auto& s : running_) ranked.push_back(s.get());
+  auto still_running = [&](Sequence* s) {
+    return std::any_of(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == s; });
+  };
+
+  for (Sequence* s : ranked) {  // every decoding sequence's next token first
+    if (budget == 0) break;
+    if (!still_running(s) || s->state != RequestState::Decoding) continue;
+    if (!ensure_blocks(*s, s->n_computed + 1)) continue;
+    plan.batch.add(s->tokens[s->n_computed], static_cast<std::int32_t>(s->n_computed), s->seq_id, true);
+    plan.chunks.push_back({s, 1, true});
+    s->in_batch = true;
+    ++plan.n_decode;
+    --budget;
+  }
+  for (Sequence* s : ranked) {  // then chunks of the prompts already being prefilled
+    if (budget == 0) break;
+    if (still_running(s) && s->state == RequestState::Prefilling) schedule_prefill(*s, budget, plan);
+  }
+
+  std::stable_sort(waiting_.begin(), waiting_.end(), by_rank);
+  while (budget > 0 && !waiting_.empty() && running_.size() < options_.max_running) {
+    Sequence& s = *waiting_.front();
+    if (!admit(s)) break;  // strict rank order: a big request is not overtaken forever by small ones
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.erase(waiting_.begin());
+    schedule_prefill(s, budget, plan);
+  }
+  return plan;
+}
+
+void Scheduler::commit(const StepPlan& plan) {
+  for (const StepPlan::Chunk& c : plan.chunks) {
+    c.seq->n_computed += c.n_tokens;
+    counters_.tokens_computed += c.n_tokens;
+    if (c.seq->n_computed >= c.seq->n_prompt) c.seq->prompt_done = true;
+    offer_blocks(*c.seq);
+  }
+}
+
+}  // namespace promptly

@@ -1,0 +1,132 @@
+#pragma once
+// Decides what each engine step computes, and owns the KV memory that makes it possible.
+//
+// A step is one ragged batch within a token budget: every DECODING request contributes its next
+// token, then PREFILLING requests contribute chunks of what they have left (chunked prefill: a long
+// prompt streams in over several steps instead of stalling everyone's next token), then WAITING
+// requests are admitted, highest priority first, then earliest arrival.
+//
+// Memory: requests start from the longest cached prefix of their tokens (PrefixTree), and every
+// block a request fills is offered to the tree at once, so a request that shares a prefix with one
+// still prefilling waits for that block instead of computing it a second time. When the pool runs
+// dry: evict cached blocks (least recently used first), then preempt the lowest-ranked running
+// request (its blocks go to the cache, it goes back to WAITING and is recomputed later), and never
+// drop a request silently.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/request.h"
+#include "kv/kv_cache.h"
+#include "kv/prefix_tree.h"
+#include "model/batch.h"
+#include "sampling/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace promptly {
+
+// One request inside the engine.
+struct Sequence {
+  std::uint64_t id = 0;
+  int seq_id = 0;           // its KV cache sequence
+  std::uint64_t order = 0;  // arrival order
+  Request request;
+  RequestState state = RequestState::Waiting;
+  std::vector<std::int32_t> tokens;  // prompt, then every generated token
+  std::size_t n_prompt = 0;
+  std::size_t n_computed = 0;        // leading tokens whose K/V are in the cache
+  std::size_t max_new = 0;           // generation limit (max_tokens and the context)
+  std::size_t n_generated = 0;
+  std::size_t inserted_blocks = 0;   // full blocks already offered to the prefix tree
+  bool prompt_done = false;          // the prompt's first pass is over (cached_tokens is final)
+  bool in_batch = false;             // part of the step being planned
+  SteadyClock::time_point deadline = SteadyClock::time_point::max();
+  RequestTimes times;
+  RequestUsage usage;
+  // Generation state (the engine's side).
+  Sampler sampler;
+  std::unique_ptr<StreamingDetokenizer> detokenizer;
+  std::string held_text;  // decoded but not yet shown: it may be the start of a stop string
+
+  Sequence(std::uint64_t id, std::uint64_t order, Request r);
+  // Priority first (higher earlier), then arrival.
+  bool ranks_before(const Sequence& other) const {
+    return request.priority != other.request.priority ? request.priority > other.request.priority : order < other.order;
+  }
+  std::size_t pending() const { return tokens.size() - n_computed; }
+};
+
+struct SchedulerOptions {
+  std::size_t max_running = 32;  // sequences in flight at once
+  bool prefix_cache = true;
+};
+
+struct SchedulerCounters {
+  std::uint64_t prefix_queries = 0;       // prompt tokens looked up in the prefix cache
+  std::uint64_t prefix_hits = 0;          // of those, tokens found
+  std::uint64_t tokens_computed = 0;      // tokens run through the model
+  std::uint64_t tokens_reused = 0;        // tokens taken from the cache instead (incl. after preemption)
+  std::uint64_t preemptions = 0;
+  std::uint64_t evicted_blocks = 0;
+};
+
+struct StepPlan {
+  Batch batch;
+  struct Chunk {
+    Sequence* seq;
+    std::size_t n_tokens;
+    bool sample;  // the chunk ends the sequence's pending tokens: its logits pick the next token
+  };
+  std::vector<Chunk> chunks;  // in batch order; those with `sample` own one logits row each, in order
+  std::size_t n_decode = 0;   // sequences contributing a single decode token
+};
+
+class Scheduler {
+ public:
+  Scheduler(KvCache& cache, SchedulerOptions options);
+  ~Scheduler();
+
+  void add(std::unique_ptr<Sequence> seq);
+  Sequence* find(std::uint64_t id);
+  // Takes the sequence out (waiting or running), its full blocks going to the prefix cache.
+  std::unique_ptr<Sequence> remove(Sequence* seq);
+  // Sequences the scheduler itself had to end (no memory even alone), with finish reason set.
+  std::vector<std::pair<std::unique_ptr<Sequence>, FinishReason>> take_ended();
+
+  // Builds the next batch of at most `budget` tokens (see the file comment).
+  StepPlan plan(std::size_t budget);
+  // After the forward pass: advances the chunks' sequences and offers their new full blocks.
+  void commit(const StepPlan& plan);
+
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }
+  const std::vector<std::unique_ptr<Sequence>>& waiting() const { return waiting_; }
+  std::vector<Sequence*> all() const;
+
+  const SchedulerCounters& counters() const { return counters_; }
+  std::size_t cached_blocks() const { return tree_.cached_blocks(); }
+  std::size_t evictable_blocks() const { return tree_.evictable_blocks(); }
+  KvCache& cache() { return cache_; }
+
+ private:
+  bool ensure_blocks(Sequence& s, std::size_t n_positions);
+  void preempt(Sequence& s);
+  void release_kv(Sequence& s);
+  void offer_blocks(Sequence& s);
+  void extend_from_cache(Sequence& s);
+  bool waits_for_leader(const Sequence& s) const;
+  bool admit(Sequence& s);
+  void schedule_prefill(Sequence& s, std::size_t& budget, StepPlan& plan);
+  void end(Sequence& s, FinishReason reason);
+
+  KvCache& cache_;
+  PrefixTree tree_;
+  SchedulerOptions options_;
+  SchedulerCounters counters_;
+  std::vector<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // in rank order after each plan
+  std::vector<std::pair<std::unique_ptr<Sequence>, FinishReason>> ended_;
+};
+
+}  // namespace promptly

@@ -1,0 +1,430 @@
+// The serving engine on the real stories260K model: equivalence with single-sequence generation,
+// batch equivalence, prefix reuse, memory pressure, cancellation, timeouts, priorities, stop strings.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+
+#include "../test_util.h"
+#include "engine/generate.h"
+#include "gguf/gguf.h"
+#include "util/error.h"
+
+namespace promptly {
+namespace {
+
+struct Loaded {
+  std::shared_ptr<const gguf::File> file;
+  Model model;
+  Tokenizer tokenizer;
+  Loaded() : file(gguf::File::open(test::shared_model("stories260K.gguf"))), model(file), tokenizer(Vocab::from_gguf(*file)) {}
+};
+
+const Loaded& stories() {
+  static const Loaded m;
+  return m;
+}
+
+// Gathers every request's events; wait() blocks until the given requests have finished.
+class Collector {
+ public:
+  struct Result {
+    std::vector<std::int32_t> tokens;
+    std::string text;
+    std::vector<SteadyClock::time_point> token_times;
+    bool finished = false;
+    EngineEvent end;
+  };
+
+  EventCallback callback() {
+    return [this](const EngineEvent& e) {
+      std::lock_guard lock(mutex_);
+      Result& r = results_[e.request_id];
+      EXPECT_FALSE(r.finished) << "event after the finish of request " << e.request_id;
+      r.text += e.text;
+      if (e.kind == EngineEvent::Kind::Token) {
+        r.tokens.push_back(e.token);
+        r.token_times.push_back(e.time);
+      } else {
+        r.finished = true;
+        r.end = e;
+        done_.notify_all();
+      }
+    };
+  }
+
+  Result wait(std::uint64_t id) {
+    std::unique_lock lock(mutex_);
+    const bool ok = done_.wait_for(lock, std::chrono::seconds(120), [&] { return results_[id].finished; });
+    EXPECT_TRUE(ok) << "request " << id << " never finished";
+    return results_[id];
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  std::map<std::uint64_t, Result> results_;
+};
+
+Request greedy_request(std::vector<std::int32_t> prompt, int max_tokens, Collector& c) {
+  Request r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  r.on_event = c.callback();
+  return r;
+}
+
+std::vector<std::int32_t> random_prompt(std::mt19937& rng, std::size_t n) {
+  std::uniform_int_distribution<std::int32_t> tok(3, 511);  // stories260K's vocabulary is 512
+  std::vector<std::int32_t> p = {1};
+  while (p.size() < n) p.push_back(tok(rng));
+  return p;
+}
+
+// The greedy continuation of `prompt` computed alone by single-sequence generation.
+std::vector<std::int32_t> solo(const std::vector<std::int32_t>& prompt, int n, KvType kv) {
+  ThreadPool pool(1);
+  GenerateOptions o;
+  o.max_tokens = n;
+  o.sampling.temperature = 0;
+  o.ignore_eos = true;
+  o.kv_type = kv;
+  return generate(stories().model, stories().tokenizer, prompt, o, pool).ids;
+}
+
+void expect_all_memory_released(const Engine& engine) {
+  // The engine publishes stats after each step: give it a moment after the last finish.
+  EngineStats st;
+  for (int i = 0; i < 200; ++i) {
+    st = engine.stats();
+    if (st.running == 0 && st.waiting == 0 && st.kv_blocks_used == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(st.running, 0u);
+  EXPECT_EQ(st.waiting, 0u);
+  EXPECT_EQ(st.kv_blocks_used, 0u);
+  EXPECT_EQ(st.kv_blocks_free + st.kv_blocks_cached, st.kv_blocks_total);
+}
+
+TEST(Engine, GreedyMatchesTheReferenceAndSingleSequenceGeneration) {
+  EngineOptions o;
+  o.kv_type = KvType::F32;
+  o.threads = 2;
+  Engine engine(stories().model, &stories().tokenizer, o);
+  Collector c;
+  const auto id = engine.submit(greedy_request({1}, 200, c));
+  const auto r = c.wait(id);
+  std::istringstream in(test::read_file(test::shared_model("testvectors/stories260K.greedy200.ids")));
+  std::vector<std::int32_t> reference;
+  for (std::int32_t t; in >> t;) reference.push_back(t);
+  EXPECT_EQ(r.tokens, reference);
+  EXPECT_EQ(r.text, test::read_file(test::shared_model("testvectors/stories260K.greedy200.txt")));
+  EXPECT_EQ(r.end.finish_reason, FinishReason::Length);
+  EXPECT_EQ(r.end.usage.prompt_tokens, 1u);
+  EXPECT_EQ(r.end.usage.completion_tokens, 200u);
+  // The stamps are the metrics: they must be ordered.
+  const RequestTimes& t = r.end.times;
+  EXPECT_LE(t.arrival, t.scheduled);
+  EXPECT_LE(t.scheduled, t.first_token);
+  EXPECT_LE(t.first_token, t.last_token);
+  EXPECT_LE(t.last_token, t.finished);
+  EXPECT_TRUE(std::is_sorted(r.token_times.begin(), r.token_times.end()));
+  expect_all_memory_released(engine);
+}
+
+// With greedy sampling a request's tokens do not depend on what it is batched with, nor on the
+// chunk size: every mix of prompt lengths and budgets gives each request its solo output.
+TEST(Engine, BatchEquivalenceAcrossRandomMixesAndChunkSizes) {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 6; ++round) {
+    EngineOptions o;
+    o.kv_type = round % 2 ? KvType::F16 : KvType::F32;
+    o.max_batch_tokens = std::uniform_int_distribution<std::size_t>(1, 70)(rng);
+    o.block_tokens = round < 3 ? 16 : 5;
+    o.prefix_cache = round != 4;
+    o.threads = 2;
+    Engine engine(stories().model, &stories().tokenizer, o);
+    Collector c;
+    std::vector<std::pair<std::uint64_t, std::vector<std::int32_t>>> submitted;
+    const int n = std::uniform_int_distribution<int>(3, 8)(rng);
+    const auto shared = random_prompt(rng, 40);
+    for (int i = 0; i < n; ++i) {
+      auto prompt = random_prompt(rng, std::uniform_int_distribution<std::size_t>(1, 90)(rng));
+      if (i % 3 == 1) prompt.insert(prompt.begin() + 1, shared.begin() + 1, shared.end());  // some share a prefix
+      Request r = greedy_request(prompt, 24, c);
+      r.ignore_eos = true;
+      submitted.emplace_back(engine.submit(std::move(r)), prompt);
+    }
+    for (const auto& [id, prompt] : submitted) {
+      const auto r = c.wait(id);
+      EXPECT_EQ(r.tokens, solo(prompt, 24, o.kv_type))
+          << "round " << round << ", prompt of " << prompt.size() << " tokens, budget " << o.max_batch_tokens;
+      EXPECT_EQ(r.end.finish_reason, FinishReason::Length);
+    }
+    expect_all_memory_released(engine);
+  }
+}
+
+TEST(Engine, FollowUpTurnComputesOnlyItsNewTokens) {
+  EngineOptions o;
+  o.threads = 2;
+  Engine engine(stories().model, &stories().tokenizer, o);
+  Collector c;
+  std::mt19937 rng(3);
+  const auto turn1 = random_prompt(rng, 100);
+  auto r1 = c.wait(engine.submit(greedy_request(turn1, 20, c)));
+  ASSERT_EQ(r1.tokens.size(), 20u);
+  EXPECT_EQ(r1.end.usage.cached_tokens, 0u);
+
+  // Turn 2 = history + answer + a new message. The first turn's K/V covers 119 positions (its last
+  // token was sampled, never fed back): 7 full blocks of 16 = 112 tokens are reused.
+  auto turn2 = turn1;
+  turn2.insert(turn2.end(), r1.tokens.begin(), r1.tokens.end());
+  const auto message = random_prompt(rng, 11);
+  turn2.insert(turn2.end(), message.begin() + 1, message.end());
+  ASSERT_EQ(turn2.size(), 130u);
+  const EngineStats before = engine.stats();
+  const auto r2 = c.wait(engine.submit(greedy_request(turn2, 5, c)));
+  expect_all_memory_released(engine);
+  const EngineStats after = engine.stats();
+  EXPECT_EQ(r2.end.usage.cached_tokens, 112u);
+  EXPECT_EQ(r2.end.usage.prompt_tokens, 130u);
+  // Computed: the 18 uncached prompt tokens, then 4 decode steps (the 5th token is never fed).
+  EXPECT_EQ(after.tokens_computed - before.tokens_computed, 18u + 4u);
+  EXPECT_EQ(after.prefix_cache_queries - before.prefix_cache_queries, 130u);
+  EXPECT_EQ(after.prefix_cache_hits - before.prefix_cache_hits, 112u);
+  EXPECT_EQ(r2.tokens, solo(turn2, 5, KvType::F16));
+}
+
+// Requests that share a system prompt and arrive together compute it once: the followers wait for
+// the leader's blocks instead of computing their own copy.
+TEST(Engine, SharedSystemPromptIsComputedOnce) {
+  EngineOptions o;
+  o.threads = 2;
+  o.max_batch_tokens = 64;
+  Engine engine(stories().model, &stories().tokenizer, o);
+  Collector c;
+  std::mt19937 rng(5);
+  const auto system = random_prompt(rng, 200);
+  std::vector<std::pair<std::uint64_t, std::vector<std::int32_t>>> ids;
+  for (int i = 0; i < 6; ++i) {
+    auto prompt = system;
+    for (std::int32_t t : random_prompt(rng, 6)) prompt.push_back(t == 1 ? 2 : t);
+    ids.emplace_back(engine.submit(greedy_request(prompt, 4, c)), prompt);
+  }
+  std::size_t cached = 0;
+  for (const auto& [id, prompt] : ids) {
+    const auto r = c.wait(id);
+    cached += r.end.usage.cached_tokens;
+    EXPECT_EQ(r.tokens, solo(prompt, 4, KvType::F16));
+  }
+  EXPECT_EQ(cached, 5u * 192u);  // 12 full blocks of the system prompt, for every follower
+  const EngineStats st = engine.stats();
+  // 206 for the leader, 14 for each follower, 3 decode tokens each.
+  EXPECT_EQ(st.tokens_computed, 206u + 5 * 14u + 6 * 3u);
+}
+
+// A KV budget far below the demand: cached blocks are evicted and requests preempted, yet every
+// request finishes with its solo output and all memory comes back.
+TEST(Engine, TinyKvBudgetEvictsAndPreemptsButFinishesEverything) {
+  EngineOptions o;
+  o.threads = 2;
+  o.kv_type = KvType::F32;
+  o.block_tokens = 8;
+  const ModelConfig& cfg = stories().model.config();
+  o.kv_memory = 20 * BlockPool::block_bytes(cfg.n_layer, cfg.kv_dim(), 8, KvType::F32);  // 160 tokens
+  o.max_batch_tokens = 48;
+  Engine engine(stories().model, &stories().tokenizer, o);
+  Collector c;
+  std::mt19937 rng(11);
+  std::vector<std::pair<std::uint64_t, std::vector<std::int32_t>>> ids;
+  for (int i = 0; i < 10; ++i) {
+    const auto prompt = random_prompt(rng, std::uniform_int_distribution<std::size_t>(10, 60)(rng));
+    Request r = greedy_request(prompt, 40, c);
+    r.ignore_eos = true;
+    r.priority = i % 3;
+    ids.emplace_back(engine.submit(std::move(r)), prompt);
+  }
+  for (const auto& [id, prompt] : ids) {
+    const auto r = c.wait(id);
+    EXPECT_EQ(r.end.finish_reason, FinishReason::Length);
+    EXPECT_EQ(r.tokens, solo(prompt, 40, KvType::F32)) << "prompt of " << prompt.size();
+  }
+  const EngineStats st = engine.stats();
+  EXPECT_GT(st.preemptions, 0u);
+  EXPECT_LE(st.kv_blocks_total, 20u);
+  expect_all_memory_released(engine);
+
+  // A request longer than the whole budget is refused up front, with the numbers.
+  try {
+    engine.submit(greedy_request(random_prompt(rng, 200), 1, c));
+    FAIL() << "an over-budget prompt was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KV cache budget holds 160"), std::string::npos) << e.what();
+  }
+  // One that outgrows the budget while generating ends as "length".
+  Request grow = greedy_request(random_prompt(rng, 100), 500, c);
+  grow.ignore_eos = true;
+  const auto r = c.wait(engine.submit(std::move(grow)));
+  EXPECT_EQ(r.end.finish_reason, FinishReason::Length);
+  EXPECT_EQ(r.tokens.size(), 61u);  // 160 positions: 100 prompt + 60 fed back; the 61st is sampled from the last
+  expect_all_memory_released(engine);
+}
+
+TEST(Engine, CancellationAndTimeoutFreeEveryBlock) {
+  EngineOptions o;
+  o.threads = 2;
+  o.ctx_size = 4096;
+  Engine engine(stories().model, &stories().tokenizer, o);
+  Collector c;
+  std::mt19937 rng(13);
+  Request a = greedy_request(random_prompt(rng, 50), -1, c);
+  a.ignore_eos = true;
+  const auto id_a = engine.submit(std::move(a));
+  Request b = greedy_request(random_prompt(rng, 30), -1, c);
+  b.ignore_eos = true;
+  b.timeout_s = 0.05;
+  const auto id_b = engine.submit(std::move(b));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(engine.cancel(id_a));
+  const auto ra = c.wait(id_a);
+  const auto rb = c.wait(id_b);
+  EXPECT_EQ(ra.end.finish_reason, FinishReason::Cancelled);
+  EXPECT_EQ(rb.end.finish_reason, FinishReason::Timeout);
+  EXPECT_GE(rb.end.times.e2e_seconds(), 0.05);
+  EXPECT_LT(rb.end.times.e2e_seconds(), 5.0);
+  EXPECT_FALSE(engine.cancel(id_a));  // already finished
+  EXPECT_FALSE(engine.cancel(987654));
+  expect_all_memory_released(engine);
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.finished[static_cast<int>(FinishReason::Cancelled)], 1u);
+  EXPECT_EQ(st.finished[static_cast<int>(FinishReason::Timeout)], 1u);
+
+  // Waiting requests can be cancelled too, and destroying the engine cancels what is left.
+  Collector c2;
+  std::vector<std::uint64_t> ids;
+  {
+    EngineOptions one = o;
+    one.max_running = 1;
+    Engine e2(stories().model, &stories().tokenizer, one);
+    for (int i = 0; i < 3; ++i) {
+      Request r = greedy_request(random_prompt(rng, 20), -1, c2);
+      r.ignore_eos = true;
+      ids.push_back(e2.submit(std::move(r)));
+    }
+    EXPECT_TRUE(e2.cancel(ids[2]));
+    EXPECT_EQ(c2.wait(ids[2]).end.finish_reason, FinishReason::Cancelled);
+  }
+  for (std::uint64_t id : ids) EXPECT_EQ(c2.wait(id).end.finish_reason, FinishReason::Cancelled);
+}
+
+TEST(Engine, HigherPriorityIsAdmittedFirst) {
+  EngineOptions o;
+  o.threads = 2;
+  o.max_running = 1;
+  Engine engine(stories().model, &stories().tokenizer, o);
+  Collector c;
+  std::mt19937 rng(17);
+  Request blocker = greedy_request(random_prompt(rng, 10), 300, c);
+  blocker.ignore_eos = true;
+  const auto id_x = engine.submit(std::move(blocker));
+  while (engine.stats().decoding == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));  // it holds the only slot
+  Request low = greedy_request(random_prompt(rng, 10), 5, c), high = greedy_request(random_prompt(rng, 10), 5, c);
+  high.priority = 5;
+  const auto id_low = engine.submit(std::move(low));
+  const auto id_high = engine.submit(std::move(high));
+  const auto rx = c.wait(id_x), rl = c.wait(id_low), rh = c.wait(id_high);
+  EXPECT_LT(rh.end.times.scheduled, rl.end.times.scheduled);
+  EXPECT_LE(rx.end.times.finished, rh.end.times.scheduled);
+}
+
+TEST(Engine, StopStringsEndGenerationAndAreNeverShown) {
+  EngineOptions o;
+  o.threads = 2;
+  o.kv_type = KvType::F32;
+  Engine engine(stories().model, &stories().tokenizer, o);
+  Collector c;
+  const std::string full = test::read_file(test::shared_model("testvectors/stories260K.greedy200.txt"));
+  // A stop string that spans several tokens, first seen some way into the text.
+  const std::size_t at = full.find(" the ", 100);
+  ASSERT_NE(at, std::string::npos);
+  const std::string stop = full.substr(at, 7);
+  Request r = greedy_request({1}, 200, c);
+  r.stop = {"never appears", stop};
+  const auto result = c.wait(engine.submit(std::move(r)));
+  EXPECT_EQ(result.end.finish_reason, FinishReason::Stop);
+  EXPECT_EQ(result.text, full.substr(0, full.find(stop)));
+  EXPECT_LT(result.tokens.size(), 200u);
+
+  // A stop string that never completes: everything held back is shown at the end.
+  Request r2 = greedy_request({1}, 30, c);
+  r2.stop = {"zzzz"};
+  const auto result2 = c.wait(engine.submit(std::move(r2)));
+  EXPECT_EQ(result2.end.finish_reason, FinishReason::Length);
+  EXPECT_EQ(result2.text, full.substr(0, result2.text.size()));
+  EXPECT_FALSE(result2.text.empty());
+}
+
+TEST(Engine, LogprobsAndLogitBias) {
+  EngineOptions o;
+  o.threads = 1;
+  Engine engine(stories().model, &stories().tokenizer, o);
+  std::mutex m;
+  std::vector<EngineEvent> events;
+  Request r;
+  r.prompt = {1};
+  r.max_tokens = 3;
+  r.sampling.temperature = 0;
+  r.top_logprobs = 3;
+  r.logit_bias = {{42, 100.0f}};  // forces token 42
+  std::promise<void> done;
+  r.on_event = [&](const EngineEvent& e) {
+    std::lock_guard lock(m);
+    events.push_back(e);
+    if (e.kind == EngineEvent::Kind::Finished) done.set_value();
+  };
+  engine.submit(std::move(r));
+  done.get_future().wait();
+  ASSERT_EQ(events.size(), 4u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(events[i].token, 42);
+    ASSERT_EQ(events[i].top_logprobs.size(), 3u);
+    EXPECT_EQ(events[i].top_logprobs[0].token, 42);
+    EXPECT_NEAR(events[i].logprob, 0.0f, 1e-3);  // a +100 bias makes it certain
+    EXPECT_LE(events[i].top_logprobs[1].logprob, events[i].top_logprobs[0].logprob);
+  }
+}
+
+TEST(Engine, RejectsRequestsThatCanNeverRun) {
+  EngineOptions o;
+  o.threads = 1;
+  o.ctx_size = 64;
+  Engine engine(stories().model, &stories().tokenizer, o);
+  Collector c;
+  EXPECT_THROW(engine.submit(greedy_request({}, 5, c)), Error);
+  EXPECT_THROW(engine.submit(greedy_request(std::vector<std::int32_t>(64, 5), 5, c)), Error);
+  EXPECT_THROW(engine.submit(greedy_request({1, 99999}, 5, c)), Error);
+  Request bad_bias = greedy_request({1}, 5, c);
+  bad_bias.logit_bias = {{-1, 1.0f}};
+  EXPECT_THROW(engine.submit(std::move(bad_bias)), Error);
+  // The context bounds generation: 60 prompt tokens leave 4.
+  Request r = greedy_request(std::vector<std::int32_t>(60, 5), 100, c);
+  r.ignore_eos = true;
+  const auto res = c.wait(engine.submit(std::move(r)));
+  EXPECT_EQ(res.tokens.size(), 4u);
+  EXPECT_EQ(res.end.finish_reason, FinishReason::Length);
+  EXPECT_THROW(parse_memory_size("lots"), Error);
+  EXPECT_EQ(parse_memory_size("2GiB"), std::size_t{2} << 30);
+  EXPECT_EQ(parse_memory_size("300MB"), 300000000u);
+  EXPECT_GT(parse_memory_size("10%"), 0u);
+}
+
+}  // namespace
+}  // namespace promptly
