@@ -1,7 +1,5 @@
 // `promptly bench model`: prompt processing and generation speed like llama-bench, set against this
 // machine's floors measured in the same run (memory read bandwidth for decode, int8 peak for prefill).
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +17,7 @@
 #include "model/model.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/process.h"
 
 namespace promptly::cli {
 namespace {
@@ -56,23 +55,6 @@ double measure_read_bandwidth_gbs(ThreadPool& pool) {
   }
   if (std::accumulate(sink.begin(), sink.end(), 0.0) == 42.0) std::fputc(' ', stderr);  // keep the reads
   return best;
-}
-
-// VmHWM: the process's peak resident set so far (read before the bandwidth buffer exists).
-double peak_rss_mb() {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) {
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    return static_cast<double>(ru.ru_maxrss) / 1024.0;
-  }
-  char line[256];
-  double kb = 0;
-  while (std::fgets(line, sizeof line, f)) {
-    if (std::sscanf(line, "VmHWM: %lf kB", &kb) == 1) break;
-  }
-  std::fclose(f);
-  return kb / 1024.0;
 }
 
 }  // namespace

@@ -80,6 +80,25 @@ struct BenchModelOptions {
 };
 int bench_model(const BenchModelOptions& o);
 
+struct BenchEngineOptions {
+  std::string model;
+  std::string scenario = "all";
+  int threads = 0;
+  std::string kv_type = "f16";
+  std::string kv_memory;           // empty: the engine's default
+  std::size_t max_batch_tokens = 512;
+  double itl_target_ms = 0;        // head-of-line's chunked run uses 120 when 0
+  int conversations = 8;           // multiturn
+  std::size_t history = 2000;      // multiturn: conversations end past this many tokens
+  double think_ms = 2000;          // multiturn: mean of the exponential think time
+  std::size_t long_prompt = 4000;  // head-of-line
+  int streams = 8;                 // throughput
+  int gen_tokens = 128;            // throughput
+  std::uint64_t seed = 1;
+  bool json = false;
+};
+int bench_engine(const BenchEngineOptions& o);
+
 // Path of the demo model, generated on first use (tiny preset), for `run` without -m.
 std::string ensure_demo_model(int threads);
 

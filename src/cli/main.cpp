@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   run_cmd->add_option("-c,--ctx-size", run.gen.ctx_size, "Context size (default: the model's)");
   run_cmd->add_option("-b,--batch-size", run.gen.prefill_chunk, "Prompt tokens per forward pass")->capture_default_str();
   run_cmd->add_flag("--ignore-eos", run.gen.ignore_eos, "Keep generating past end-of-generation tokens");
-  run_cmd->add_option("--kv-type", run.kv_type, "KV cache element type: f32 (exact) or f16 (half the memory)")->capture_default_str();
+  run_cmd->add_option("--kv-type", run.kv_type, "KV cache element type: f32 (exact), f16 (half the memory) or q8_0 (about a quarter)")->capture_default_str();
   run_cmd->add_flag("--no-bos", run.no_bos, "Do not add BOS/EOS to the prompt");
   run_cmd->add_flag("--special", run.parse_special, "Parse control tokens written in the prompt");
   run_cmd->add_flag("--json", run.json, "Print one JSON object with ids, text and timings instead of streaming");
@@ -95,6 +95,24 @@ int main(int argc, char** argv) {
   bmod_cmd->add_option("--int8-peak-tops", bmod.int8_peak_tops, "int8 peak of this machine, for the prefill fraction")->capture_default_str();
   bmod_cmd->add_flag("--json", bmod.json, "Print JSON");
 
+  cli::BenchEngineOptions beng;
+  auto* beng_cmd = bench_cmd->add_subcommand("engine", "The serving engine in chat scenarios: multi-turn, shared prefix, head-of-line, throughput");
+  beng_cmd->add_option("-m,--model", beng.model, "GGUF model")->required();
+  beng_cmd->add_option("--scenario", beng.scenario, "multiturn, shared-prefix, head-of-line, throughput or all")->capture_default_str();
+  beng_cmd->add_option("-t,--threads", beng.threads, "Threads (default: all cores)");
+  beng_cmd->add_option("--kv-type", beng.kv_type, "KV cache element type: f16, q8_0, f32")->capture_default_str();
+  beng_cmd->add_option("--kv-memory", beng.kv_memory, "KV cache budget, e.g. 2GiB or 25% (default: 8 contexts, at most half the free RAM)");
+  beng_cmd->add_option("--max-batch-tokens", beng.max_batch_tokens, "Tokens per engine step")->capture_default_str();
+  beng_cmd->add_option("--itl-target-ms", beng.itl_target_ms, "Inter-token latency target while streams decode (head-of-line: 120 when unset)");
+  beng_cmd->add_option("--conversations", beng.conversations, "multiturn: concurrent conversations")->capture_default_str();
+  beng_cmd->add_option("--history", beng.history, "multiturn: history length each conversation grows to")->capture_default_str();
+  beng_cmd->add_option("--think-ms", beng.think_ms, "multiturn: mean think time between turns")->capture_default_str();
+  beng_cmd->add_option("--long-prompt", beng.long_prompt, "head-of-line: tokens of the long prompt")->capture_default_str();
+  beng_cmd->add_option("--streams", beng.streams, "throughput: concurrent streams")->capture_default_str();
+  beng_cmd->add_option("--gen-tokens", beng.gen_tokens, "throughput: tokens per stream")->capture_default_str();
+  beng_cmd->add_option("--seed", beng.seed, "Seed of the random prompts")->capture_default_str();
+  beng_cmd->add_flag("--json", beng.json, "Print JSON");
+
   std::string isa;
   app.add_option("--isa", isa, "Force a kernel path: scalar, avx2, avx512 (default: the best the CPU has; env PROMPTLY_ISA)");
 
@@ -117,6 +135,7 @@ int main(int argc, char** argv) {
     if (*tmpl_cmd) return cli::render_template(tmpl);
     if (*btok_cmd) return cli::bench_tokenize(btok);
     if (*bmod_cmd) return cli::bench_model(bmod);
+    if (*beng_cmd) return cli::bench_engine(beng);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "util/error.h"
+#include "util/process.h"
 
 namespace promptly {
 
@@ -32,21 +31,6 @@ const char* finish_reason_name(FinishReason r) {
   }
   return "?";
 }
-
-namespace {
-
-std::size_t available_memory_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  std::size_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return std::size_t{4} << 30;  // unknown: assume a modest machine
-}
-
-}  // namespace
 
 std::size_t parse_memory_size(const std::string& text) {
   const std::string bad = "invalid memory size '" + text + "'; use e.g. 4GiB, 512MiB, 300MB or 25%";

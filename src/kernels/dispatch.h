@@ -40,8 +40,9 @@ struct KernelTable {
   // One query head against n_ctx cached positions in a single pass with an online softmax (a running
   // max and sum, rescaled when the max grows): numerically stable, no score buffer. The cache is
   // paged: key j is k_blocks[j / block_tokens] + (j % block_tokens) * stride + offset (values alike),
-  // in elements of F16 (f16 = true) or F32.
-  void (*attention)(const float* q, const void* const* k_blocks, const void* const* v_blocks, bool f16, std::size_t block_tokens,
+  // in elements of kv_type: F32, F16 or Q8_0 (then stride is a multiple of 32, so every cached row
+  // is whole Q8_0 blocks, and element e of a block is block e / 32, lane e % 32).
+  void (*attention)(const float* q, const void* const* k_blocks, const void* const* v_blocks, DType kv_type, std::size_t block_tokens,
                     std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out);
   // Q4_0x16 layout (see repack_q4_0_x16); r0 and r1 are multiples of 16.
   void (*gemm_q4_0_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,

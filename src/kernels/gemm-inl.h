@@ -240,24 +240,33 @@ inline __m256 exp256(__m256 x) {
 
 // Online-softmax attention for one head (see KernelTable::attention); head_dim a multiple of 8 takes
 // the vector path, anything else the scalar tail.
-template <typename T>
-inline __m256 kv_load8(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm256_loadu_ps(p);
+// Eight cached elements starting at element e of a block (e a multiple of 8, so a Q8_0 load never
+// crosses one of its 32-element blocks).
+template <DType T>
+inline __m256 kv_load8(const void* block, std::size_t e) {
+  if constexpr (T == DType::F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(block) + e);
+  } else if constexpr (T == DType::F16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(block) + e)));
   } else {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const BlockQ8_0& b = static_cast<const BlockQ8_0*>(block)[e / kQK8_0];
+    const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + e % kQK8_0));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), _mm256_set1_ps(h2f(b.d)));
   }
 }
-template <typename T>
+template <DType T>
 void attention_impl(const float* q, const void* const* k_blocks, const void* const* v_blocks, std::size_t block_tokens,
                     std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
-  auto key = [&](std::size_t j) { return static_cast<const T*>(k_blocks[j / block_tokens]) + (j % block_tokens) * stride + offset; };
-  auto value = [&](std::size_t j) { return static_cast<const T*>(v_blocks[j / block_tokens]) + (j % block_tokens) * stride + offset; };
+  struct Row {
+    const void* block;
+    std::size_t e;  // element index of the row's first element of this head
+  };
+  auto key = [&](std::size_t j) { return Row{k_blocks[j / block_tokens], (j % block_tokens) * stride + offset}; };
+  auto value = [&](std::size_t j) { return Row{v_blocks[j / block_tokens], (j % block_tokens) * stride + offset}; };
   constexpr std::size_t kMaxVec = 32;  // up to 256-wide heads in registers
   const std::size_t nv = head_dim / 8;
-  if (head_dim % 8 != 0 || nv > kMaxVec) {  // unusual head sizes: the reference path
-    scalar_kernels().attention(q, k_blocks, v_blocks, std::is_same_v<T, std::uint16_t>, block_tokens, stride, offset, n_ctx,
-                               head_dim, scale, out);
+  if (head_dim % 8 != 0 || offset % 8 != 0 || stride % 8 != 0 || nv > kMaxVec) {  // unusual head sizes: the reference path
+    scalar_kernels().attention(q, k_blocks, v_blocks, T, block_tokens, stride, offset, n_ctx, head_dim, scale, out);
     return;
   }
   __m256 qv[kMaxVec], acc[kMaxVec];
@@ -273,9 +282,9 @@ void attention_impl(const float* q, const void* const* k_blocks, const void* con
     float chunk_max = -INFINITY;
     for (std::size_t u = 0; u < 8; ++u) {
       if (u < n) {
-        const T* kj = key(j0 + u);
-        __m256 d = _mm256_mul_ps(qv[0], kv_load8(kj));
-        for (std::size_t i = 1; i < nv; ++i) d = _mm256_fmadd_ps(qv[i], kv_load8(kj + 8 * i), d);
+        const Row kj = key(j0 + u);
+        __m256 d = _mm256_mul_ps(qv[0], kv_load8<T>(kj.block, kj.e));
+        for (std::size_t i = 1; i < nv; ++i) d = _mm256_fmadd_ps(qv[i], kv_load8<T>(kj.block, kj.e + 8 * i), d);
         s8[u] = hsum(d);
         chunk_max = std::max(chunk_max, s8[u]);
       } else {
@@ -294,20 +303,20 @@ void attention_impl(const float* q, const void* const* k_blocks, const void* con
     for (std::size_t u = 0; u < n; ++u) {
       l += p8[u];
       const __m256 pu = _mm256_set1_ps(p8[u]);
-      const T* vj = value(j0 + u);
-      for (std::size_t i = 0; i < nv; ++i) acc[i] = _mm256_fmadd_ps(pu, kv_load8(vj + 8 * i), acc[i]);
+      const Row vj = value(j0 + u);
+      for (std::size_t i = 0; i < nv; ++i) acc[i] = _mm256_fmadd_ps(pu, kv_load8<T>(vj.block, vj.e + 8 * i), acc[i]);
     }
   }
   const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
   for (std::size_t i = 0; i < nv; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], inv));
 }
 
-void attention(const float* q, const void* const* k_blocks, const void* const* v_blocks, bool f16, std::size_t block_tokens,
+void attention(const float* q, const void* const* k_blocks, const void* const* v_blocks, DType kv_type, std::size_t block_tokens,
                std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
-  if (f16) {
-    attention_impl<std::uint16_t>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out);
-  } else {
-    attention_impl<float>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out);
+  switch (kv_type) {
+    case DType::F16: attention_impl<DType::F16>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out); break;
+    case DType::Q8_0: attention_impl<DType::Q8_0>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out); break;
+    default: attention_impl<DType::F32>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out); break;
   }
 }
 

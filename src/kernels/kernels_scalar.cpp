@@ -93,16 +93,19 @@ void gemm_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::
   }
 }
 
-template <typename T>
+template <DType T>
 float kv_at(const void* block, std::size_t i) {
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (T == DType::F32) {
     return static_cast<const float*>(block)[i];
-  } else {
+  } else if constexpr (T == DType::F16) {
     return fp16_to_fp32(static_cast<const std::uint16_t*>(block)[i]);
+  } else {
+    const BlockQ8_0& b = static_cast<const BlockQ8_0*>(block)[i / kQK8_0];
+    return fp16_to_fp32(b.d) * static_cast<float>(b.qs[i % kQK8_0]);
   }
 }
 
-template <typename T>
+template <DType T>
 void attention_impl(const float* q, const void* const* k_blocks, const void* const* v_blocks, std::size_t block_tokens,
                     std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
   float m = -INFINITY, l = 0.0f;
@@ -128,12 +131,12 @@ void attention_impl(const float* q, const void* const* k_blocks, const void* con
   for (std::size_t i = 0; i < head_dim; ++i) out[i] *= inv;
 }
 
-void attention(const float* q, const void* const* k_blocks, const void* const* v_blocks, bool f16, std::size_t block_tokens,
+void attention(const float* q, const void* const* k_blocks, const void* const* v_blocks, DType kv_type, std::size_t block_tokens,
                std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
-  if (f16) {
-    attention_impl<std::uint16_t>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out);
-  } else {
-    attention_impl<float>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out);
+  switch (kv_type) {
+    case DType::F16: attention_impl<DType::F16>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out); break;
+    case DType::Q8_0: attention_impl<DType::Q8_0>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out); break;
+    default: attention_impl<DType::F32>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out); break;
   }
 }
 

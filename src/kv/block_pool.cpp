@@ -6,22 +6,51 @@
 
 namespace promptly {
 
-const char* kv_type_name(KvType t) { return t == KvType::F32 ? "f32" : "f16"; }
+const char* kv_type_name(KvType t) {
+  switch (t) {
+    case KvType::F32: return "f32";
+    case KvType::F16: return "f16";
+    case KvType::Q8_0: return "q8_0";
+  }
+  return "?";
+}
 
 KvType parse_kv_type(const std::string& name) {
   if (name == "f32" || name == "F32") return KvType::F32;
   if (name == "f16" || name == "F16") return KvType::F16;
-  throw Error("unknown KV cache type '" + name + "'; supported: f16, f32");
+  if (name == "q8_0" || name == "Q8_0") return KvType::Q8_0;
+  throw Error("unknown KV cache type '" + name + "'; supported: f16, q8_0, f32");
 }
 
-std::size_t kv_type_bytes(KvType t) { return t == KvType::F32 ? 4 : 2; }
+DType kv_type_dtype(KvType t) {
+  switch (t) {
+    case KvType::F32: return DType::F32;
+    case KvType::F16: return DType::F16;
+    case KvType::Q8_0: return DType::Q8_0;
+  }
+  return DType::F32;
+}
+
+std::size_t kv_row_bytes(std::size_t kv_dim, KvType t) {
+  switch (t) {
+    case KvType::F32: return 4 * kv_dim;
+    case KvType::F16: return 2 * kv_dim;
+    case KvType::Q8_0:
+      if (kv_dim % kQK8_0 != 0) {
+        throw Error("a Q8_0 KV cache needs rows that are a multiple of 32 values, but this model's are " + std::to_string(kv_dim) +
+                    "; use --kv-type f16");
+      }
+      return kv_dim / kQK8_0 * sizeof(BlockQ8_0);
+  }
+  return 4 * kv_dim;
+}
 
 std::size_t BlockPool::block_bytes(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, KvType type) {
-  return n_layers * 2 * block_tokens * kv_dim * kv_type_bytes(type);
+  return n_layers * 2 * block_tokens * kv_row_bytes(kv_dim, type);
 }
 
 BlockPool::BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, std::size_t n_blocks, KvType type)
-    : n_layers_(n_layers), kv_dim_(kv_dim), block_tokens_(block_tokens), type_(type), elem_(kv_type_bytes(type)), refs_(n_blocks, 0) {
+    : n_layers_(n_layers), kv_dim_(kv_dim), block_tokens_(block_tokens), type_(type), row_bytes_(kv_row_bytes(kv_dim, type)), refs_(n_blocks, 0) {
   if (block_tokens == 0 || n_blocks == 0) throw Error("KV pool needs at least one block of at least one token");
   // new[] without value-initialisation: the pages stay untouched (not resident) until written.
   storage_.reset(new std::uint8_t[n_blocks * block_bytes(n_layers, kv_dim, block_tokens, type)]);

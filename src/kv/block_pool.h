@@ -9,14 +9,21 @@
 #include <string>
 #include <vector>
 
+#include "tensor/dtype.h"
+
 namespace promptly {
 
 // Element type of cached keys and values. F16 halves the memory (and the bandwidth attention reads)
-// at a precision loss far below the model's own; F32 is kept for tests and exact comparisons.
-enum class KvType { F32, F16 };
+// at a precision loss far below the model's own; Q8_0 (ggml's 32-element blocks, 8.5 bits per
+// value) nearly halves it again, so the same budget holds 1.9x the tokens; F32 is kept for tests
+// and exact comparisons.
+enum class KvType { F32, F16, Q8_0 };
 const char* kv_type_name(KvType t);
-KvType parse_kv_type(const std::string& name);  // "f32" | "f16"; throws Error otherwise
-std::size_t kv_type_bytes(KvType t);
+KvType parse_kv_type(const std::string& name);  // "f32" | "f16" | "q8_0"; throws Error otherwise
+DType kv_type_dtype(KvType t);
+// Bytes of one cached row (one position's keys or values for one layer); throws Error when the
+// type cannot hold rows of kv_dim elements (Q8_0 needs a multiple of 32).
+std::size_t kv_row_bytes(std::size_t kv_dim, KvType t);
 
 class BlockPool {
  public:
@@ -40,16 +47,17 @@ class BlockPool {
 
   // block_tokens rows of kv_dim elements of type(): the keys (values) of `layer` in `block`.
   std::uint8_t* keys(int block, std::size_t layer) { return base(block, layer); }
-  std::uint8_t* values(int block, std::size_t layer) { return base(block, layer) + block_tokens_ * kv_dim_ * elem_; }
+  std::uint8_t* values(int block, std::size_t layer) { return base(block, layer) + block_tokens_ * row_bytes_; }
+  std::size_t row_bytes() const { return row_bytes_; }
 
  private:
   std::uint8_t* base(int block, std::size_t layer) {
-    return storage_.get() + (static_cast<std::size_t>(block) * n_layers_ + layer) * 2 * block_tokens_ * kv_dim_ * elem_;
+    return storage_.get() + (static_cast<std::size_t>(block) * n_layers_ + layer) * 2 * block_tokens_ * row_bytes_;
   }
 
   std::size_t n_layers_, kv_dim_, block_tokens_;
   KvType type_;
-  std::size_t elem_;
+  std::size_t row_bytes_;
   std::unique_ptr<std::uint8_t[]> storage_;
   std::vector<int> refs_;
   std::vector<int> free_;  // a stack: the most recently freed block (warm in cache) is reused first

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "util/error.h"
-#include "util/fp16.h"
+#include "tensor/quant.h"
 
 namespace promptly {
 
@@ -66,33 +66,19 @@ const std::vector<int>& KvCache::blocks(int seq) const {
 void KvCache::write(std::size_t layer, int seq, std::size_t pos, const float* key, const float* value) {
   const Sequence& s = get(seq);
   const int block = s.blocks[pos / pool_.block_tokens()];
-  const std::size_t at = (pos % pool_.block_tokens()) * pool_.kv_dim();
-  if (pool_.type() == KvType::F32) {
-    std::copy_n(key, pool_.kv_dim(), reinterpret_cast<float*>(pool_.keys(block, layer)) + at);
-    std::copy_n(value, pool_.kv_dim(), reinterpret_cast<float*>(pool_.values(block, layer)) + at);
-    return;
-  }
-  auto* k = reinterpret_cast<std::uint16_t*>(pool_.keys(block, layer)) + at;
-  auto* v = reinterpret_cast<std::uint16_t*>(pool_.values(block, layer)) + at;
-  for (std::size_t i = 0; i < pool_.kv_dim(); ++i) {
-    k[i] = fp32_to_fp16(key[i]);
-    v[i] = fp32_to_fp16(value[i]);
-  }
+  const std::size_t at = (pos % pool_.block_tokens()) * pool_.row_bytes();
+  const DType t = kv_type_dtype(pool_.type());
+  quantize_row(t, key, pool_.keys(block, layer) + at, pool_.kv_dim());
+  quantize_row(t, value, pool_.values(block, layer) + at, pool_.kv_dim());
 }
 
 void KvCache::read(std::size_t layer, int seq, std::size_t pos, float* key, float* value) {
   const Sequence& s = get(seq);
   const int block = s.blocks[pos / pool_.block_tokens()];
-  const std::size_t at = (pos % pool_.block_tokens()) * pool_.kv_dim();
-  for (std::size_t i = 0; i < pool_.kv_dim(); ++i) {
-    if (pool_.type() == KvType::F32) {
-      key[i] = reinterpret_cast<const float*>(pool_.keys(block, layer))[at + i];
-      value[i] = reinterpret_cast<const float*>(pool_.values(block, layer))[at + i];
-    } else {
-      key[i] = fp16_to_fp32(reinterpret_cast<const std::uint16_t*>(pool_.keys(block, layer))[at + i]);
-      value[i] = fp16_to_fp32(reinterpret_cast<const std::uint16_t*>(pool_.values(block, layer))[at + i]);
-    }
-  }
+  const std::size_t at = (pos % pool_.block_tokens()) * pool_.row_bytes();
+  const DType t = kv_type_dtype(pool_.type());
+  dequantize_row(t, pool_.keys(block, layer) + at, key, pool_.kv_dim());
+  dequantize_row(t, pool_.values(block, layer) + at, value, pool_.kv_dim());
 }
 
 void KvCache::block_pointers(std::size_t layer, int seq, std::vector<const void*>& keys, std::vector<const void*>& values) {

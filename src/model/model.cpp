@@ -214,12 +214,12 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
       if (fresh) cache.block_pointers(il, batch.seq_ids[t], it->second.first, it->second.second);
     }
     const std::size_t block_tokens = cache.block_tokens();
-    const bool kv_f16 = cache.type() == KvType::F16;
+    const DType kv_dtype = kv_type_dtype(cache.type());
     pool.parallel_for(T * c.n_head, attn_grain, [&](std::size_t begin, std::size_t end, int) {
       for (std::size_t job = begin; job < end; ++job) {
         const std::size_t t = job / c.n_head, h = job % c.n_head, kvh = h / group;
         const auto& [keys, values] = tables.at(batch.seq_ids[t]);
-        kt.attention(&q[t * QD + h * HD], keys.data(), values.data(), kv_f16, block_tokens, KVD, kvh * HD,
+        kt.attention(&q[t * QD + h * HD], keys.data(), values.data(), kv_dtype, block_tokens, KVD, kvh * HD,
                      static_cast<std::size_t>(batch.positions[t]) + 1, HD, attn_scale, &attn[t * QD + h * HD]);
       }
     });

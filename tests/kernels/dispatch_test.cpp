@@ -262,11 +262,60 @@ TEST(Dispatch, AttentionMatchesTwoPassSoftmax) {
         for (std::size_t i = 0; i < head_dim; ++i) want_h[i] += sh[j] / sumh * fp16_to_fp32(vh[j * stride + head_dim + i]);
       for (Isa isa : paths) {
         std::vector<float> got(head_dim), got_h(head_dim);
-        kernel_table(isa).attention(q.data(), kb.data(), vb.data(), false, kBlock, stride, head_dim, n_ctx, head_dim, scale, got.data());
-        kernel_table(isa).attention(q.data(), khb.data(), vhb.data(), true, kBlock, stride, head_dim, n_ctx, head_dim, scale, got_h.data());
+        kernel_table(isa).attention(q.data(), kb.data(), vb.data(), DType::F32, kBlock, stride, head_dim, n_ctx, head_dim, scale, got.data());
+        kernel_table(isa).attention(q.data(), khb.data(), vhb.data(), DType::F16, kBlock, stride, head_dim, n_ctx, head_dim, scale, got_h.data());
         for (std::size_t i = 0; i < head_dim; ++i) {
           ASSERT_NEAR(got[i], want[i], 1e-4) << isa_name(isa) << " head_dim " << head_dim << " n_ctx " << n_ctx;
           ASSERT_NEAR(got_h[i], want_h[i], 1e-4) << isa_name(isa) << " f16 head_dim " << head_dim << " n_ctx " << n_ctx;
+        }
+      }
+    }
+  }
+}
+
+// Q8_0-cached keys and values (rows of whole 32-element blocks) against the double-precision
+// two-pass softmax over the dequantized values, on every path.
+TEST(Dispatch, AttentionOverQ8_0Cache) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<Isa> paths = {Isa::Scalar};
+  for (Isa isa : fast_paths()) paths.push_back(isa);
+  for (std::size_t head_dim : {8u, 24u, 64u, 128u}) {
+    for (std::size_t n_ctx : {1u, 9u, 50u}) {
+      const std::size_t stride = ((3 * head_dim + 31) / 32) * 32, offset = head_dim, row_bytes = stride / 32 * sizeof(BlockQ8_0);
+      constexpr std::size_t kBlock = 5;
+      std::vector<float> q(head_dim), row(stride);
+      for (float& x : q) x = dist(rng);
+      std::vector<std::uint8_t> kq(n_ctx * row_bytes + row_bytes * kBlock), vq(kq.size());
+      std::vector<float> kd(n_ctx * stride), vd(n_ctx * stride);  // what the cache holds, dequantized
+      std::vector<const void*> kb, vb;
+      for (std::size_t j = 0; j < n_ctx; ++j) {
+        if (j % kBlock == 0) {
+          kb.push_back(kq.data() + j * row_bytes);
+          vb.push_back(vq.data() + j * row_bytes);
+        }
+        for (auto [dst, deq] : {std::pair{&kq, &kd}, {&vq, &vd}}) {
+          for (float& x : row) x = dist(rng);
+          quantize_row(DType::Q8_0, row.data(), dst->data() + j * row_bytes, stride);
+          dequantize_row(DType::Q8_0, dst->data() + j * row_bytes, deq->data() + j * stride, stride);
+        }
+      }
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      std::vector<double> s(n_ctx), want(head_dim, 0.0);
+      double mx = -1e300, sum = 0;
+      for (std::size_t j = 0; j < n_ctx; ++j) {
+        for (std::size_t i = 0; i < head_dim; ++i) s[j] += static_cast<double>(q[i]) * kd[j * stride + offset + i];
+        s[j] *= scale;
+        mx = std::max(mx, s[j]);
+      }
+      for (double& x : s) sum += x = std::exp(x - mx);
+      for (std::size_t j = 0; j < n_ctx; ++j)
+        for (std::size_t i = 0; i < head_dim; ++i) want[i] += s[j] / sum * vd[j * stride + offset + i];
+      for (Isa isa : paths) {
+        std::vector<float> got(head_dim);
+        kernel_table(isa).attention(q.data(), kb.data(), vb.data(), DType::Q8_0, kBlock, stride, offset, n_ctx, head_dim, scale, got.data());
+        for (std::size_t i = 0; i < head_dim; ++i) {
+          ASSERT_NEAR(got[i], want[i], 1e-4) << isa_name(isa) << " head_dim " << head_dim << " n_ctx " << n_ctx;
         }
       }
     }

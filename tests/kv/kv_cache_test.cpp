@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "util/error.h"
 
 namespace promptly {
@@ -65,7 +67,34 @@ TEST(KvCache, PositionsAcrossBlockBoundariesAndErase) {
     EXPECT_EQ(cache.pool().n_free(), cache.pool().n_blocks());
   }
   EXPECT_EQ(parse_kv_type("f16"), KvType::F16);
+  EXPECT_EQ(parse_kv_type("q8_0"), KvType::Q8_0);
   EXPECT_THROW(parse_kv_type("q3"), Error);
+}
+
+// Q8_0 rows: 34 bytes per 32 values, so a budget holds 64/34 = 1.88x the tokens of F16; values
+// come back within about half a quantization step.
+TEST(KvCache, Q8_0RowsHoldAlmostTwiceTheTokensOfF16) {
+  const std::size_t kv_dim = 64, layers = 3;
+  EXPECT_EQ(kv_row_bytes(kv_dim, KvType::Q8_0), 2 * 34u);
+  const double ratio = static_cast<double>(BlockPool::block_bytes(layers, kv_dim, 16, KvType::F16)) /
+                       static_cast<double>(BlockPool::block_bytes(layers, kv_dim, 16, KvType::Q8_0));
+  EXPECT_GE(ratio, 1.8);
+  EXPECT_THROW(kv_row_bytes(40, KvType::Q8_0), Error);  // not whole blocks: the error says to use f16
+  KvCache cache(layers, kv_dim, 20, 1, KvType::Q8_0, 8);
+  cache.reserve(0, 20);
+  std::vector<float> k(kv_dim), v(kv_dim), k2(kv_dim), v2(kv_dim);
+  for (std::size_t pos = 0; pos < 20; ++pos) {
+    for (std::size_t i = 0; i < kv_dim; ++i) {
+      k[i] = std::sin(static_cast<float>(pos * 7 + i));
+      v[i] = std::cos(static_cast<float>(pos + 3 * i)) * 5;
+    }
+    cache.write(2, 0, pos, k.data(), v.data());
+    cache.read(2, 0, pos, k2.data(), v2.data());
+    for (std::size_t i = 0; i < kv_dim; ++i) {
+      EXPECT_NEAR(k2[i], k[i], 0.6 / 127);  // half a step, plus the F16 rounding of the scale
+      EXPECT_NEAR(v2[i], v[i], 5 * 0.6 / 127);
+    }
+  }
 }
 
 }  // namespace

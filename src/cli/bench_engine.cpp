@@ -1,0 +1,406 @@
+// `promptly bench engine`: the serving engine driven in-process through its public API, in the
+// situations a chat server lives in: conversations that come back for another turn, many requests
+// behind one system prompt, a long prompt landing among live streams, and many streams at once.
+// Prompts are random token ids (the model's weights are random too); what is measured is the
+// engine: reuse, scheduling and batching.
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "cli/commands.h"
+#include "engine/engine.h"
+#include "gguf/gguf.h"
+#include "kernels/cpu.h"
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/process.h"
+
+namespace promptly::cli {
+namespace {
+
+using json = nlohmann::json;
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(pos);
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+double ms(SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+// Collects every request's events so the scenario code can wait on them.
+class Client {
+ public:
+  struct Result {
+    std::vector<std::int32_t> tokens;
+    std::vector<SteadyClock::time_point> token_times;
+    bool finished = false;
+    EngineEvent end;
+  };
+
+  std::uint64_t submit(Engine& engine, Request r) {
+    r.on_event = [this](const EngineEvent& e) {
+      std::lock_guard lock(mutex_);
+      Result& res = results_[e.request_id];
+      if (e.kind == EngineEvent::Kind::Token) {
+        res.tokens.push_back(e.token);
+        res.token_times.push_back(e.time);
+        if (res.tokens.size() == 1) changed_.notify_all();
+      } else {
+        res.finished = true;
+        res.end = e;
+        changed_.notify_all();
+      }
+    };
+    return engine.submit(std::move(r));
+  }
+
+  Result wait(std::uint64_t id) {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return results_[id].finished; });
+    return results_[id];
+  }
+  void wait_first_token(std::uint64_t id) {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return !results_[id].tokens.empty() || results_[id].finished; });
+  }
+  Result snapshot(std::uint64_t id) {
+    std::lock_guard lock(mutex_);
+    return results_[id];
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::uint64_t, Result> results_;
+};
+
+class Scenario {
+ public:
+  Scenario(const Model& model, const BenchEngineOptions& o) : model_(model), o_(o), rng_(o.seed) {}
+
+  std::vector<std::int32_t> tokens(std::size_t n) {
+    std::uniform_int_distribution<std::int32_t> tok(3, static_cast<std::int32_t>(model_.config().n_vocab) - 1);
+    std::vector<std::int32_t> v(n);
+    for (auto& t : v) t = tok(rng_);
+    return v;
+  }
+  Request request(std::vector<std::int32_t> prompt, int max_tokens, int priority = 0) const {
+    Request r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;  // random weights: generation lengths are set by the scenario, not by chance
+    r.priority = priority;
+    return r;
+  }
+  EngineOptions engine_options(std::size_t ctx = 0) const {
+    EngineOptions e;
+    e.threads = o_.threads;
+    e.kv_type = parse_kv_type(o_.kv_type);
+    if (!o_.kv_memory.empty()) e.kv_memory = parse_memory_size(o_.kv_memory);
+    e.max_batch_tokens = o_.max_batch_tokens;
+    e.itl_target_ms = o_.itl_target_ms;
+    e.ctx_size = ctx;
+    return e;
+  }
+
+  json multiturn();
+  json shared_prefix();
+  json head_of_line();
+  json throughput();
+  // The largest KV budget any engine of the run had (for the peak-RSS bound).
+  std::size_t max_kv_budget() const { return max_kv_budget_; }
+
+ private:
+  void note(const Engine& e) { max_kv_budget_ = std::max(max_kv_budget_, e.stats().kv_budget_bytes); }
+  std::size_t max_kv_budget_ = 0;
+  const Model& model_;
+  const BenchEngineOptions& o_;
+  std::mt19937 rng_;
+};
+
+// Conversations that each return, after a think time, with history + answer + a new message.
+json Scenario::multiturn() {
+  const std::size_t n_conv = static_cast<std::size_t>(o_.conversations);
+  const std::size_t user_tokens = 40, answer_tokens = 60;
+  Engine engine(model_, nullptr, engine_options(std::max<std::size_t>(model_.config().n_ctx_train, o_.history + 256)));
+  Client client;
+  struct Turn {
+    std::size_t history;
+    double ttft_ms;
+    std::size_t cached;
+  };
+  std::mutex turns_mutex;
+  std::vector<Turn> turns;
+  std::vector<std::thread> users;
+  std::vector<std::vector<std::int32_t>> first_messages;
+  for (std::size_t c = 0; c < n_conv; ++c) {
+    auto m = tokens(user_tokens);
+    m[0] = 1;
+    first_messages.push_back(std::move(m));
+  }
+  const auto t_start = SteadyClock::now();
+  for (std::size_t c = 0; c < n_conv; ++c) {
+    users.emplace_back([&, c] {
+      std::mt19937 rng(o_.seed * 131 + c);
+      std::exponential_distribution<double> think(1000.0 / o_.think_ms);
+      std::uniform_int_distribution<std::int32_t> tok(3, static_cast<std::int32_t>(model_.config().n_vocab) - 1);
+      std::vector<std::int32_t> history = first_messages[c];
+      // The first turn starts staggered, as users do not all arrive in the same millisecond.
+      std::this_thread::sleep_for(std::chrono::duration<double>(think(rng) / 4));
+      for (;;) {
+        const std::size_t before = history.size();
+        const auto r = client.wait(client.submit(engine, request(history, static_cast<int>(answer_tokens))));
+        {
+          std::lock_guard lock(turns_mutex);
+          turns.push_back({before, r.end.times.ttft_seconds() * 1000.0, r.end.usage.cached_tokens});
+        }
+        history.insert(history.end(), r.tokens.begin(), r.tokens.end());
+        if (history.size() >= o_.history) break;
+        for (std::size_t i = 0; i < user_tokens; ++i) history.push_back(tok(rng));
+        std::this_thread::sleep_for(std::chrono::duration<double>(think(rng)));
+      }
+    });
+  }
+  for (auto& u : users) u.join();
+  const double wall_s = std::chrono::duration<double>(SteadyClock::now() - t_start).count();
+
+  // What a follow-up would cost without the prefix cache: the same history computed from scratch.
+  const std::size_t cold_len = o_.history;
+  const auto cold = client.wait(client.submit(engine, request(tokens(cold_len), 1)));
+
+  std::vector<double> follow_ttft, late_ttft;
+  std::size_t follow_prompt = 0, follow_cached = 0;
+  for (const Turn& t : turns) {
+    if (t.history <= user_tokens) continue;  // first turns
+    follow_ttft.push_back(t.ttft_ms);
+    follow_prompt += t.history;
+    follow_cached += t.cached;
+    if (t.history + 2 * (user_tokens + answer_tokens) >= o_.history) late_ttft.push_back(t.ttft_ms);
+  }
+  const EngineStats st = engine.stats();
+  note(engine);
+  return {{"scenario", "multiturn"},
+          {"conversations", n_conv},
+          {"turns", turns.size()},
+          {"history_target", o_.history},
+          {"think_ms_mean", o_.think_ms},
+          {"followup_ttft_ms", {{"p50", quantile(follow_ttft, 0.5)}, {"p99", quantile(follow_ttft, 0.99)}, {"n", follow_ttft.size()}}},
+          {"late_followup_ttft_ms", {{"p50", quantile(late_ttft, 0.5)}, {"p99", quantile(late_ttft, 0.99)}, {"n", late_ttft.size()}}},
+          {"followup_cached_fraction", follow_prompt ? static_cast<double>(follow_cached) / static_cast<double>(follow_prompt) : 0.0},
+          {"cold_prefill_ttft_ms", cold.end.times.ttft_seconds() * 1000.0},
+          {"cold_prefill_tokens", cold_len},
+          {"preemptions", st.preemptions},
+          {"wall_s", wall_s}};
+}
+
+// Many requests behind one long system prompt, all at once.
+json Scenario::shared_prefix() {
+  const std::size_t n = 16, system_len = 1000, user_len = 30;
+  auto system = tokens(system_len);
+  system[0] = 1;
+  Engine engine(model_, nullptr, engine_options());
+  Client client;
+  std::size_t prompt_tokens = 0;
+  std::vector<std::uint64_t> ids;
+  const auto t0 = SteadyClock::now();
+  for (std::size_t i = 0; i < n; ++i) {
+    auto prompt = system;
+    const auto user = tokens(user_len);
+    prompt.insert(prompt.end(), user.begin(), user.end());
+    prompt_tokens += prompt.size();
+    ids.push_back(client.submit(engine, request(prompt, 16)));
+  }
+  std::vector<double> ttft;
+  for (auto id : ids) ttft.push_back(client.wait(id).end.times.ttft_seconds() * 1000.0);
+  const double wall_s = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  const EngineStats st = engine.stats();
+  note(engine);
+  const std::uint64_t decode_tokens = n * 15;  // each request feeds back 15 of its 16 tokens
+  const std::uint64_t prefill_computed = st.tokens_computed - decode_tokens;
+  return {{"scenario", "shared-prefix"},
+          {"requests", n},
+          {"system_tokens", system_len},
+          {"prompt_tokens", prompt_tokens},
+          {"prefill_tokens_computed", prefill_computed},
+          {"prefill_work_reduction", static_cast<double>(prompt_tokens) / static_cast<double>(prefill_computed)},
+          {"prefix_cache_hits", st.prefix_cache_hits},
+          {"ttft_ms", {{"p50", quantile(ttft, 0.5)}, {"p99", quantile(ttft, 0.99)}}},
+          {"wall_s", wall_s}};
+}
+
+// A long prompt arrives while streams decode: their inter-token latency during its prefill, and
+// its prefill speed, against the same prompt alone and against one unchunked step.
+json Scenario::head_of_line() {
+  const std::size_t long_len = o_.long_prompt, n_streams = 4;
+  const std::size_t ctx = std::max<std::size_t>(model_.config().n_ctx_train, long_len + 4096);
+  const auto long_prompt = tokens(long_len);
+  const auto run = [&](bool with_streams, std::size_t max_batch_tokens, double itl_target_ms) {
+    EngineOptions eo = engine_options(ctx);
+    eo.max_batch_tokens = max_batch_tokens;
+    eo.itl_target_ms = itl_target_ms;
+    eo.prefix_cache = false;  // every run computes the long prompt in full
+    Engine engine(model_, nullptr, eo);
+    Client client;
+    std::vector<std::uint64_t> streams;
+    if (with_streams) {
+      for (std::size_t i = 0; i < n_streams; ++i) streams.push_back(client.submit(engine, request(tokens(32), -1)));
+      for (auto id : streams) client.wait_first_token(id);
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // steady decoding before the long prompt lands
+    }
+    const auto id = client.submit(engine, request(long_prompt, 1));
+    const auto r = client.wait(id);
+    std::vector<double> itl;
+    for (auto s : streams) {
+      engine.cancel(s);
+      const auto sr = client.wait(s);
+      for (std::size_t i = 1; i < sr.token_times.size(); ++i) {
+        // Gaps that overlap the long prompt's prefill.
+        if (sr.token_times[i] >= r.end.times.scheduled && sr.token_times[i - 1] <= r.end.times.first_token) {
+          itl.push_back(ms(sr.token_times[i] - sr.token_times[i - 1]));
+        }
+      }
+    }
+    note(engine);
+    const double prefill_s = r.end.times.prefill_seconds();
+    return json{{"prefill_s", prefill_s},
+                {"prefill_tps", static_cast<double>(long_len) / prefill_s},
+                {"stream_itl_ms", {{"p50", quantile(itl, 0.5)}, {"p99", quantile(itl, 0.99)}, {"max", quantile(itl, 1.0)}, {"n", itl.size()}}}};
+  };
+  const std::size_t big = std::max<std::size_t>(o_.max_batch_tokens, long_len);
+  json solo = run(false, o_.max_batch_tokens, 0);
+  json unchunked = run(true, big, 0);
+  const double itl_target = o_.itl_target_ms > 0 ? o_.itl_target_ms : 120.0;
+  json chunked = run(true, o_.max_batch_tokens, itl_target);
+  return {{"scenario", "head-of-line"},
+          {"long_prompt_tokens", long_len},
+          {"streams", n_streams},
+          {"itl_target_ms", itl_target},
+          {"solo", solo},
+          {"unchunked", unchunked},
+          {"chunked", chunked},
+          {"chunked_prefill_fraction_of_solo", chunked["prefill_tps"].get<double>() / solo["prefill_tps"].get<double>()}};
+}
+
+// Aggregate decode speed of 8 streams against one.
+json Scenario::throughput() {
+  const int gen = o_.gen_tokens;
+  auto measure = [&](std::size_t n_streams) {
+    Engine engine(model_, nullptr, engine_options());
+    Client client;
+    std::vector<std::uint64_t> ids;
+    for (std::size_t i = 0; i < n_streams; ++i) ids.push_back(client.submit(engine, request(tokens(16), gen)));
+    SteadyClock::time_point first = SteadyClock::time_point::max(), last{};
+    std::size_t decoded = 0;
+    for (auto id : ids) {
+      const auto r = client.wait(id);
+      first = std::min(first, r.token_times.front());
+      last = std::max(last, r.token_times.back());
+      decoded += r.tokens.size() - 1;
+    }
+    note(engine);
+    // Decode phase only: from the first token anywhere to the last.
+    return static_cast<double>(decoded) / std::chrono::duration<double>(last - first).count();
+  };
+  const double one = measure(1);
+  const double many = measure(static_cast<std::size_t>(o_.streams));
+  return {{"scenario", "throughput"},
+          {"streams", o_.streams},
+          {"gen_tokens", gen},
+          {"one_stream_tps", one},
+          {"many_streams_tps", many},
+          {"speedup", many / one}};
+}
+
+}  // namespace
+
+int bench_engine(const BenchEngineOptions& o) {
+  std::shared_ptr<const gguf::File> file = gguf::File::open(o.model);
+  Model model(file);
+  const ModelConfig& c = model.config();
+  const std::vector<std::string> all = {"multiturn", "shared-prefix", "head-of-line", "throughput"};
+  std::vector<std::string> names = o.scenario == "all" ? all : std::vector<std::string>{o.scenario};
+  for (const auto& n : names) {
+    if (std::find(all.begin(), all.end(), n) == all.end()) {
+      throw Error("unknown scenario '" + n + "'; choose multiturn, shared-prefix, head-of-line, throughput or all");
+    }
+  }
+  Scenario scenario(model, o);
+  json results = json::array();
+  for (const auto& n : names) {
+    std::fprintf(stderr, "running %s ...\n", n.c_str());
+    if (n == "multiturn") results.push_back(scenario.multiturn());
+    if (n == "shared-prefix") results.push_back(scenario.shared_prefix());
+    if (n == "head-of-line") results.push_back(scenario.head_of_line());
+    if (n == "throughput") results.push_back(scenario.throughput());
+  }
+
+  // Memory: bytes per cached token by the arithmetic, and what a budget holds in each KV type.
+  const std::size_t per_token_f16 = BlockPool::block_bytes(c.n_layer, c.kv_dim(), 1, KvType::F16);
+  const std::size_t per_token = BlockPool::block_bytes(c.n_layer, c.kv_dim(), 1, parse_kv_type(o.kv_type));
+  const double file_mb = static_cast<double>(file->file_size()) / 1e6;
+  const double rss = peak_rss_mb();
+  json memory = {{"kv_type", o.kv_type},
+                 {"kv_bytes_per_token", per_token},
+                 {"kv_bytes_per_token_f16_arithmetic", 2 * c.n_layer * c.n_head_kv * c.head_dim * 2},
+                 {"kv_bytes_per_token_f16", per_token_f16},
+                 {"peak_rss_mb", rss},
+                 {"file_mb", file_mb},
+                 {"max_kv_budget_mb", static_cast<double>(scenario.max_kv_budget()) / 1e6},
+                 {"peak_rss_bound_mb", file_mb * 1.15 + static_cast<double>(scenario.max_kv_budget()) / 1e6 + 200}};
+  json out = {{"model", o.model},
+              {"threads", o.threads > 0 ? o.threads : default_thread_count()},
+              {"isa", kernels::isa_name(kernels::active_isa())},
+              {"kv_type", o.kv_type},
+              {"max_batch_tokens", o.max_batch_tokens},
+              {"results", results},
+              {"memory", memory}};
+  if (o.json) {
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  std::printf("| scenario | metric | value |\n|---|---|---|\n");
+  for (const json& r : results) {
+    const std::string n = r["scenario"];
+    if (n == "multiturn") {
+      std::printf("| multiturn | follow-up TTFT p50 / p99 (all, %zu turns) | %.0f / %.0f ms |\n", r["followup_ttft_ms"]["n"].get<std::size_t>(),
+                  r["followup_ttft_ms"]["p50"].get<double>(), r["followup_ttft_ms"]["p99"].get<double>());
+      std::printf("| multiturn | follow-up TTFT p50 / p99 at ~%zu history | %.0f / %.0f ms |\n", o.history,
+                  r["late_followup_ttft_ms"]["p50"].get<double>(), r["late_followup_ttft_ms"]["p99"].get<double>());
+      std::printf("| multiturn | prompt tokens served from cache | %.1f%% |\n", 100 * r["followup_cached_fraction"].get<double>());
+      std::printf("| multiturn | TTFT re-prefilling %zu tokens (no cache) | %.0f ms |\n", o.history, r["cold_prefill_ttft_ms"].get<double>());
+    } else if (n == "shared-prefix") {
+      std::printf("| shared-prefix | prefill tokens: prompts / computed | %zu / %zu (%.1fx less) |\n", r["prompt_tokens"].get<std::size_t>(),
+                  r["prefill_tokens_computed"].get<std::size_t>(), r["prefill_work_reduction"].get<double>());
+      std::printf("| shared-prefix | TTFT p50 / p99 | %.0f / %.0f ms |\n", r["ttft_ms"]["p50"].get<double>(), r["ttft_ms"]["p99"].get<double>());
+    } else if (n == "head-of-line") {
+      for (const char* mode : {"unchunked", "chunked"}) {
+        std::printf("| head-of-line | %s: streams' ITL p50 / p99 / max during the %zu-token prefill | %.0f / %.0f / %.0f ms |\n", mode,
+                    r["long_prompt_tokens"].get<std::size_t>(), r[mode]["stream_itl_ms"]["p50"].get<double>(),
+                    r[mode]["stream_itl_ms"]["p99"].get<double>(), r[mode]["stream_itl_ms"]["max"].get<double>());
+      }
+      std::printf("| head-of-line | long prompt prefill t/s: solo / unchunked / chunked | %.1f / %.1f / %.1f (chunked %.0f%% of solo) |\n",
+                  r["solo"]["prefill_tps"].get<double>(), r["unchunked"]["prefill_tps"].get<double>(), r["chunked"]["prefill_tps"].get<double>(),
+                  100 * r["chunked_prefill_fraction_of_solo"].get<double>());
+    } else if (n == "throughput") {
+      std::printf("| throughput | decode t/s: 1 stream / %d streams | %.1f / %.1f (%.2fx) |\n", r["streams"].get<int>(),
+                  r["one_stream_tps"].get<double>(), r["many_streams_tps"].get<double>(), r["speedup"].get<double>());
+    }
+  }
+  std::printf("| memory | KV bytes per token (%s) | %zu |\n", o.kv_type.c_str(), per_token);
+  std::printf("| memory | peak RSS / bound (file x 1.15 + KV budget %.0f MB + 200 MB) | %.0f / %.0f MB |\n",
+              static_cast<double>(scenario.max_kv_budget()) / 1e6, rss, memory["peak_rss_bound_mb"].get<double>());
+  return 0;
+}
+
+}  // namespace promptly::cli

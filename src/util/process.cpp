@@ -1,0 +1,41 @@
+#include "util/process.h"
+
+#include <sys/resource.h>
+
+#include <cstdio>
+
+namespace promptly {
+
+double peak_rss_mb() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return static_cast<double>(ru.ru_maxrss) / 1024.0;
+  }
+  char line[256];
+  double kb = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::sscanf(line, "VmHWM: %lf kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return kb / 1024.0;
+}
+
+std::size_t available_memory_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return std::size_t{4} << 30;  // unknown: assume a modest machine
+  char line[256];
+  unsigned long long kb = 0;
+  bool found = false;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+      found = true;
+      break;
+    }
+  }
+  std::fclose(f);
+  return found ? static_cast<std::size_t>(kb) * 1024 : std::size_t{4} << 30;
+}
+
+}  // namespace promptly
