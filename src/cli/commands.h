@@ -99,6 +99,25 @@ struct BenchEngineOptions {
 };
 int bench_engine(const BenchEngineOptions& o);
 
+struct ServeOptions {
+  std::string model;
+  std::string host = "127.0.0.1";
+  unsigned short port = 8080;
+  int threads = 0;
+  std::string kv_type = "f16";
+  std::string kv_memory;
+  std::size_t max_batch_tokens = 512;
+  double itl_target_ms = 0;
+  std::size_t ctx_size = 0;
+  std::size_t max_running = 32;
+  std::size_t max_queue = 256;
+  std::string api_key;
+  std::string alias;
+  std::string chat_template_file;
+  double shutdown_grace_s = 10;
+};
+int serve(const ServeOptions& o);
+
 // Path of the demo model, generated on first use (tiny preset), for `run` without -m.
 std::string ensure_demo_model(int threads);
 

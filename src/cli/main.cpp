@@ -113,6 +113,24 @@ int main(int argc, char** argv) {
   beng_cmd->add_option("--seed", beng.seed, "Seed of the random prompts")->capture_default_str();
   beng_cmd->add_flag("--json", beng.json, "Print JSON");
 
+  cli::ServeOptions srv;
+  auto* serve_cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat/completions, completions, models, health, metrics)");
+  serve_cmd->add_option("-m,--model", srv.model, "GGUF model")->required();
+  serve_cmd->add_option("--host", srv.host, "Address to bind")->capture_default_str();
+  serve_cmd->add_option("--port", srv.port, "Port (0: any free port)")->capture_default_str();
+  serve_cmd->add_option("-t,--threads", srv.threads, "Compute threads (default: all cores)");
+  serve_cmd->add_option("--kv-type", srv.kv_type, "KV cache element type: f16, q8_0, f32")->capture_default_str();
+  serve_cmd->add_option("--kv-memory", srv.kv_memory, "KV cache budget, e.g. 4GiB or 25% (default: 8 contexts, at most half the free RAM)");
+  serve_cmd->add_option("--max-batch-tokens", srv.max_batch_tokens, "Tokens per engine step")->capture_default_str();
+  serve_cmd->add_option("--itl-target-ms", srv.itl_target_ms, "Size steps to keep decoding streams' inter-token latency near this");
+  serve_cmd->add_option("-c,--ctx-size", srv.ctx_size, "Context per request (default: the model's)");
+  serve_cmd->add_option("--max-running", srv.max_running, "Requests computed at once")->capture_default_str();
+  serve_cmd->add_option("--max-queue", srv.max_queue, "Waiting requests beyond this get 429")->capture_default_str();
+  serve_cmd->add_option("--api-key", srv.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+  serve_cmd->add_option("--alias", srv.alias, "Model name clients use (default: the file name)");
+  serve_cmd->add_option("--chat-template", srv.chat_template_file, "Jinja chat template file (overrides the model's)");
+  serve_cmd->add_option("--shutdown-grace", srv.shutdown_grace_s, "Seconds in-flight requests get on SIGINT/SIGTERM")->capture_default_str();
+
   std::string isa;
   app.add_option("--isa", isa, "Force a kernel path: scalar, avx2, avx512 (default: the best the CPU has; env PROMPTLY_ISA)");
 
@@ -136,6 +154,7 @@ int main(int argc, char** argv) {
     if (*btok_cmd) return cli::bench_tokenize(btok);
     if (*bmod_cmd) return cli::bench_model(bmod);
     if (*beng_cmd) return cli::bench_engine(beng);
+    if (*serve_cmd) return cli::serve(srv);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -70,12 +70,22 @@ void Registry::gauge(const std::string& name, const std::string& help, std::func
   entries_.push_back(std::move(e));
 }
 
+void Registry::counter_fn(const std::string& name, const std::string& help, std::function<double()> read) {
+  std::lock_guard lock(mutex_);
+  auto e = std::make_unique<Entry>();
+  e->name = prefix_ + name;
+  e->help = help;
+  e->type = "counter";
+  e->gauge = std::move(read);
+  entries_.push_back(std::move(e));
+}
+
 namespace {
 std::string number(double v) {
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   if (std::isnan(v)) return "NaN";
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::snprintf(buf, sizeof buf, "%.15g", v);
   return buf;
 }
 }  // namespace

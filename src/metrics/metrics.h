@@ -51,8 +51,10 @@ class Registry {
   // registered under one name with different labels share HELP/TYPE lines.
   Counter& counter(const std::string& name, const std::string& help, const std::string& labels = "");
   Histogram& histogram(const std::string& name, const std::string& help, std::vector<double> upper_bounds);
-  // Gauges are read when rendered, so they never go stale.
+  // Gauges (and counters kept elsewhere, e.g. by the engine) are read when rendered, so they never
+  // go stale.
   void gauge(const std::string& name, const std::string& help, std::function<double()> read);
+  void counter_fn(const std::string& name, const std::string& help, std::function<double()> read);
 
   std::string render() const;
 

@@ -1,0 +1,49 @@
+// `promptly serve`: load the model, start the engine and the OpenAI-compatible HTTP server.
+#include <cstdio>
+#include <filesystem>
+
+#include "cli/commands.h"
+#include "engine/engine.h"
+#include "gguf/gguf.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+#include "util/file_io.h"
+
+namespace promptly::cli {
+
+int serve(const ServeOptions& o) {
+  std::shared_ptr<const gguf::File> file = gguf::File::open(o.model);
+  Model model(file);
+  Tokenizer tokenizer(Vocab::from_gguf(*file));
+
+  EngineOptions eo;
+  eo.threads = o.threads;
+  eo.kv_type = parse_kv_type(o.kv_type);
+  if (!o.kv_memory.empty()) eo.kv_memory = parse_memory_size(o.kv_memory);
+  eo.max_batch_tokens = o.max_batch_tokens;
+  eo.itl_target_ms = o.itl_target_ms;
+  eo.ctx_size = o.ctx_size;
+  eo.max_running = o.max_running;
+  Engine engine(model, &tokenizer, eo);
+
+  server::ServerOptions so;
+  so.host = o.host;
+  so.port = o.port;
+  so.max_queue = o.max_queue;
+  so.api_key = o.api_key;
+  so.model_id = !o.alias.empty() ? o.alias : std::filesystem::path(o.model).stem().string();
+  if (!o.chat_template_file.empty()) so.chat_template = read_file(o.chat_template_file, "chat template");
+  so.shutdown_grace_s = o.shutdown_grace_s;
+  server::Server server(model, tokenizer, engine, so);
+  const unsigned short port = server.listen();
+  const EngineStats st = engine.stats();
+  std::fprintf(stderr, "promptly: serving '%s' on http://%s:%u (context %zu, KV cache %s %.0f MB = %zu tokens)\n", so.model_id.c_str(),
+               o.host.c_str(), port, st.ctx_size, o.kv_type.c_str(), static_cast<double>(st.kv_budget_bytes) / 1e6,
+               st.kv_blocks_total * st.kv_block_tokens);
+  std::fflush(stderr);
+  server.run();
+  return 0;
+}
+
+}  // namespace promptly::cli

@@ -1,0 +1,205 @@
+#include "server/api.h"
+
+#include <cmath>
+#include <limits>
+
+namespace promptly::server {
+
+using json = nlohmann::ordered_json;
+
+std::string ApiError::body() const {
+  json e = {{"message", what()}, {"type", type_}, {"param", param_.empty() ? json(nullptr) : json(param_)},
+            {"code", code_.empty() ? json(nullptr) : json(code_)}};
+  return json{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) { throw ApiError(400, message, "invalid_request_error", param); }
+
+const json* field(const json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+double number(const json& body, const char* name, double lo, double hi, double fallback) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_number()) bad(name, std::string("'") + name + "' must be a number");
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) {
+    bad(name, std::string("'") + name + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi));
+  }
+  return x;
+}
+
+std::optional<std::int64_t> integer(const json& body, const char* name, std::int64_t lo, std::int64_t hi) {
+  const json* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer() && !(v->is_number_float() && std::floor(v->get<double>()) == v->get<double>())) {
+    bad(name, std::string("'") + name + "' must be an integer");
+  }
+  const double x = v->get<double>();
+  if (x < static_cast<double>(lo) || x > static_cast<double>(hi)) {
+    bad(name, std::string("'") + name + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi));
+  }
+  return v->is_number_unsigned() ? static_cast<std::int64_t>(std::min<std::uint64_t>(v->get<std::uint64_t>(), static_cast<std::uint64_t>(hi)))
+                                 : v->get<std::int64_t>();
+}
+
+bool boolean(const json& body, const char* name, bool fallback) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_boolean()) bad(name, std::string("'") + name + "' must be a boolean");
+  return v->get<bool>();
+}
+
+std::string text(const json& body, const char* name) {
+  const json* v = field(body, name);
+  if (!v) return {};
+  if (!v->is_string()) bad(name, std::string("'") + name + "' must be a string");
+  return v->get<std::string>();
+}
+
+// Message content: a string, or an array of {"type": "text", "text": ...} parts joined.
+std::string content_text(const json& content, std::size_t index) {
+  const std::string param = "messages[" + std::to_string(index) + "].content";
+  if (content.is_string()) return content.get<std::string>();
+  if (content.is_null()) return {};
+  if (!content.is_array()) bad(param, "'" + param + "' must be a string or an array of content parts");
+  std::string out;
+  for (const json& part : content) {
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) bad(param, "each content part needs a string 'type'");
+    if (part["type"] != "text") bad(param, "only text content parts are supported, not '" + part["type"].get<std::string>() + "'");
+    if (!part.contains("text") || !part["text"].is_string()) bad(param, "a text content part needs a string 'text'");
+    out += part["text"].get<std::string>();
+  }
+  return out;
+}
+
+}  // namespace
+
+ApiRequest parse_api_request(std::string_view body, bool chat) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    bad("", std::string("the request body is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) bad("", "the request body must be a JSON object");
+
+  ApiRequest r;
+  r.chat = chat;
+  r.model = text(j, "model");
+  if (chat) {
+    const json* messages = field(j, "messages");
+    if (!messages) bad("messages", "'messages' is required");
+    if (!messages->is_array() || messages->empty()) bad("messages", "'messages' must be a non-empty array");
+    r.messages = json::array();
+    for (std::size_t i = 0; i < messages->size(); ++i) {
+      const json& m = (*messages)[i];
+      const std::string param = "messages[" + std::to_string(i) + "]";
+      if (!m.is_object()) bad(param, "'" + param + "' must be an object");
+      if (!m.contains("role") || !m["role"].is_string()) bad(param + ".role", "'" + param + ".role' must be a string");
+      const std::string role = m["role"];
+      if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer") {
+        bad(param + ".role", "unknown role '" + role + "'; use system, developer, user, assistant or tool");
+      }
+      json out = m;
+      out["role"] = role == "developer" ? "system" : role;
+      out["content"] = content_text(m.contains("content") ? m["content"] : json(nullptr), i);
+      r.messages.push_back(std::move(out));
+    }
+  } else {
+    const json* prompt = field(j, "prompt");
+    if (!prompt) bad("prompt", "'prompt' is required");
+    if (prompt->is_string()) {
+      r.prompts.push_back(prompt->get<std::string>());
+    } else if (prompt->is_array() && !prompt->empty()) {
+      for (const json& p : *prompt) {
+        if (!p.is_string()) bad("prompt", "'prompt' must be a string or an array of strings (token-id prompts are not supported)");
+        r.prompts.push_back(p.get<std::string>());
+      }
+    } else {
+      bad("prompt", "'prompt' must be a string or a non-empty array of strings");
+    }
+    r.echo = boolean(j, "echo", false);
+    if (r.echo) bad("echo", "'echo' is not supported");
+  }
+
+  r.stream = boolean(j, "stream", false);
+  if (const json* so = field(j, "stream_options")) {
+    if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
+    r.include_usage = boolean(*so, "include_usage", false);
+  }
+  constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+  if (auto v = integer(j, "max_completion_tokens", 1, kIntMax)) r.max_tokens = static_cast<int>(*v);
+  if (auto v = integer(j, "max_tokens", 1, kIntMax)) r.max_tokens = static_cast<int>(*v);
+  if (!chat && !r.max_tokens) r.max_tokens = 16;  // the completions API's documented default
+  r.temperature = static_cast<float>(number(j, "temperature", 0.0, 2.0, 1.0));
+  r.top_p = static_cast<float>(number(j, "top_p", 0.0, 1.0, 1.0));
+  r.top_k = static_cast<int>(integer(j, "top_k", 0, kIntMax).value_or(0));
+  r.min_p = static_cast<float>(number(j, "min_p", 0.0, 1.0, 0.0));
+  if (const json* s = field(j, "seed")) {
+    if (!s->is_number_integer()) bad("seed", "'seed' must be an integer");
+    r.seed = s->is_number_unsigned() ? s->get<std::uint64_t>() : static_cast<std::uint64_t>(s->get<std::int64_t>());
+  }
+  if (const json* s = field(j, "stop")) {
+    if (s->is_string()) {
+      r.stop.push_back(s->get<std::string>());
+    } else if (s->is_array()) {
+      for (const json& x : *s) {
+        if (!x.is_string()) bad("stop", "'stop' must be a string or an array of strings");
+        r.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      bad("stop", "'stop' must be a string or an array of strings");
+    }
+    if (r.stop.size() > 16) bad("stop", "at most 16 stop sequences are supported");
+    for (const auto& x : r.stop) {
+      if (x.empty()) bad("stop", "stop sequences must not be empty");
+    }
+  }
+  r.presence_penalty = static_cast<float>(number(j, "presence_penalty", -2.0, 2.0, 0.0));
+  r.frequency_penalty = static_cast<float>(number(j, "frequency_penalty", -2.0, 2.0, 0.0));
+  if (const json* lb = field(j, "logit_bias")) {
+    if (!lb->is_object()) bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    for (const auto& [key, value] : lb->items()) {
+      std::size_t used = 0;
+      long id = -1;
+      try {
+        id = std::stol(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != key.size() || id < 0 || id > std::numeric_limits<std::int32_t>::max()) {
+        bad("logit_bias", "logit_bias keys must be token ids, not '" + key + "'");
+      }
+      if (!value.is_number() || !std::isfinite(value.get<double>()) || std::fabs(value.get<double>()) > 100) {
+        bad("logit_bias", "logit_bias values must be numbers between -100 and 100");
+      }
+      r.logit_bias.emplace_back(static_cast<std::int32_t>(id), value.get<float>());
+    }
+  }
+  if (chat) {
+    const bool logprobs = boolean(j, "logprobs", false);
+    const auto top = integer(j, "top_logprobs", 0, 20);
+    if (top && !logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (logprobs) r.top_logprobs = static_cast<int>(top.value_or(0));
+  } else if (auto lp = integer(j, "logprobs", 0, 5)) {
+    r.top_logprobs = static_cast<int>(*lp);
+  }
+  if (auto n = integer(j, "n", 1, kIntMax); n && *n != 1) bad("n", "only n = 1 is supported; send separate requests for more choices");
+  r.user = text(j, "user");
+  r.priority = static_cast<int>(integer(j, "priority", -1000000, 1000000).value_or(0));
+  r.timeout_s = number(j, "timeout", 0.0, 86400.0 * 365, 0.0);
+  r.ignore_eos = boolean(j, "ignore_eos", false);
+  if (const json* kw = field(j, "chat_template_kwargs")) {
+    if (!kw->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    r.chat_template_kwargs = *kw;
+  }
+  return r;
+}
+
+}  // namespace promptly::server

@@ -1,0 +1,60 @@
+#pragma once
+// The OpenAI request bodies the server accepts (/v1/chat/completions, /v1/completions), parsed and
+// validated into plain structs, and the errors in OpenAI's JSON shape. Pure functions of the body
+// (no engine, no sockets), so the libFuzzer target and the unit tests drive them directly.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace promptly::server {
+
+// An error the client gets as {"error": {"message", "type", "param", "code"}} with `status`.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string message, std::string type = "invalid_request_error", std::string param = {},
+           std::string code = {})
+      : std::runtime_error(message), status_(status), type_(std::move(type)), param_(std::move(param)), code_(std::move(code)) {}
+  int status() const { return status_; }
+  std::string body() const;
+
+ private:
+  int status_;
+  std::string type_, param_, code_;
+};
+
+struct ApiRequest {
+  bool chat = true;
+  std::string model;                       // empty: not given
+  nlohmann::ordered_json messages;         // chat: the validated messages array
+  std::vector<std::string> prompts;        // completions: one or more prompts (one choice each)
+  bool stream = false;
+  bool include_usage = false;              // stream_options.include_usage
+  std::optional<int> max_tokens;           // max_tokens or max_completion_tokens
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  float min_p = 0.0f;
+  std::optional<std::uint64_t> seed;
+  std::vector<std::string> stop;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::vector<std::pair<std::int32_t, float>> logit_bias;
+  int top_logprobs = -1;                   // < 0: no logprobs
+  std::string user;
+  int priority = 0;
+  double timeout_s = 0;
+  bool ignore_eos = false;
+  bool echo = false;                       // completions only
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
+};
+
+// Throws ApiError(400) naming the parameter for malformed JSON, wrong types, out-of-range values
+// and unsupported options (n > 1, ...).
+ApiRequest parse_api_request(std::string_view body, bool chat);
+
+}  // namespace promptly::server

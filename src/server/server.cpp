@@ -1,0 +1,767 @@
+#include "server/server.h"
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "server/api.h"
+#include "util/error.h"
+
+namespace promptly::server {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+std::int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string finish_reason_text(FinishReason r) {
+  switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Timeout: return "timeout";
+    case FinishReason::Cancelled: return "cancelled";
+    default: return "error";
+  }
+}
+
+double ms_between(SteadyClock::time_point a, SteadyClock::time_point b) {
+  if (a == SteadyClock::time_point{} || b == SteadyClock::time_point{}) return -1;
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+}  // namespace
+
+struct Server::Impl {
+  const Model& model;
+  const Tokenizer& tokenizer;
+  Engine& engine;
+  ServerOptions options;
+  std::optional<ChatTemplate> chat_template;
+  std::string bos_text, eos_text;
+  net::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  net::signal_set signals{ioc, SIGINT, SIGTERM};
+  std::atomic<bool> shutting_down{false};
+  std::atomic<std::uint64_t> next_request{1};
+  std::mutex live_mutex;
+  std::set<std::uint64_t> live_engine_ids;  // engine requests in flight (for shutdown)
+
+  metrics::Registry registry{"promptly:"};
+  metrics::Histogram *ttft, *itl, *e2e, *queue, *prefill;
+  metrics::Counter *prompt_tokens, *generation_tokens;
+  std::map<FinishReason, metrics::Counter*> success;
+
+  Impl(const Model& m, const Tokenizer& t, Engine& e, ServerOptions o) : model(m), tokenizer(t), engine(e), options(std::move(o)) {
+    const std::string& source = !options.chat_template.empty() ? options.chat_template
+                                : !tokenizer.vocab().chat_template.empty() ? tokenizer.vocab().chat_template
+                                                                            : ChatTemplate::chatml_source();
+    chat_template.emplace(source);
+    const Vocab& v = tokenizer.vocab();
+    if (v.bos >= 0) bos_text = v.tokens[static_cast<std::size_t>(v.bos)];
+    if (v.eos >= 0) eos_text = v.tokens[static_cast<std::size_t>(v.eos)];
+
+    const auto buckets = metrics::latency_buckets();
+    ttft = &registry.histogram("time_to_first_token_seconds", "Time from arrival to the first token", buckets);
+    itl = &registry.histogram("inter_token_latency_seconds", "Time between consecutive tokens of a request", buckets);
+    e2e = &registry.histogram("e2e_request_latency_seconds", "Time from arrival to the end of a request", buckets);
+    queue = &registry.histogram("request_queue_time_seconds", "Time a request waited before it was scheduled", buckets);
+    prefill = &registry.histogram("request_prefill_time_seconds", "Time from scheduling to the first token", buckets);
+    registry.gauge("num_requests_running", "Requests prefilling or decoding", [this] { return static_cast<double>(engine.stats().running); });
+    registry.gauge("num_requests_waiting", "Requests waiting to be scheduled", [this] { return static_cast<double>(engine.stats().waiting); });
+    registry.gauge("kv_cache_usage_perc", "Fraction of KV cache blocks held by running requests", [this] { return engine.stats().kv_usage(); });
+    prompt_tokens = &registry.counter("prompt_tokens_total", "Prompt tokens of finished requests");
+    generation_tokens = &registry.counter("generation_tokens_total", "Generated tokens of finished requests");
+    registry.counter_fn("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache",
+                        [this] { return static_cast<double>(engine.stats().prefix_cache_queries); });
+    registry.counter_fn("prefix_cache_hits_total", "Prompt tokens found in the prefix cache",
+                        [this] { return static_cast<double>(engine.stats().prefix_cache_hits); });
+    for (FinishReason r : {FinishReason::Stop, FinishReason::Length, FinishReason::Cancelled, FinishReason::Timeout, FinishReason::Error}) {
+      success[r] = &registry.counter("request_success_total", "Finished requests by reason",
+                                     "finished_reason=\"" + finish_reason_text(r) + "\"");
+    }
+  }
+
+  void accept();
+  void begin_shutdown();
+};
+
+namespace {
+
+// One prompt's generation inside a request (completions may carry several prompts).
+struct Choice {
+  std::uint64_t engine_id = 0;
+  std::size_t n_prompt = 0;
+  std::string text;
+  std::vector<EngineEvent> tokens;  // only kept when logprobs were asked for
+  std::size_t n_tokens = 0;
+  bool finished = false;
+  EngineEvent end;
+  SteadyClock::time_point last_token;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, Server::Impl& server) : stream_(std::move(socket)), server_(server) {}
+
+  void start() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_request(); });
+  }
+
+ private:
+  beast::tcp_stream stream_;
+  Server::Impl& server_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  http::request<http::string_body> request_;
+
+  // The generation in flight (one per connection: HTTP/1.1 answers in order).
+  bool generating_ = false;
+  bool peer_gone_ = false;
+  bool watching_ = false;
+  bool resume_after_watch_ = false;
+  ApiRequest api_;
+  std::string request_id_;
+  std::string route_;
+  std::int64_t created_ = 0;
+  std::vector<Choice> choices_;
+  std::size_t n_finished_ = 0;
+  bool sent_role_ = false;
+  // Streaming output: chunks written one at a time, in order.
+  struct Out {
+    std::string data;
+    bool header = false;
+    bool last = false;
+  };
+  std::deque<Out> out_;
+  bool writing_ = false;
+  std::shared_ptr<http::response<http::empty_body>> stream_header_;
+  std::shared_ptr<http::response_serializer<http::empty_body>> stream_serializer_;
+
+  void read_request() {
+    parser_.emplace();
+    parser_->body_limit(server_.options.max_body_bytes);
+    parser_->header_limit(64 * 1024);
+    stream_.expires_after(std::chrono::milliseconds(static_cast<std::int64_t>(server_.options.idle_timeout_s * 1000)));
+    http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
+  }
+
+  void on_read(beast::error_code ec) {
+    if (ec == http::error::body_limit) {
+      // Answer, then drain what the client is still sending before closing: closing with unread
+      // data would reset the connection and the client would never see the 413.
+      auto res = std::make_shared<http::response<http::string_body>>(http::status::payload_too_large, 11);
+      res->set(http::field::content_type, "application/json");
+      res->body() = ApiError(413, "the request body exceeds " + std::to_string(server_.options.max_body_bytes) + " bytes").body();
+      res->keep_alive(false);
+      res->prepare_payload();
+      stream_.expires_after(std::chrono::seconds(10));
+      http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, std::size_t) {
+        if (ec) return self->close();
+        beast::error_code ignored;
+        self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+        self->drain();
+      });
+      return;
+    }
+    if (ec == http::error::end_of_stream || ec) {
+      if (ec && ec != http::error::end_of_stream && ec != beast::error::timeout && ec != net::error::operation_aborted &&
+          ec != net::error::connection_reset && ec != net::error::eof) {
+        // Malformed HTTP: say so, then close.
+        send_error(ApiError(400, std::string("malformed HTTP request: ") + ec.message()), false);
+        return;
+      }
+      close();
+      return;
+    }
+    request_ = parser_->release();
+    handle();
+  }
+
+  void drain() {
+    auto sink = std::make_shared<std::array<char, 65536>>();
+    stream_.async_read_some(net::buffer(*sink), [self = shared_from_this(), sink](beast::error_code ec, std::size_t) {
+      if (ec) return self->close();  // EOF, or the 10 s timeout
+      self->drain();
+    });
+  }
+
+  void close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.socket().close(ec);
+  }
+
+  template <class Body>
+  void send(std::shared_ptr<http::response<Body>> res, bool keep_alive) {
+    res->keep_alive(keep_alive);
+    res->prepare_payload();
+    stream_.expires_after(std::chrono::seconds(30));
+    http::async_write(stream_, *res, [self = shared_from_this(), res, keep_alive](beast::error_code ec, std::size_t) {
+      if (ec || !keep_alive) {
+        self->close();
+        return;
+      }
+      self->continue_reading();
+    });
+  }
+
+  // The next request, once the disconnect watch (if any) has stopped: one read at a time.
+  void continue_reading() {
+    if (watching_) {
+      resume_after_watch_ = true;
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);
+    } else {
+      read_request();
+    }
+  }
+
+  void send_json(int status, const std::string& body, bool keep_alive, const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+    auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), request_.version());
+    res->set(http::field::server, "promptly");
+    res->set(http::field::content_type, "application/json");
+    for (const auto& [k, v] : headers) res->set(k, v);
+    res->body() = body;
+    send(res, keep_alive);
+  }
+
+  void send_error(const ApiError& e, bool keep_alive = true) {
+    std::vector<std::pair<std::string, std::string>> headers;
+    if (e.status() == 429) headers.emplace_back("Retry-After", "1");
+    if (e.status() == 401) headers.emplace_back("WWW-Authenticate", "Bearer");
+    send_json(e.status(), e.body(), keep_alive && request_.keep_alive(), headers);
+  }
+
+  void handle() {
+    const std::string target(request_.target());
+    const std::string path = target.substr(0, target.find('?'));
+    const auto method = request_.method();
+    try {
+      if (path == "/health") {
+        if (server_.shutting_down) throw ApiError(503, "the server is shutting down", "server_error");
+        send_json(200, R"({"status":"ok"})", request_.keep_alive());
+        return;
+      }
+      if (path == "/metrics") {
+        auto res = std::make_shared<http::response<http::string_body>>(http::status::ok, request_.version());
+        res->set(http::field::content_type, "text/plain; version=0.0.4");
+        res->body() = server_.registry.render();
+        send(res, request_.keep_alive());
+        return;
+      }
+      if (path.rfind("/v1/", 0) != 0) throw ApiError(404, "no route for " + path, "invalid_request_error", "", "not_found");
+      authorize();
+      if (path == "/v1/models") {
+        if (method != http::verb::get) throw ApiError(405, "use GET for /v1/models");
+        const json body = {{"object", "list"},
+                           {"data", json::array({{{"id", server_.options.model_id}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "promptly"}}})}};
+        send_json(200, body.dump(), request_.keep_alive());
+        return;
+      }
+      if (path == "/v1/chat/completions" || path == "/v1/completions") {
+        if (method != http::verb::post) throw ApiError(405, "use POST for " + path);
+        if (server_.shutting_down) throw ApiError(503, "the server is shutting down", "server_error");
+        start_generation(path == "/v1/chat/completions");
+        return;
+      }
+      throw ApiError(404, "no route for " + path, "invalid_request_error", "", "not_found");
+    } catch (const ApiError& e) {
+      log_rejected(path, e);
+      send_error(e);
+    } catch (const std::exception& e) {
+      send_error(ApiError(500, std::string("internal error: ") + e.what(), "server_error"));
+    }
+  }
+
+  void authorize() {
+    const std::string& key = server_.options.api_key;
+    if (key.empty()) return;
+    const auto it = request_.find(http::field::authorization);
+    if (it == request_.end() || std::string(it->value()) != "Bearer " + key) {
+      throw ApiError(401, "missing or wrong API key (send 'Authorization: Bearer <key>')", "authentication_error", "", "invalid_api_key");
+    }
+  }
+
+  void log_rejected(const std::string& path, const ApiError& e) {
+    std::fprintf(stderr, "%s\n",
+                 json({{"event", "request"}, {"route", path}, {"status", e.status()}, {"error", e.what()}})
+                     .dump(-1, ' ', false, json::error_handler_t::replace)
+                     .c_str());
+  }
+
+  std::vector<std::int32_t> tokenize_chat() {
+    ChatRenderOptions ro;
+    ro.add_generation_prompt = true;
+    ro.bos_token = server_.bos_text;
+    ro.eos_token = server_.eos_text;
+    ro.extra = api_.chat_template_kwargs;
+    std::string text;
+    try {
+      text = server_.chat_template->render(api_.messages, ro);
+    } catch (const jinja::RaisedException& e) {
+      throw ApiError(400, std::string("the chat template rejected the conversation: ") + e.what(), "invalid_request_error", "messages");
+    } catch (const std::exception& e) {
+      throw ApiError(400, std::string("the chat template failed on these messages: ") + e.what(), "invalid_request_error", "messages");
+    }
+    // Templates usually write the BOS token themselves; never add a second one.
+    const bool has_bos = !server_.bos_text.empty() && text.rfind(server_.bos_text, 0) == 0;
+    return server_.tokenizer.encode(text, !has_bos, /*parse_special=*/true);
+  }
+
+  void start_generation(bool chat) {
+    api_ = parse_api_request(request_.body(), chat);
+    if (!api_.model.empty() && api_.model != server_.options.model_id) {
+      throw ApiError(404, "the model '" + api_.model + "' does not exist; this server serves '" + server_.options.model_id + "'",
+                     "invalid_request_error", "model", "model_not_found");
+    }
+    const EngineStats st = server_.engine.stats();
+    if (st.waiting >= server_.options.max_queue) {
+      throw ApiError(429, "the server is at capacity (" + std::to_string(st.waiting) + " requests waiting); retry shortly",
+                     "rate_limit_error", "", "queue_full");
+    }
+    std::vector<std::vector<std::int32_t>> prompts;
+    if (chat) {
+      prompts.push_back(tokenize_chat());
+    } else {
+      for (const std::string& p : api_.prompts) prompts.push_back(server_.tokenizer.encode(p, true, false));
+    }
+    const std::size_t ctx = server_.engine.ctx_size();
+    for (const auto& p : prompts) {
+      const std::size_t want = p.size() + static_cast<std::size_t>(api_.max_tokens.value_or(0));
+      if (p.size() >= ctx || want > ctx) {
+        throw ApiError(400,
+                       "this model's maximum context length is " + std::to_string(ctx) + " tokens, but the request needs " +
+                           std::to_string(want) + " (" + std::to_string(p.size()) + " in the prompt, " +
+                           std::to_string(api_.max_tokens.value_or(0)) + " to generate); shorten the prompt or lower max_tokens",
+                       "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded");
+      }
+    }
+
+    route_ = chat ? "chat" : "completions";
+    request_id_ = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(server_.next_request++);
+    created_ = unix_now();
+    choices_.assign(prompts.size(), Choice{});
+    n_finished_ = 0;
+    sent_role_ = false;
+    generating_ = true;
+    peer_gone_ = false;
+    if (api_.stream) begin_stream();
+
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      Request r;
+      r.prompt = prompts[i];
+      r.max_tokens = api_.max_tokens.value_or(-1);
+      r.sampling.temperature = api_.temperature;
+      r.sampling.top_p = api_.top_p;
+      r.sampling.top_k = api_.top_k;
+      r.sampling.min_p = api_.min_p;
+      r.sampling.presence_penalty = api_.presence_penalty;
+      r.sampling.frequency_penalty = api_.frequency_penalty;
+      r.sampling.repeat_last_n = -1;  // OpenAI's penalties count the whole output
+      if (api_.seed) r.sampling.seed = *api_.seed;
+      else r.sampling.seed = std::random_device{}();
+      r.logit_bias = api_.logit_bias;
+      r.stop = api_.stop;
+      r.ignore_eos = api_.ignore_eos;
+      r.priority = api_.priority;
+      r.timeout_s = api_.timeout_s;
+      r.top_logprobs = api_.top_logprobs;
+      auto self = shared_from_this();
+      r.on_event = [self, i](const EngineEvent& e) {
+        net::post(self->stream_.get_executor(), [self, i, e] { self->on_event(i, e); });
+      };
+      choices_[i].n_prompt = prompts[i].size();
+      try {
+        choices_[i].engine_id = server_.engine.submit(std::move(r));
+      } catch (const Error& e) {
+        for (std::size_t k = 0; k < i; ++k) server_.engine.cancel(choices_[k].engine_id);
+        generating_ = false;
+        throw ApiError(400, e.what());
+      }
+      std::lock_guard lock(server_.live_mutex);
+      server_.live_engine_ids.insert(choices_[i].engine_id);
+    }
+    watch_peer();
+  }
+
+  // While a generation runs, a read on the socket tells us at once when the client goes away.
+  void watch_peer() {
+    if (watching_ || peer_gone_) return;
+    watching_ = true;
+    stream_.socket().async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+      self->watching_ = false;
+      if (!ec) {
+        self->buffer_.commit(n);  // a pipelined request: kept for the next read
+        if (self->generating_) self->watch_peer();
+      } else if (ec != net::error::operation_aborted) {
+        self->peer_gone();
+      }
+      if (self->resume_after_watch_ && !self->watching_) {
+        self->resume_after_watch_ = false;
+        self->read_request();
+      }
+    });
+  }
+
+  void peer_gone() {
+    if (peer_gone_) return;
+    peer_gone_ = true;
+    for (const Choice& c : choices_) {
+      if (!c.finished) server_.engine.cancel(c.engine_id);
+    }
+  }
+
+  void on_event(std::size_t index, const EngineEvent& e) {
+    Choice& c = choices_[index];
+    if (e.kind == EngineEvent::Kind::Token) {
+      if (c.last_token != SteadyClock::time_point{}) server_.itl->observe(std::chrono::duration<double>(e.time - c.last_token).count());
+      c.last_token = e.time;
+      ++c.n_tokens;
+      c.text += e.text;
+      if (api_.top_logprobs >= 0) c.tokens.push_back(e);
+      if (api_.stream && !peer_gone_ && (!e.text.empty() || api_.top_logprobs >= 0)) stream_piece(index, e.text, api_.top_logprobs >= 0 ? &e : nullptr);
+      return;
+    }
+    c.text += e.text;
+    c.finished = true;
+    c.end = e;
+    ++n_finished_;
+    record(c);
+    {
+      std::lock_guard lock(server_.live_mutex);
+      server_.live_engine_ids.erase(c.engine_id);
+    }
+    if (api_.stream && !peer_gone_) {
+      if (!e.text.empty()) stream_piece(index, e.text, nullptr);
+      stream_finish(index, e.finish_reason);
+    }
+    if (n_finished_ < choices_.size()) return;
+    if (api_.stream) {
+      if (!peer_gone_) end_stream();
+    } else if (!peer_gone_) {
+      send_completion();
+    }
+    generating_ = false;
+    if (peer_gone_) close();
+  }
+
+  void record(const Choice& c) {
+    const RequestTimes& t = c.end.times;
+    if (t.first_token != SteadyClock::time_point{}) {
+      server_.ttft->observe(t.ttft_seconds());
+      server_.prefill->observe(t.prefill_seconds());
+    }
+    if (t.scheduled != SteadyClock::time_point{}) server_.queue->observe(t.queue_seconds());
+    server_.e2e->observe(t.e2e_seconds());
+    server_.prompt_tokens->add(static_cast<double>(c.end.usage.prompt_tokens));
+    server_.generation_tokens->add(static_cast<double>(c.end.usage.completion_tokens));
+    server_.success[c.end.finish_reason == FinishReason::None ? FinishReason::Error : c.end.finish_reason]->add();
+    std::fprintf(stderr, "%s\n",
+                 json({{"event", "request"},
+                       {"id", request_id_},
+                       {"route", route_},
+                       {"stream", api_.stream},
+                       {"prompt_tokens", c.end.usage.prompt_tokens},
+                       {"cached_tokens", c.end.usage.cached_tokens},
+                       {"completion_tokens", c.end.usage.completion_tokens},
+                       {"queue_ms", ms_between(t.arrival, t.scheduled)},
+                       {"ttft_ms", ms_between(t.arrival, t.first_token)},
+                       {"total_ms", ms_between(t.arrival, t.finished)},
+                       {"finish_reason", finish_reason_text(c.end.finish_reason)},
+                       {"preemptions", c.end.usage.preemptions}})
+                     .dump()
+                     .c_str());
+  }
+
+  json usage_json() const {
+    std::size_t prompt = 0, completion = 0, cached = 0;
+    for (const Choice& c : choices_) {
+      prompt += c.end.usage.prompt_tokens;
+      completion += c.end.usage.completion_tokens;
+      cached += c.end.usage.cached_tokens;
+    }
+    return {{"prompt_tokens", prompt},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt + completion},
+            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  }
+
+  std::string token_text(std::int32_t id) const { return server_.tokenizer.piece(id, true); }
+
+  json chat_logprob(const EngineEvent& e) const {
+    auto entry = [&](std::int32_t id, float lp) {
+      const std::string t = token_text(id);
+      json bytes = json::array();
+      for (unsigned char ch : t) bytes.push_back(ch);
+      return json{{"token", t}, {"logprob", lp}, {"bytes", bytes}};
+    };
+    json j = entry(e.token, e.logprob);
+    j["top_logprobs"] = json::array();
+    for (const TokenLogprob& t : e.top_logprobs) j["top_logprobs"].push_back(entry(t.token, t.logprob));
+    return j;
+  }
+
+  json completion_logprobs(const std::vector<EngineEvent>& events) const {
+    json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+    std::size_t offset = 0;
+    for (const EngineEvent& e : events) {
+      const std::string t = token_text(e.token);
+      tokens.push_back(t);
+      lps.push_back(e.logprob);
+      json top = json::object();
+      for (const TokenLogprob& x : e.top_logprobs) top[token_text(x.token)] = x.logprob;
+      tops.push_back(top);
+      offsets.push_back(offset);
+      offset += t.size();
+    }
+    return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+
+  void send_completion() {
+    const std::string reason_error = first_error();
+    if (!reason_error.empty()) {
+      send_error(ApiError(500, "generation failed: " + reason_error, "server_error"));
+      return;
+    }
+    json choices = json::array();
+    for (std::size_t i = 0; i < choices_.size(); ++i) {
+      const Choice& c = choices_[i];
+      json choice = {{"index", i}};
+      if (api_.chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        if (api_.top_logprobs >= 0) {
+          json content = json::array();
+          for (const EngineEvent& e : c.tokens) content.push_back(chat_logprob(e));
+          choice["logprobs"] = {{"content", content}};
+        } else {
+          choice["logprobs"] = nullptr;
+        }
+      } else {
+        choice["text"] = c.text;
+        choice["logprobs"] = api_.top_logprobs >= 0 ? completion_logprobs(c.tokens) : json(nullptr);
+      }
+      choice["finish_reason"] = finish_reason_text(c.end.finish_reason);
+      choices.push_back(choice);
+    }
+    const json body = {{"id", request_id_},
+                       {"object", api_.chat ? "chat.completion" : "text_completion"},
+                       {"created", created_},
+                       {"model", server_.options.model_id},
+                       {"choices", choices},
+                       {"usage", usage_json()}};
+    send_json(200, body.dump(-1, ' ', false, json::error_handler_t::replace), request_.keep_alive());
+  }
+
+  std::string first_error() const {
+    for (const Choice& c : choices_) {
+      if (c.end.finish_reason == FinishReason::Error) return c.end.error;
+    }
+    return {};
+  }
+
+  // --- streaming (server-sent events over a chunked response) ---
+  void begin_stream() {
+    stream_header_ = std::make_shared<http::response<http::empty_body>>(http::status::ok, request_.version());
+    stream_header_->set(http::field::server, "promptly");
+    stream_header_->set(http::field::content_type, "text/event-stream");
+    stream_header_->set(http::field::cache_control, "no-cache");
+    stream_header_->keep_alive(request_.keep_alive());
+    stream_header_->chunked(true);
+    stream_serializer_ = std::make_shared<http::response_serializer<http::empty_body>>(*stream_header_);
+    out_.push_back({"", true, false});
+    pump();
+  }
+
+  json chunk_base() const {
+    return {{"id", request_id_}, {"object", api_.chat ? "chat.completion.chunk" : "text_completion"}, {"created", created_},
+            {"model", server_.options.model_id}};
+  }
+
+  void push_event(const json& j) {
+    out_.push_back({"data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n", false, false});
+    pump();
+  }
+
+  void stream_piece(std::size_t index, const std::string& text, const EngineEvent* logprob_event) {
+    json j = chunk_base();
+    json choice = {{"index", index}};
+    if (api_.chat) {
+      json delta = {{"content", text}};
+      if (!sent_role_) {
+        delta = {{"role", "assistant"}, {"content", text}};
+        sent_role_ = true;
+      }
+      choice["delta"] = delta;
+      choice["logprobs"] = logprob_event ? json{{"content", json::array({chat_logprob(*logprob_event)})}} : json(nullptr);
+    } else {
+      choice["text"] = text;
+      choice["logprobs"] = logprob_event ? completion_logprobs({*logprob_event}) : json(nullptr);
+    }
+    choice["finish_reason"] = nullptr;
+    j["choices"] = json::array({choice});
+    push_event(j);
+  }
+
+  void stream_finish(std::size_t index, FinishReason reason) {
+    json j = chunk_base();
+    json choice = {{"index", index}};
+    if (api_.chat) {
+      choice["delta"] = sent_role_ ? json::object() : json{{"role", "assistant"}, {"content", ""}};
+      sent_role_ = true;
+    } else {
+      choice["text"] = "";
+    }
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = finish_reason_text(reason);
+    j["choices"] = json::array({choice});
+    push_event(j);
+  }
+
+  void end_stream() {
+    const std::string error = first_error();
+    if (!error.empty()) {
+      push_event(json{{"error", {{"message", "generation failed: " + error}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}});
+    }
+    if (api_.include_usage) {
+      json j = chunk_base();
+      j["choices"] = json::array();
+      j["usage"] = usage_json();
+      push_event(j);
+    }
+    out_.push_back({"data: [DONE]\n\n", false, false});
+    out_.push_back({"", false, true});
+    pump();
+  }
+
+  void pump() {
+    if (writing_ || out_.empty()) return;
+    writing_ = true;
+    auto item = std::make_shared<Out>(std::move(out_.front()));
+    out_.pop_front();
+    auto done = [self = shared_from_this(), item](beast::error_code ec, std::size_t) {
+      self->writing_ = false;
+      if (ec) {
+        self->out_.clear();
+        self->peer_gone();
+        return;
+      }
+      if (item->last) {
+        self->stream_header_.reset();
+        self->stream_serializer_.reset();
+        if (!self->request_.keep_alive()) {
+          self->close();
+          return;
+        }
+        self->continue_reading();
+        return;
+      }
+      self->pump();
+    };
+    stream_.expires_after(std::chrono::seconds(30));  // a client that stops reading is dropped
+    if (item->header) {
+      http::async_write_header(stream_, *stream_serializer_, done);
+    } else if (item->last) {
+      net::async_write(stream_, http::make_chunk_last(), done);
+    } else {
+      net::async_write(stream_, http::make_chunk(net::buffer(item->data)), done);
+    }
+  }
+};
+
+}  // namespace
+
+void Server::Impl::accept() {
+  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+    } else {
+      std::make_shared<Session>(std::move(socket), *this)->start();
+    }
+    accept();
+  });
+}
+
+void Server::Impl::begin_shutdown() {
+  if (shutting_down.exchange(true)) return;
+  std::fprintf(stderr, "shutting down: no new requests; finishing in-flight ones for up to %.0f s\n", options.shutdown_grace_s);
+  beast::error_code ec;
+  acceptor.close(ec);
+  const auto deadline = SteadyClock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(options.shutdown_grace_s * 1000));
+  auto timer = std::make_shared<net::steady_timer>(ioc);
+  auto check = std::make_shared<std::function<void()>>();
+  *check = [this, timer, check, deadline, cancelled = false]() mutable {
+    std::size_t live;
+    {
+      std::lock_guard lock(live_mutex);
+      live = live_engine_ids.size();
+      if (live > 0 && SteadyClock::now() >= deadline && !cancelled) {
+        for (std::uint64_t id : live_engine_ids) engine.cancel(id);
+        cancelled = true;
+      }
+    }
+    if (live == 0 || SteadyClock::now() >= deadline + std::chrono::seconds(5)) {
+      // Give the last writes a moment, then stop.
+      timer->expires_after(std::chrono::milliseconds(200));
+      timer->async_wait([this, check](beast::error_code) {
+        ioc.stop();
+        *check = nullptr;  // breaks the self-reference
+      });
+      return;
+    }
+    timer->expires_after(std::chrono::milliseconds(50));
+    timer->async_wait([check](beast::error_code) {
+      if (*check) (*check)();
+    });
+  };
+  (*check)();
+}
+
+Server::Server(const Model& model, const Tokenizer& tokenizer, Engine& engine, ServerOptions options)
+    : impl_(std::make_unique<Impl>(model, tokenizer, engine, std::move(options))) {}
+
+Server::~Server() = default;
+
+unsigned short Server::listen() {
+  Impl& s = *impl_;
+  beast::error_code ec;
+  const auto address = net::ip::make_address(s.options.host, ec);
+  if (ec) throw Error("invalid --host '" + s.options.host + "': " + ec.message());
+  const tcp::endpoint endpoint(address, s.options.port);
+  s.acceptor.open(endpoint.protocol(), ec);
+  if (!ec) s.acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) s.acceptor.bind(endpoint, ec);
+  if (!ec) s.acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) throw Error("cannot listen on " + s.options.host + ":" + std::to_string(s.options.port) + ": " + ec.message());
+  return s.acceptor.local_endpoint().port();
+}
+
+void Server::run() {
+  Impl& s = *impl_;
+  s.signals.async_wait([&s](beast::error_code ec, int) {
+    if (!ec) s.begin_shutdown();
+  });
+  s.accept();
+  std::vector<std::thread> threads;
+  for (int i = 1; i < std::max(1, s.options.io_threads); ++i) threads.emplace_back([&s] { s.ioc.run(); });
+  s.ioc.run();
+  for (auto& t : threads) t.join();
+}
+
+void Server::stop() {
+  net::post(impl_->ioc, [this] { impl_->begin_shutdown(); });
+}
+
+}  // namespace promptly::server

@@ -1,0 +1,55 @@
+#pragma once
+// `promptly serve`: an OpenAI-compatible HTTP/1.1 server on Boost.Beast. A few I/O threads run
+// every connection asynchronously (each on its own strand); generation runs on the engine's thread
+// and its events are posted back to the connection's strand, so a token is written the moment it
+// exists. A client that disconnects cancels its request in the engine at once.
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "chat/chat_template.h"
+#include "engine/engine.h"
+#include "metrics/metrics.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace promptly::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  unsigned short port = 8080;  // 0: any free port (see Server::port)
+  int io_threads = 2;
+  std::size_t max_queue = 256;            // waiting requests beyond this get 429
+  std::string api_key;                    // non-empty: /v1/* need "Authorization: Bearer KEY"
+  std::string model_id;                   // the name clients use (--alias, else the file's stem)
+  std::string chat_template;              // template source; empty: the model's, else ChatML
+  std::size_t max_body_bytes = 8 << 20;
+  double idle_timeout_s = 60;             // keep-alive connections and slow request bodies
+  double shutdown_grace_s = 10;
+};
+
+class Server {
+ public:
+  Server(const Model& model, const Tokenizer& tokenizer, Engine& engine, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds (throws Error when it cannot) and returns the bound port.
+  unsigned short listen();
+  // Serves until SIGINT/SIGTERM or stop(); then drains in-flight requests for the grace period,
+  // cancels the rest and returns.
+  void run();
+  void stop();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace promptly::server

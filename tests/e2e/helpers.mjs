@@ -1,0 +1,67 @@
+// Starts `promptly serve` on a free loopback port and stops it; shared by the e2e tests.
+import { spawn, execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+
+export const BINARY = process.env.PROMPTLY_BINARY ?? path.resolve('build/release/promptly');
+export const SHARED = process.env.PROMPTLY_SHARED_MODELS ?? path.resolve('../shared/models');
+export const STORIES = path.join(SHARED, 'stories260K.gguf');
+
+export async function startServer(args, { env } = {}) {
+  const proc = spawn(BINARY, ['serve', '--port', '0', '-t', '1', ...args], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
+  let log = '';
+  const port = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 30000);
+    proc.stderr.on('data', (chunk) => {
+      log += chunk.toString();
+      const m = log.match(/on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m) {
+        clearTimeout(timer);
+        resolve(Number(m[1]));
+      }
+    });
+    proc.on('exit', (code) => reject(new Error(`server exited with ${code}:\n${log}`)));
+  });
+  const baseURL = `http://127.0.0.1:${port}`;
+  return {
+    proc,
+    port,
+    baseURL,
+    log: () => log,
+    async stop() {
+      if (proc.exitCode !== null) return proc.exitCode;
+      const exited = new Promise((resolve) => proc.on('exit', (code) => resolve(code)));
+      proc.kill('SIGTERM');
+      return exited;
+    },
+  };
+}
+
+// Greedy text from `promptly run` for the same prompt, the reference the server must reproduce.
+export function runGreedy(model, prompt, n) {
+  const out = execFileSync(BINARY, ['run', '-m', model, '-p', prompt, '-n', String(n), '--temp', '0', '--json'], { stdio: ['ignore', 'pipe', 'ignore'] });
+  return JSON.parse(out.toString());
+}
+
+export async function metrics(baseURL) {
+  const text = await (await fetch(`${baseURL}/metrics`)).text();
+  const value = (name) => {
+    const m = text.match(new RegExp(`^${name.replace(/[{}"=:]/g, (c) => '\\' + c)} (\\S+)$`, 'm'));
+    return m ? Number(m[1]) : NaN;
+  };
+  return { text, value };
+}
+
+export async function waitFor(fn, what, timeoutMs = 10000) {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    if (await fn()) return;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+export function rssKb(pid) {
+  const m = readFileSync(`/proc/${pid}/status`, 'utf8').match(/VmRSS:\s+(\d+)/);
+  return Number(m[1]);
+}

@@ -1,0 +1,230 @@
+// promptly serve through the official OpenAI Node SDK (and raw HTTP where the SDK would refuse to
+// send the request): the API surface, greedy equivalence with `promptly run`, errors, disconnects.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import OpenAI from 'openai';
+import { BINARY, SHARED, STORIES, startServer, runGreedy, metrics, waitFor } from './helpers.mjs';
+
+let server;
+let client;
+
+before(async () => {
+  server = await startServer(['-m', STORIES, '--kv-type', 'f32']);
+  client = new OpenAI({ baseURL: `${server.baseURL}/v1`, apiKey: 'unused', maxRetries: 0 });
+});
+after(async () => {
+  assert.equal(await server.stop(), 0, 'a clean exit on SIGTERM');
+});
+
+test('health and models', async () => {
+  assert.equal((await fetch(`${server.baseURL}/health`)).status, 200);
+  const models = await client.models.list();
+  assert.deepEqual(models.data.map((m) => m.id), ['stories260K']);
+});
+
+test('non-streaming completion equals promptly run (greedy)', async () => {
+  const prompt = 'Once upon a time';
+  const want = runGreedy(STORIES, prompt, 40);
+  const r = await client.completions.create({ model: 'stories260K', prompt, max_tokens: 40, temperature: 0 });
+  assert.equal(r.choices[0].text, want.text);
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.usage.prompt_tokens, want.prompt_ids.length);
+  assert.equal(r.usage.completion_tokens, 40);
+  assert.equal(r.usage.total_tokens, want.prompt_ids.length + 40);
+});
+
+test('streaming completion delivers the same text, then usage and [DONE]', async () => {
+  const prompt = 'The little dog';
+  const want = runGreedy(STORIES, prompt, 30);
+  const stream = await client.completions.create({ model: 'stories260K', prompt, max_tokens: 30, temperature: 0, stream: true, stream_options: { include_usage: true } });
+  let text = '';
+  let finish = null;
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.choices.length) {
+      text += chunk.choices[0].text;
+      if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+    }
+    if (chunk.usage) usage = chunk.usage;
+  }
+  assert.equal(text, want.text);
+  assert.equal(finish, 'length');
+  assert.equal(usage.completion_tokens, 30);
+});
+
+test('chat streaming and non-streaming agree; the role comes first', async () => {
+  const messages = [{ role: 'system', content: 'Tell a story.' }, { role: 'user', content: 'A cat and a ball.' }];
+  const full = await client.chat.completions.create({ model: 'stories260K', messages, max_tokens: 25, temperature: 0 });
+  assert.equal(full.object, 'chat.completion');
+  assert.equal(full.choices[0].message.role, 'assistant');
+  const stream = await client.chat.completions.create({ model: 'stories260K', messages, max_tokens: 25, temperature: 0, stream: true });
+  let text = '';
+  let first = true;
+  let finish = null;
+  for await (const chunk of stream) {
+    const c = chunk.choices[0];
+    if (first) assert.equal(c.delta.role, 'assistant');
+    first = false;
+    text += c.delta.content ?? '';
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+  assert.equal(text, full.choices[0].message.content);
+  assert.equal(finish, full.choices[0].finish_reason);
+});
+
+test('stop strings end generation and are never shown, even across tokens', async () => {
+  const prompt = 'Once upon a time';
+  const full = runGreedy(STORIES, prompt, 60).text;
+  const stop = full.slice(full.indexOf('little'), full.indexOf('little') + 9);  // spans tokens
+  for (const stream of [false, true]) {
+    const r = await client.completions.create({ model: 'stories260K', prompt, max_tokens: 60, temperature: 0, stop: [stop, 'zzz'], stream });
+    let text = '';
+    let finish = null;
+    if (stream) {
+      for await (const chunk of r) {
+        text += chunk.choices[0]?.text ?? '';
+        finish = chunk.choices[0]?.finish_reason ?? finish;
+      }
+    } else {
+      text = r.choices[0].text;
+      finish = r.choices[0].finish_reason;
+    }
+    assert.equal(text, full.slice(0, full.indexOf(stop)), `stream=${stream}`);
+    assert.equal(finish, 'stop');
+  }
+});
+
+test('a second turn is served from the prefix cache', async () => {
+  const messages = [{ role: 'user', content: 'Tell me about a big red ball and a small blue car that went to the park together.' }];
+  const first = await client.chat.completions.create({ model: 'stories260K', messages, max_tokens: 40, temperature: 0 });
+  const second = await client.chat.completions.create({
+    model: 'stories260K',
+    messages: [...messages, { role: 'assistant', content: first.choices[0].message.content }, { role: 'user', content: 'And then?' }],
+    max_tokens: 5,
+    temperature: 0,
+  });
+  const cached = second.usage.prompt_tokens_details.cached_tokens;
+  assert.ok(cached >= 64, `cached_tokens ${cached} of ${second.usage.prompt_tokens}`);
+  assert.ok(cached < second.usage.prompt_tokens);
+});
+
+test('logprobs, seed and sampling parameters', async () => {
+  const r = await client.chat.completions.create({
+    model: 'stories260K', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 3,
+  });
+  const lp = r.choices[0].logprobs.content;
+  assert.equal(lp.length, r.usage.completion_tokens);
+  for (const t of lp) {
+    assert.equal(t.top_logprobs.length, 3);
+    assert.ok(t.logprob <= 0);
+    assert.equal(t.token, t.top_logprobs[0].token);  // greedy takes the most likely token
+  }
+  const a = await client.completions.create({ model: 'stories260K', prompt: 'A', max_tokens: 20, temperature: 1.0, top_p: 0.9, top_k: 40, seed: 7 });
+  const b = await client.completions.create({ model: 'stories260K', prompt: 'A', max_tokens: 20, temperature: 1.0, top_p: 0.9, top_k: 40, seed: 7 });
+  assert.equal(a.choices[0].text, b.choices[0].text, 'the same seed gives the same sample');
+});
+
+test('errors: status codes and OpenAI error bodies', async () => {
+  await assert.rejects(client.chat.completions.create({ model: 'nope', messages: [{ role: 'user', content: 'x' }] }), (e) => e.status === 404 && e.code === 'model_not_found');
+  await assert.rejects(client.chat.completions.create({ model: 'stories260K', messages: [{ role: 'user', content: 'x' }], n: 2 }), (e) => e.status === 400 && e.param === 'n');
+  await assert.rejects(client.completions.create({ model: 'stories260K', prompt: 'x', max_tokens: 5000 }), (e) => e.status === 400 && /2048/.test(e.message));
+  await assert.rejects(client.chat.completions.create({ model: 'stories260K', messages: [{ role: 'wizard', content: 'x' }] }), (e) => e.status === 400);
+  const raw = async (body, headers = {}) => fetch(`${server.baseURL}/v1/chat/completions`, { method: 'POST', body, headers: { 'content-type': 'application/json', ...headers } });
+  for (const body of ['{"messages": [', '[]', '{"messages": "hi"}', '{"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}', '{"messages": [{"role": "user", "content": "x"}], "temperature": 9}']) {
+    const r = await raw(body);
+    assert.equal(r.status, 400, body);
+    const j = await r.json();
+    assert.equal(typeof j.error.message, 'string');
+    assert.equal(j.error.type, 'invalid_request_error');
+  }
+  const big = await raw(JSON.stringify({ messages: [{ role: 'user', content: 'x'.repeat(9 << 20) }] }));
+  assert.equal(big.status, 413);
+  assert.equal((await fetch(`${server.baseURL}/v1/nothing`)).status, 404);
+  assert.equal((await fetch(`${server.baseURL}/health`)).status, 200, 'still healthy');
+});
+
+test('a client that disconnects mid-stream cancels its request and frees its KV blocks', async () => {
+  const controller = new AbortController();
+  const r = await fetch(`${server.baseURL}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: 'Once upon a time', max_tokens: 1500, ignore_eos: true, temperature: 0, stream: true }),
+    signal: controller.signal,
+  });
+  const reader = r.body.getReader();
+  await reader.read();
+  controller.abort();
+  await waitFor(async () => {
+    const m = await metrics(server.baseURL);
+    return m.value('promptly:num_requests_running') === 0 && m.value('promptly:kv_cache_usage_perc') === 0 &&
+      m.value('promptly:request_success_total{finished_reason="cancelled"}') >= 1;
+  }, 'the cancelled request to release everything');
+  const m = await metrics(server.baseURL);
+  for (const name of ['time_to_first_token_seconds', 'inter_token_latency_seconds', 'e2e_request_latency_seconds', 'request_queue_time_seconds', 'request_prefill_time_seconds']) {
+    assert.match(m.text, new RegExp(`^promptly:${name}_count \\d+$`, 'm'));
+  }
+  for (const name of ['num_requests_waiting', 'prompt_tokens_total', 'generation_tokens_total', 'prefix_cache_queries_total', 'prefix_cache_hits_total']) {
+    assert.ok(Number.isFinite(m.value(`promptly:${name}`)), name);
+  }
+});
+
+test('API key, queue limit and shutdown statuses', async () => {
+  const guarded = await startServer(['-m', STORIES, '--api-key', 'sekret', '--max-queue', '0', '--alias', 'tiny']);
+  try {
+    const bad = new OpenAI({ baseURL: `${guarded.baseURL}/v1`, apiKey: 'wrong', maxRetries: 0 });
+    await assert.rejects(bad.models.list(), (e) => e.status === 401);
+    const good = new OpenAI({ baseURL: `${guarded.baseURL}/v1`, apiKey: 'sekret', maxRetries: 0 });
+    assert.equal((await good.models.list()).data[0].id, 'tiny');
+    // --max-queue 0: nothing may wait, so a request arriving while the queue is "full" gets 429.
+    const r = await fetch(`${guarded.baseURL}/v1/completions`, { method: 'POST', headers: { authorization: 'Bearer sekret' }, body: '{"prompt": "x"}' });
+    assert.equal(r.status, 429);
+    assert.equal(r.headers.get('retry-after'), '1');
+  } finally {
+    await guarded.stop();
+  }
+  // On SIGTERM: in-flight streams finish (or are cancelled after the grace), new requests get 503.
+  const s = await startServer(['-m', STORIES, '--shutdown-grace', '0.5']);
+  const long = fetch(`${s.baseURL}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'A', max_tokens: 1900, ignore_eos: true, stream: true }) });
+  const res = await long;
+  const reader = res.body.getReader();
+  await reader.read();
+  s.proc.kill('SIGTERM');
+  await new Promise((r) => setTimeout(r, 100));
+  let rest = '';
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    rest += new TextDecoder().decode(value);
+  }
+  assert.match(rest, /"finish_reason":"(cancelled|length)"/);
+  assert.match(rest, /data: \[DONE\]/);
+  const code = await new Promise((resolve) => (s.proc.exitCode !== null ? resolve(s.proc.exitCode) : s.proc.on('exit', resolve)));
+  assert.equal(code, 0);
+});
+
+test('a generated model carrying a real chat template', async () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'promptly-e2e-'));
+  const template = path.join(SHARED, 'templates', 'Qwen-Qwen2.5-7B-Instruct.jinja');
+  const model = path.join(dir, 'qwen-tiny.gguf');
+  execFileSync(BINARY, ['gen-model', '--preset', 'tiny-qwen2', '--chat-template', template, '-o', model], { stdio: 'ignore' });
+  const s = await startServer(['-m', model]);
+  try {
+    const c = new OpenAI({ baseURL: `${s.baseURL}/v1`, apiKey: 'x', maxRetries: 0 });
+    const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hello there' }];
+    const r = await c.chat.completions.create({ model: 'qwen-tiny', messages, max_tokens: 4, temperature: 0 });
+    // The prompt is the template's rendering, tokenized with special tokens parsed (and BOS as the
+    // vocabulary asks, unless the template wrote it).
+    const msgFile = path.join(dir, 'messages.json');
+    writeFileSync(msgFile, JSON.stringify(messages));
+    const rendered = execFileSync(BINARY, ['template', '-m', model, '--messages', msgFile, '--add-generation-prompt']).toString();
+    const ids = JSON.parse(execFileSync(BINARY, ['tokenize', '-m', model, '--special', rendered]).toString());
+    assert.equal(r.usage.prompt_tokens, ids.length);
+    assert.equal(r.usage.completion_tokens, 4);
+  } finally {
+    await s.stop();
+  }
+});
