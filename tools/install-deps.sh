@@ -5,12 +5,15 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ clang libclang-rt-14-dev ccache
   libgtest-dev libbenchmark-dev
-  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev
+  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libboost-dev
 )
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# The end-to-end tests run the OpenAI Node SDK: Debian's node only where the machine has none.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

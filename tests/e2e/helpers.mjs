@@ -8,7 +8,8 @@ export const SHARED = process.env.PROMPTLY_SHARED_MODELS ?? path.resolve('../sha
 export const STORIES = path.join(SHARED, 'stories260K.gguf');
 
 export async function startServer(args, { env } = {}) {
-  const proc = spawn(BINARY, ['serve', '--port', '0', '-t', '1', ...args], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
+  const threads = args.includes('-t') ? [] : ['-t', '1'];
+  const proc = spawn(BINARY, ['serve', '--port', '0', ...threads, ...args], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
   let log = '';
   const port = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 30000);

@@ -1,0 +1,112 @@
+// The OpenAI request parser: what it accepts, and the 400s (with the parameter named) for the rest.
+#include "server/api.h"
+
+#include <gtest/gtest.h>
+
+#include "metrics/metrics.h"
+
+namespace promptly::server {
+namespace {
+
+TEST(Api, ParsesAChatRequestWithEveryParameter) {
+  const ApiRequest r = parse_api_request(R"({"model": "m", "messages": [{"role": "developer", "content": "be brief"},
+      {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}],
+      "stream": true, "stream_options": {"include_usage": true}, "max_completion_tokens": 7, "temperature": 0.5,
+      "top_p": 0.9, "top_k": 20, "min_p": 0.1, "seed": 42, "stop": "END", "presence_penalty": 0.5,
+      "frequency_penalty": -0.5, "logit_bias": {"15": -100, "7": 2.5}, "logprobs": true, "top_logprobs": 4,
+      "n": 1, "user": "u1", "priority": 3, "timeout": 2.5, "ignore_eos": true, "unknown_field": {"ignored": 1}})",
+                                         true);
+  EXPECT_EQ(r.model, "m");
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[0]["role"], "system");  // developer is the system role of newer models
+  EXPECT_EQ(r.messages[1]["content"], "hi there");
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.temperature, 0.5f);
+  EXPECT_EQ(r.top_k, 20);
+  EXPECT_EQ(r.seed, 42u);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"END"});
+  ASSERT_EQ(r.logit_bias.size(), 2u);
+  EXPECT_EQ(r.logit_bias[0].first, 15);
+  EXPECT_EQ(r.top_logprobs, 4);
+  EXPECT_EQ(r.priority, 3);
+  EXPECT_DOUBLE_EQ(r.timeout_s, 2.5);
+  EXPECT_TRUE(r.ignore_eos);
+}
+
+TEST(Api, CompletionsTakeAStringOrAnArrayAndDefaultTo16Tokens) {
+  EXPECT_EQ(parse_api_request(R"({"prompt": "a"})", false).prompts, std::vector<std::string>{"a"});
+  const ApiRequest r = parse_api_request(R"({"prompt": ["a", "b"], "logprobs": 2})", false);
+  EXPECT_EQ(r.prompts, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(r.max_tokens, 16);
+  EXPECT_EQ(r.top_logprobs, 2);
+  EXPECT_FALSE(parse_api_request(R"({"messages": [{"role": "user", "content": "x"}]})", true).max_tokens);
+}
+
+TEST(Api, RejectsBadRequestsNamingTheParameter) {
+  struct Case {
+    const char* body;
+    bool chat;
+    const char* param;
+  };
+  const Case cases[] = {
+      {"{", true, ""},
+      {"[1]", true, ""},
+      {R"({"messages": []})", true, "messages"},
+      {R"({})", true, "messages"},
+      {R"({"messages": [{"content": "x"}]})", true, "messages[0].role"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", true, "messages[0].content"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", true, "max_tokens"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": "5"})", true, "max_tokens"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "temperature": 3})", true, "temperature"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", true, "n"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stop": [1]})", true, "stop"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stop": ""})", true, "stop"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}})", true, "logit_bias"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1000}})", true, "logit_bias"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", true, "top_logprobs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stream": "yes"})", true, "stream"},
+      {R"({"prompt": [1, 2]})", false, "prompt"},
+      {R"({"prompt": "x", "echo": true})", false, "echo"},
+      {R"({"prompt": "x", "logprobs": 9})", false, "logprobs"},
+  };
+  for (const Case& c : cases) {
+    try {
+      parse_api_request(c.body, c.chat);
+      ADD_FAILURE() << "accepted: " << c.body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400) << c.body;
+      const auto j = nlohmann::json::parse(e.body());
+      EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+      if (*c.param) {
+        EXPECT_EQ(j["error"]["param"], c.param) << c.body;
+      }
+      EXPECT_FALSE(std::string(e.what()).empty());
+    }
+  }
+}
+
+TEST(Metrics, PrometheusTextFormat) {
+  metrics::Registry reg("promptly:");
+  auto& h = reg.histogram("latency_seconds", "A latency", {0.1, 1.0});
+  h.observe(0.05);
+  h.observe(0.5);
+  h.observe(5.0);
+  reg.counter("requests_total", "Requests", "finished_reason=\"stop\"").add(2);
+  reg.counter("requests_total", "Requests", "finished_reason=\"length\"").add();
+  reg.gauge("running", "Running", [] { return 3.0; });
+  const std::string text = reg.render();
+  EXPECT_NE(text.find("# TYPE promptly:latency_seconds histogram\n"), std::string::npos);
+  EXPECT_NE(text.find("promptly:latency_seconds_bucket{le=\"0.1\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("promptly:latency_seconds_bucket{le=\"1\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("promptly:latency_seconds_bucket{le=\"+Inf\"} 3\n"), std::string::npos);
+  EXPECT_NE(text.find("promptly:latency_seconds_count 3\n"), std::string::npos);
+  EXPECT_NE(text.find("promptly:requests_total{finished_reason=\"stop\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("promptly:requests_total{finished_reason=\"length\"} 1\n"), std::string::npos);
+  EXPECT_EQ(text.find("# TYPE promptly:requests_total counter"), text.rfind("# TYPE promptly:requests_total counter"));
+  EXPECT_NE(text.find("promptly:running 3\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace promptly::server
