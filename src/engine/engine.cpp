@@ -136,6 +136,7 @@ std::uint64_t Engine::submit(Request request) {
   const std::size_t room = ctx_ - seq->n_prompt;
   seq->max_new = seq->request.max_tokens < 0 ? room : std::min<std::size_t>(room, static_cast<std::size_t>(seq->request.max_tokens));
   if (tokenizer_) seq->detokenizer = std::make_unique<StreamingDetokenizer>(*tokenizer_, seq->tokens);
+  seq->callback = std::make_shared<const EventCallback>(std::move(seq->request.on_event));
   inbox_.push_back(std::move(seq));
   live_.push_back(id);
   lock.unlock();
@@ -179,7 +180,9 @@ void Engine::loop() {
       if (s->deadline <= now) finish(*s, FinishReason::Timeout);
     }
     step();
+    // Stats first, then the events: whoever reacts to an event sees stats that include it.
     publish_stats();
+    deliver_events();
   }
   // Shutdown: everything still queued or running ends as cancelled.
   {
@@ -191,6 +194,7 @@ void Engine::loop() {
   }
   for (Sequence* s : scheduler_.all()) finish(*s, FinishReason::Cancelled);
   publish_stats();
+  deliver_events();
 }
 
 std::size_t Engine::step_budget(std::size_t n_decoding) const {
@@ -325,7 +329,7 @@ bool Engine::emit_token(Sequence& s, std::int32_t id, float logprob, std::vector
       s.held_text.erase(0, s.held_text.size() - keep);
     }
   }
-  if (s.request.on_event) s.request.on_event(e);
+  deliver_later(s, std::move(e));
   return stopped;
 }
 
@@ -353,7 +357,17 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) 
     std::lock_guard lock(mutex_);
     live_.erase(std::remove(live_.begin(), live_.end(), s.id), live_.end());
   }
-  if (s.request.on_event) s.request.on_event(e);
+  deliver_later(s, std::move(e));
+}
+
+void Engine::deliver_later(const Sequence& s, EngineEvent e) {
+  if (s.callback && *s.callback) pending_events_.emplace_back(s.callback, std::move(e));
+}
+
+void Engine::deliver_events() {
+  std::vector<std::pair<std::shared_ptr<const EventCallback>, EngineEvent>> events;
+  events.swap(pending_events_);
+  for (auto& [callback, event] : events) (*callback)(event);
 }
 
 void Engine::publish_stats() {

@@ -76,6 +76,9 @@ class Engine {
   bool emit_token(Sequence& s, std::int32_t id, float logprob, std::vector<TokenLogprob> top);
   void finish(Sequence& s, FinishReason reason, const std::string& error = {});
   void publish_stats();
+  // Events are queued during a step and delivered after its stats are published.
+  void deliver_later(const Sequence& s, EngineEvent e);
+  void deliver_events();
 
   const Model& model_;
   const Tokenizer* tokenizer_;
@@ -86,6 +89,7 @@ class Engine {
   KvCache cache_;
   Scheduler scheduler_;
   std::vector<float> logits_;
+  std::vector<std::pair<std::shared_ptr<const EventCallback>, EngineEvent>> pending_events_;
   double budget_scale_ = 1.0;  // ITL control: fraction of max_batch_tokens the next mixed step may use
   std::size_t last_budget_ = 0;
 

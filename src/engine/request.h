@@ -64,8 +64,8 @@ struct EngineEvent {
   RequestTimes times;
 };
 
-// Called on the engine's thread: it must be quick and must not call back into the engine's
-// blocking functions (post the event to your own thread or queue instead).
+// Called on the engine's thread after each step (once the step's stats are published): it must be
+// quick (post the event to your own thread or queue); calling submit/cancel/stats from it is fine.
 using EventCallback = std::function<void(const EngineEvent&)>;
 
 struct Request {

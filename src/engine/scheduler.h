@@ -45,6 +45,7 @@ struct Sequence {
   RequestTimes times;
   RequestUsage usage;
   // Generation state (the engine's side).
+  std::shared_ptr<const EventCallback> callback;  // shared with events queued for delivery
   Sampler sampler;
   std::unique_ptr<StreamingDetokenizer> detokenizer;
   std::string held_text;  // decoded but not yet shown: it may be the start of a stop string

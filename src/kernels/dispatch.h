@@ -15,11 +15,24 @@ constexpr std::size_t kQ6KGroupBytes = 4384;  // ... and in the Q6_Kx16 layout
 
 // Activations quantized to Q8_0 for integer dot products: per token, n_blocks blocks, plus
 // d * sum(q) per block (Q4_0's -8 offset is applied through it).
+// One activation block as the 16-row VNNI kernels read it: the quants and, precomputed, what would
+// otherwise cost float work per block and token (the scale as a float, and the offset of the
+// weights' stored-unsigned quants times the block's sum, in integers). One pointer per token keeps
+// an 8-token tile's addresses in registers.
+struct alignas(16) ActivationBlock {
+  std::int8_t qs[32];
+  float d;
+  std::int32_t offset_q4;  // 8 * sum(qs)
+  std::int32_t offset_q8;  // 128 * sum(qs)
+  std::int32_t unused;
+};
+
 struct QuantizedRows {
   const BlockQ8_0* blocks;
   const float* sums;
   std::size_t n_blocks;  // per token
   const float* half_sums;  // d * sum(q) of each block's two 16-element halves (Q6_K sub-blocks)
+  const ActivationBlock* act;  // the same blocks, extended for the Q4_0x16 / Q8_0x16 kernels
 };
 
 struct KernelTable {

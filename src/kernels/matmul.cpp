@@ -18,6 +18,7 @@ void Activations::quantize(ThreadPool& pool) {
   q8_.resize(n_tokens_ * nb);
   sums_.resize(n_tokens_ * nb);
   half_sums_.resize(2 * n_tokens_ * nb);
+  act_.resize(n_tokens_ * nb);
   const KernelTable& kt = kernel_table(active_isa());
   pool.parallel_for(n_tokens_, std::max<std::size_t>(1, 8192 / std::max<std::size_t>(1, k_)), [&](std::size_t b, std::size_t e, int) {
     for (std::size_t t = b; t < e; ++t) {
@@ -31,6 +32,12 @@ void Activations::quantize(ThreadPool& pool) {
         const float d = fp16_to_fp32(q8_[i].d);
         half_sums_[2 * i] = d * static_cast<float>(lo);
         half_sums_[2 * i + 1] = d * static_cast<float>(hi);
+        ActivationBlock& a = act_[i];
+        std::memcpy(a.qs, q8_[i].qs, sizeof a.qs);
+        a.d = d;
+        a.offset_q4 = 8 * (lo + hi);
+        a.offset_q8 = 128 * (lo + hi);
+        a.unused = 0;
       }
     }
   });
@@ -49,7 +56,7 @@ void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
 
   if (w.layout != Layout::Plain) {
     x.quantize(pool);
-    const QuantizedRows q{x.q8(), x.q8_sums(), w.cols / kQK8_0, x.q8_half_sums()};
+    const QuantizedRows q = x.rows(w.cols / kQK8_0);
     const std::size_t groups = w.rows / 16;
     const std::size_t group_grain = std::max<std::size_t>(1, grain / 16);
     const auto gemm = w.layout == Layout::Q4_0x16   ? kt.gemm_q4_0_x16
@@ -65,7 +72,7 @@ void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
     case DType::Q8_0:
     case DType::Q4_0: {
       x.quantize(pool);
-      const QuantizedRows q{x.q8(), x.q8_sums(), w.cols / kQK8_0, x.q8_half_sums()};
+      const QuantizedRows q = x.rows(w.cols / kQK8_0);
       const auto gemm = w.type == DType::Q8_0 ? kt.gemm_q8_0 : kt.gemm_q4_0;
       pool.parallel_for(w.rows, grain, [&](std::size_t b, std::size_t e, int) { gemm(w.data, stride, b, e, q, n_tokens, y, ldy); });
       return;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/dispatch.h"
 #include "tensor/dtype.h"
 #include "util/thread_pool.h"
 
@@ -46,6 +47,9 @@ class Activations {
   const BlockQ8_0* q8() const { return q8_.data(); }
   const float* q8_sums() const { return sums_.data(); }
   const float* q8_half_sums() const { return half_sums_.data(); }
+  QuantizedRows rows(std::size_t n_blocks) const {
+    return {q8_.data(), sums_.data(), n_blocks, half_sums_.data(), act_.data()};
+  }
   bool quantized() const { return quantized_; }
 
  private:
@@ -55,6 +59,7 @@ class Activations {
   std::vector<BlockQ8_0> q8_;
   std::vector<float> sums_;
   std::vector<float> half_sums_;
+  std::vector<ActivationBlock> act_;
 };
 
 // y[t * w.rows + r] = dot(w.row(r), token t) for every token. Each weight row is read once per call
