@@ -69,7 +69,27 @@ struct KernelTable {
   // Any other supported type: dequantize each row, then F32 dots.
   void (*gemm_dequant)(DType type, const std::uint8_t* w, std::size_t w_stride, std::size_t cols, std::size_t r0, std::size_t r1,
                        const float* x, std::size_t n_tokens, float* y, std::size_t ldy);
+  // Up to kAttentionTile queries that read the same KV head (the query heads of a GQA group, for
+  // one or more tokens of one sequence) in one pass over the keys: query i (head_dim floats at q[i])
+  // sees positions [0, n_ctx[i]) and its result goes to out[i]. Each key and value is loaded and
+  // converted once for all of them, and the score and value products become small matrix products
+  // (one query per vector lane). Same paging and types as `attention`.
+  void (*attention_tile)(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
+                         const void* const* v_blocks, DType kv_type, std::size_t block_tokens, std::size_t stride, std::size_t offset,
+                         std::size_t head_dim, float scale, float* const* out);
 };
+
+constexpr std::size_t kAttentionTile = 16;
+
+// attention_tile for paths without a tiled kernel: one `attention` call per query.
+template <auto Attention>
+void attention_tile_each(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
+                         const void* const* v_blocks, DType kv_type, std::size_t block_tokens, std::size_t stride, std::size_t offset,
+                         std::size_t head_dim, float scale, float* const* out) {
+  for (std::size_t i = 0; i < n_q; ++i) {
+    Attention(q[i], k_blocks, v_blocks, kv_type, block_tokens, stride, offset, n_ctx[i], head_dim, scale, out[i]);
+  }
+}
 
 // The scalar reference of the interleaved layout, shared by paths without a kernel of their own.
 void gemm_q4_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,

@@ -246,6 +246,147 @@ struct Q6_KTile {
 };
 
 
+// exp(x) for x <= 0, 16 at a time (exp256's method).
+inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 y = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.693147180559945309f));
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f));
+  const __m512i pow2n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(pow2n));
+}
+
+// 16 cached elements starting at element e of a block, as floats (e a multiple of 16).
+template <DType T>
+inline __m512 kv_load16(const void* block, std::size_t e) {
+  if constexpr (T == DType::F32) {
+    return _mm512_loadu_ps(static_cast<const float*>(block) + e);
+  } else if constexpr (T == DType::F16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(block) + e)));
+  } else {
+    const BlockQ8_0& b = static_cast<const BlockQ8_0*>(block)[e / kQK8_0];
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + e % kQK8_0));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(h2f(b.d)));
+  }
+}
+
+// The tiled attention (see KernelTable::attention_tile): one vector lane per query. Keys go in
+// chunks of 16: the chunk's keys and values are converted to floats once, scores for 16 keys x 16
+// queries come from broadcast-FMAs against the transposed queries, the online softmax runs per lane
+// (rescaled once per chunk), and the values are accumulated into the transposed output.
+template <DType T>
+void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
+                         const void* const* v_blocks, std::size_t block_tokens, std::size_t stride, std::size_t offset,
+                         std::size_t head_dim, float scale, float* const* out) {
+  constexpr std::size_t kLanes = 16, kChunk = 16, kMaxDim = 256;
+  const std::size_t D = head_dim;
+  alignas(64) float qt[kMaxDim * kLanes];  // qt[d * 16 + i] = scale * q[i][d]
+  alignas(64) float ot[kMaxDim * kLanes];  // ot[d * 16 + i]: query i's running weighted sum of values
+  alignas(64) float kf[kChunk * kMaxDim];  // the chunk's keys as floats, key-major
+  alignas(64) float vf[kChunk * kMaxDim];
+  alignas(64) float s[kChunk * kLanes];    // scores, then probabilities: s[j * 16 + i]
+  std::size_t max_ctx = 0;
+  alignas(64) std::int32_t ctx_lane[kLanes] = {};
+  for (std::size_t i = 0; i < n_q; ++i) {
+    ctx_lane[i] = static_cast<std::int32_t>(n_ctx[i]);
+    max_ctx = std::max(max_ctx, n_ctx[i]);
+  }
+  for (std::size_t d = 0; d < D; ++d) {
+    for (std::size_t i = 0; i < kLanes; ++i) qt[d * kLanes + i] = i < n_q ? scale * q[i][d] : 0.0f;
+  }
+  std::fill_n(ot, D * kLanes, 0.0f);
+  const __m512i ctx_v = _mm512_load_si512(ctx_lane);
+  __m512 m = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
+
+  for (std::size_t j0 = 0; j0 < max_ctx; j0 += kChunk) {
+    const std::size_t nj = std::min(kChunk, max_ctx - j0);
+    if (nj < kChunk) std::fill(kf + nj * D, kf + kChunk * D, 0.0f);  // the score loop reads whole groups of 8
+    for (std::size_t j = 0; j < nj; ++j) {
+      const std::size_t pos = j0 + j;
+      const void* kb = k_blocks[pos / block_tokens];
+      const void* vb = v_blocks[pos / block_tokens];
+      const std::size_t e = (pos % block_tokens) * stride + offset;
+      for (std::size_t d = 0; d < D; d += 16) {
+        _mm512_store_ps(kf + j * D + d, kv_load16<T>(kb, e + d));
+        _mm512_store_ps(vf + j * D + d, kv_load16<T>(vb, e + d));
+      }
+    }
+    // Scores, 8 keys at a time so that 8 independent FMA chains hide the latency.
+    __m512 chunk_max = _mm512_set1_ps(-INFINITY);
+    for (std::size_t j = 0; j < nj; j += 8) {
+      __m512 acc[8];
+      for (int u = 0; u < 8; ++u) acc[u] = _mm512_setzero_ps();
+      const std::size_t nu = std::min<std::size_t>(8, nj - j);
+      for (std::size_t d = 0; d < D; ++d) {
+        const __m512 qd = _mm512_load_ps(qt + d * kLanes);
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u) acc[u] = _mm512_fmadd_ps(_mm512_set1_ps(kf[(j + static_cast<std::size_t>(u)) * D + d]), qd, acc[u]);
+      }
+      for (std::size_t u = 0; u < nu; ++u) {
+        // Positions a query may not see (causality, or a lane without a query) score -inf.
+        const __mmask16 visible = _mm512_cmpgt_epi32_mask(ctx_v, _mm512_set1_epi32(static_cast<std::int32_t>(j0 + j + u)));
+        const __m512 sc = _mm512_mask_blend_ps(visible, _mm512_set1_ps(-INFINITY), acc[u]);
+        _mm512_store_ps(s + (j + u) * kLanes, sc);
+        chunk_max = _mm512_max_ps(chunk_max, sc);
+      }
+    }
+    const __m512 m_new = _mm512_max_ps(m, chunk_max);
+    // Lanes that have seen nothing yet keep max -inf; use 0 there so that exp never sees -inf - -inf.
+    const __mmask16 seen = _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    const __m512 m_safe = _mm512_maskz_mov_ps(seen, m_new);
+    const __m512 correction = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
+                                                  exp512(_mm512_sub_ps(m, m_safe)));
+    m = m_new;
+    l = _mm512_mul_ps(l, correction);
+    for (std::size_t j = 0; j < nj; ++j) {
+      const __m512 sc = _mm512_load_ps(s + j * kLanes);
+      const __mmask16 finite = _mm512_cmp_ps_mask(sc, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+      const __m512 p = _mm512_maskz_mov_ps(finite, exp512(_mm512_sub_ps(sc, m_safe)));
+      _mm512_store_ps(s + j * kLanes, p);
+      l = _mm512_add_ps(l, p);
+    }
+    // ot[d] = ot[d] * correction + sum_j p_j * v_j[d], 8 dimensions at a time in registers.
+    for (std::size_t d0 = 0; d0 < D; d0 += 8) {
+      __m512 acc[8];
+#pragma GCC unroll 8
+      for (int u = 0; u < 8; ++u) acc[u] = _mm512_mul_ps(_mm512_load_ps(ot + (d0 + static_cast<std::size_t>(u)) * kLanes), correction);
+      for (std::size_t j = 0; j < nj; ++j) {
+        const __m512 p = _mm512_load_ps(s + j * kLanes);
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u) acc[u] = _mm512_fmadd_ps(_mm512_set1_ps(vf[j * D + d0 + static_cast<std::size_t>(u)]), p, acc[u]);
+      }
+#pragma GCC unroll 8
+      for (int u = 0; u < 8; ++u) _mm512_store_ps(ot + (d0 + static_cast<std::size_t>(u)) * kLanes, acc[u]);
+    }
+  }
+  alignas(64) float inv[kLanes];
+  _mm512_store_ps(inv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), l));
+  for (std::size_t i = 0; i < n_q; ++i) {
+    for (std::size_t d = 0; d < D; ++d) out[i][d] = ot[d * kLanes + i] * inv[i];
+  }
+}
+
+void attention_tile(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
+                    const void* const* v_blocks, DType kv_type, std::size_t block_tokens, std::size_t stride, std::size_t offset,
+                    std::size_t head_dim, float scale, float* const* out) {
+  if (head_dim % 16 != 0 || head_dim > 256 || offset % 16 != 0 || stride % 16 != 0 || n_q > kAttentionTile) {
+    attention_tile_each<attention>(q, n_ctx, n_q, k_blocks, v_blocks, kv_type, block_tokens, stride, offset, head_dim, scale, out);
+    return;
+  }
+  switch (kv_type) {
+    case DType::F16: attention_tile_impl<DType::F16>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
+    case DType::Q8_0: attention_tile_impl<DType::Q8_0>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
+    default: attention_tile_impl<DType::F32>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
+  }
+}
+
 }  // namespace
 }  // namespace avx512
 
@@ -255,7 +396,8 @@ const KernelTable& avx512_kernels() {
                                  avx512::x16_driver<16 * 18, 32, 8, avx512::Q4_0Tile>,
                                  avx512::x16_driver<16 * 34, 32, 8, avx512::Q8_0Tile>,
                                  avx512::x16_driver<kQ4KGroupBytes, kQK_K, 4, avx512::Q4_KTile>,
-                                 avx512::x16_driver<kQ6KGroupBytes, kQK_K, 4, avx512::Q6_KTile>, avx512::gemm_dequant};
+                                 avx512::x16_driver<kQ6KGroupBytes, kQK_K, 4, avx512::Q6_KTile>, avx512::gemm_dequant,
+                                 avx512::attention_tile};
   return table;
 }
 

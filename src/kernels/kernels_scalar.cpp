@@ -265,7 +265,8 @@ void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
 const KernelTable& scalar_kernels() {
   static const KernelTable table{"scalar", quantize_q8_0, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32, attention,
                                  gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
-                                 gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, gemm_dequant};
+                                 gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, gemm_dequant,
+                                 attention_tile_each<attention>};
   return table;
 }
 

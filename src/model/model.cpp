@@ -180,6 +180,42 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const std::size_t group = c.n_head / c.n_head_kv;
 
+  // Attention tiles, the same for every layer: for each sequence and KV head, its tokens' query heads
+  // of that KV head's group (token-major, so a tile's queries see nearly the same positions), cut
+  // into tiles of at most kAttentionTile.
+  struct AttentionTile {
+    int seq;
+    std::size_t kv_head, first, n;
+  };
+  thread_local std::vector<AttentionTile> tiles_storage;
+  thread_local std::vector<std::pair<std::size_t, std::size_t>> tile_queries_storage;  // (token, head)
+  auto& tiles = tiles_storage;
+  auto& tile_queries = tile_queries_storage;
+  tiles.clear();
+  tile_queries.clear();
+  {
+    std::vector<int> seqs;
+    for (std::size_t t = 0; t < T; ++t) {
+      if (std::find(seqs.begin(), seqs.end(), batch.seq_ids[t]) == seqs.end()) seqs.push_back(batch.seq_ids[t]);
+    }
+    for (int seq : seqs) {
+      for (std::size_t kvh = 0; kvh < c.n_head_kv; ++kvh) {
+        std::size_t first = tile_queries.size();
+        for (std::size_t t = 0; t < T; ++t) {
+          if (batch.seq_ids[t] != seq) continue;
+          for (std::size_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+            tile_queries.emplace_back(t, h);
+            if (tile_queries.size() - first == kernels::kAttentionTile) {
+              tiles.push_back({seq, kvh, first, kernels::kAttentionTile});
+              first = tile_queries.size();
+            }
+          }
+        }
+        if (tile_queries.size() > first) tiles.push_back({seq, kvh, first, tile_queries.size() - first});
+      }
+    }
+  }
+
   for (std::size_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = layers_[il];
 
@@ -200,10 +236,8 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     }
 
     // Causal attention: token t sees positions [0, pos_t] of its own sequence, which the cache now
-    // holds whether they came from earlier calls or from this batch.
-    std::size_t attn_macs = 0;  // per head, summed over the batch: sizes the work shares
-    for (std::size_t t = 0; t < T; ++t) attn_macs += 2 * HD * (static_cast<std::size_t>(batch.positions[t]) + 1);
-    const std::size_t attn_grain = std::max<std::size_t>(1, (1 << 16) * T / std::max<std::size_t>(1, attn_macs));
+    // holds whether they came from earlier calls or from this batch. Work goes in tiles of queries
+    // that read the same KV head (see attention_tiles), each one pass over that head's keys.
     const kernels::KernelTable& kt = kernels::kernel_table(kernels::active_isa());
     // Block tables of the batch's sequences for this layer, looked up once per layer.
     thread_local std::unordered_map<int, std::pair<std::vector<const void*>, std::vector<const void*>>> tables_storage;
@@ -215,12 +249,21 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     }
     const std::size_t block_tokens = cache.block_tokens();
     const DType kv_dtype = kv_type_dtype(cache.type());
-    pool.parallel_for(T * c.n_head, attn_grain, [&](std::size_t begin, std::size_t end, int) {
-      for (std::size_t job = begin; job < end; ++job) {
-        const std::size_t t = job / c.n_head, h = job % c.n_head, kvh = h / group;
-        const auto& [keys, values] = tables.at(batch.seq_ids[t]);
-        kt.attention(&q[t * QD + h * HD], keys.data(), values.data(), kv_dtype, block_tokens, KVD, kvh * HD,
-                     static_cast<std::size_t>(batch.positions[t]) + 1, HD, attn_scale, &attn[t * QD + h * HD]);
+    pool.parallel_for(tiles.size(), 1, [&](std::size_t begin, std::size_t end, int) {
+      const float* qp[kernels::kAttentionTile];
+      float* op[kernels::kAttentionTile];
+      std::size_t n_ctx[kernels::kAttentionTile];
+      for (std::size_t i = begin; i < end; ++i) {
+        const AttentionTile& tile = tiles[i];
+        for (std::size_t k = 0; k < tile.n; ++k) {
+          const auto [t, h] = tile_queries[tile.first + k];
+          qp[k] = &q[t * QD + h * HD];
+          op[k] = &attn[t * QD + h * HD];
+          n_ctx[k] = static_cast<std::size_t>(batch.positions[t]) + 1;
+        }
+        const auto& [keys, values] = tables.at(tile.seq);
+        kt.attention_tile(qp, n_ctx, tile.n, keys.data(), values.data(), kv_dtype, block_tokens, KVD, tile.kv_head * HD, HD,
+                          attn_scale, op);
       }
     });
 

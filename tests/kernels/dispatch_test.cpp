@@ -322,5 +322,63 @@ TEST(Dispatch, AttentionOverQ8_0Cache) {
   }
 }
 
+// The tiled attention (queries of one KV head in vector lanes) against the scalar single-query
+// kernel: tiles of 1..16 queries with different causal lengths (including lengths that end inside
+// a 16-key chunk and a query that sees a single position), every KV type, head sizes with and
+// without a tiled path, on every kernel path.
+TEST(Dispatch, AttentionTileMatchesSingleQueries) {
+  std::mt19937 rng(6);
+  std::normal_distribution<float> dist(0.0f, 1.5f);
+  std::vector<Isa> paths = {Isa::Scalar};
+  for (Isa isa : fast_paths()) paths.push_back(isa);
+  for (DType kv : {DType::F32, DType::F16, DType::Q8_0}) {
+    for (std::size_t head_dim : {16u, 24u, 64u, 128u}) {
+      if (kv == DType::Q8_0 && head_dim % 32 != 0) continue;
+      const std::size_t stride = ((2 * head_dim + 31) / 32) * 32, offset = kv == DType::Q8_0 ? 0 : head_dim;
+      const std::size_t row_bytes = kv == DType::F32 ? stride * 4 : kv == DType::F16 ? stride * 2 : stride / 32 * sizeof(BlockQ8_0);
+      constexpr std::size_t kBlock = 6, kPositions = 75;
+      std::vector<std::uint8_t> kc((kPositions + kBlock) * row_bytes), vc(kc.size());
+      std::vector<float> row(stride);
+      for (std::size_t j = 0; j < kPositions; ++j) {
+        for (auto* dst : {&kc, &vc}) {
+          for (float& x : row) x = dist(rng);
+          quantize_row(kv, row.data(), dst->data() + j * row_bytes, stride);
+        }
+      }
+      std::vector<const void*> kb, vb;
+      for (std::size_t j = 0; j < kPositions; j += kBlock) {
+        kb.push_back(kc.data() + j * row_bytes);
+        vb.push_back(vc.data() + j * row_bytes);
+      }
+      for (std::size_t n_q : {1u, 3u, 8u, 16u}) {
+        std::vector<std::vector<float>> qs(n_q, std::vector<float>(head_dim));
+        std::vector<std::size_t> n_ctx(n_q);
+        for (std::size_t i = 0; i < n_q; ++i) {
+          for (float& x : qs[i]) x = dist(rng);
+          n_ctx[i] = i == 0 ? 1 : kPositions - (i * 7) % 40;
+        }
+        std::vector<const float*> qp;
+        for (auto& qv : qs) qp.push_back(qv.data());
+        const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        for (Isa isa : paths) {
+          std::vector<std::vector<float>> got(n_q, std::vector<float>(head_dim)), want = got;
+          std::vector<float*> op;
+          for (auto& o : got) op.push_back(o.data());
+          kernel_table(isa).attention_tile(qp.data(), n_ctx.data(), n_q, kb.data(), vb.data(), kv, kBlock, stride, offset, head_dim, scale,
+                                           op.data());
+          for (std::size_t i = 0; i < n_q; ++i) {
+            kernel_table(Isa::Scalar).attention(qp[i], kb.data(), vb.data(), kv, kBlock, stride, offset, n_ctx[i], head_dim, scale,
+                                                want[i].data());
+            for (std::size_t d = 0; d < head_dim; ++d) {
+              ASSERT_NEAR(got[i][d], want[i][d], 2e-5f + 2e-5f * std::fabs(want[i][d]))
+                  << isa_name(isa) << " " << dtype_name(kv) << " head_dim " << head_dim << " n_q " << n_q << " query " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace promptly::kernels
