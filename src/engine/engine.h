@@ -91,7 +91,6 @@ class Engine {
   std::vector<float> logits_;
   std::vector<std::pair<std::shared_ptr<const EventCallback>, EngineEvent>> pending_events_;
   double budget_scale_ = 1.0;  // ITL control: fraction of max_batch_tokens the next mixed step may use
-  std::size_t last_budget_ = 0;
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

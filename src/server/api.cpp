@@ -84,7 +84,7 @@ ApiRequest parse_api_request(std::string_view body, bool chat) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax errors, and numbers beyond double's range
     bad("", std::string("the request body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) bad("", "the request body must be a JSON object");

@@ -52,6 +52,7 @@ TEST(Api, RejectsBadRequestsNamingTheParameter) {
   };
   const Case cases[] = {
       {"{", true, ""},
+      {"{\"prompt\": 4666666663E3333333332}", false, ""},  // a number beyond double's range (found by the fuzzer)
       {"[1]", true, ""},
       {R"({"messages": []})", true, "messages"},
       {R"({})", true, "messages"},
