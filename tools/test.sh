@@ -31,6 +31,11 @@ cmake --preset debug -DPROMPTLY_WERROR=ON -DPROMPTLY_BUILD_TESTS=ON
 cmake --build --preset debug -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset debug -j "$jobs" | tee "$log"
 count_passed
+echo "== end-to-end tests against the ASan+UBSan server (a sanitizer report or a leak fails its clean exit)"
+ASAN_OPTIONS=detect_leaks=1 PROMPTLY_BINARY="$PWD/build/debug/promptly" PROMPTLY_SHARED_MODELS="$(cd ../shared/models && pwd)" \
+  node --test --test-reporter=tap tests/e2e/ | tee "$log"
+[ "$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$log")" = "0" ] || { echo "end-to-end tests (sanitized) failed"; exit 1; }
+passed=$((passed + $(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$log")))
 
 fuzz_seconds=${FUZZ_SECONDS:-60}
 if [ "$fuzz_seconds" -gt 0 ]; then
