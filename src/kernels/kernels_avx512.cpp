@@ -79,6 +79,15 @@ void tile_x16(const std::uint8_t* group, std::size_t nb, const QuantizedRows& x,
   for (int j = 0; j < C; ++j) xt[j] = x.act + (t + j) * x.n_blocks;
   for (std::size_t b = 0; b < nb; ++b) {
     const std::uint8_t* gb = group + b * kGroupBlock;
+    if constexpr (C <= 2) {
+      // Few tokens: the loop waits on memory, not on arithmetic, so ask for the weights ahead of use
+      // (a few blocks further along the group's contiguous stream).
+      _mm_prefetch(reinterpret_cast<const char*>(gb) + 8 * kGroupBlock, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(gb) + 8 * kGroupBlock + 64, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(gb) + 8 * kGroupBlock + 128, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(gb) + 8 * kGroupBlock + 192, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(gb) + 8 * kGroupBlock + 256, _MM_HINT_T0);
+    }
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
     __m512i q[8];  // q[k]: elements 4k..4k+3 of all 16 rows, unsigned
     if constexpr (Q8) {

@@ -15,7 +15,7 @@ namespace {
 
 // How long to spin before sleeping: long enough to bridge the gap between the operations of one
 // forward pass, short enough that an idle pool goes quiet almost at once.
-constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kSpin = std::chrono::microseconds(1000);
 
 template <typename Pred>
 bool spin_until(Pred done) {

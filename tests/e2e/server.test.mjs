@@ -3,6 +3,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
+import net from 'node:net';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -172,6 +173,25 @@ test('a client that disconnects mid-stream cancels its request and frees its KV 
   }
 });
 
+test('a client that disconnects while waiting for a non-streaming answer cancels it too', async () => {
+  const before = (await metrics(server.baseURL)).value('promptly:request_success_total{finished_reason="cancelled"}');
+  const controller = new AbortController();
+  const pending = fetch(`${server.baseURL}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: 'Once upon a time', max_tokens: 1900, ignore_eos: true, temperature: 0 }),
+    signal: controller.signal,
+  }).catch((e) => e);
+  await waitFor(async () => (await metrics(server.baseURL)).value('promptly:num_requests_running') === 1, 'the request to start');
+  controller.abort();
+  assert.equal((await pending).name, 'AbortError');
+  await waitFor(async () => {
+    const m = await metrics(server.baseURL);
+    return m.value('promptly:num_requests_running') === 0 && m.value('promptly:kv_cache_usage_perc') === 0 &&
+      m.value('promptly:request_success_total{finished_reason="cancelled"}') === before + 1;
+  }, 'the cancelled request to release everything');
+});
+
 test('API key, queue limit and shutdown statuses', async () => {
   const guarded = await startServer(['-m', STORIES, '--api-key', 'sekret', '--max-queue', '0', '--alias', 'tiny']);
   try {
@@ -192,8 +212,21 @@ test('API key, queue limit and shutdown statuses', async () => {
   const res = await long;
   const reader = res.body.getReader();
   await reader.read();
+  // A keep-alive connection opened before the signal: its next request is answered 503.
+  const idle = net.connect(s.port, '127.0.0.1');
+  await new Promise((r) => idle.on('connect', r));
   s.proc.kill('SIGTERM');
   await new Promise((r) => setTimeout(r, 100));
+  const answer = new Promise((resolve) => {
+    let text = '';
+    idle.on('data', (d) => {
+      text += d.toString();
+      if (text.includes('\r\n\r\n')) resolve(text);
+    });
+  });
+  idle.write('POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\r\n{"prompt": "x"}');
+  assert.match(await answer, /^HTTP\/1\.1 503 /);
+  idle.destroy();
   let rest = '';
   for (;;) {
     const { value, done } = await reader.read();
