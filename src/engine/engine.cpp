@@ -232,11 +232,13 @@ void Engine::step() {
   const double step_ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - t0).count();
   ++steps_;
   if (options_.itl_target_ms > 0 && plan.n_decode > 0) {
-    // Feedback toward 90% of the target (headroom for noise): the step's cost grows with its tokens.
-    const double ratio = 0.9 * options_.itl_target_ms / std::max(step_ms, 1e-3);
+    // Feedback toward 85% of the target (headroom for noise): the step's cost grows with its tokens.
+    // Growth is cautious (a step's attention cost rises as a long prompt advances) and a step over
+    // the target shrinks the next one at once.
+    const double ratio = 0.85 * options_.itl_target_ms / std::max(step_ms, 1e-3);
     const double used = static_cast<double>(plan.batch.size()) / static_cast<double>(options_.max_batch_tokens);
-    const double next = used * std::clamp(ratio, 0.5, 2.0);
-    budget_scale_ = std::clamp(0.5 * budget_scale_ + 0.5 * next, 0.0, 1.0);
+    const double next = used * std::clamp(ratio, 0.5, 1.25);
+    budget_scale_ = std::clamp(step_ms > options_.itl_target_ms ? next : 0.5 * budget_scale_ + 0.5 * next, 0.0, 1.0);
   }
   scheduler_.commit(plan);
   std::size_t row = 0;

@@ -32,6 +32,8 @@ struct RequestTimes {
   SteadyClock::time_point scheduled;       // first left WAITING
   SteadyClock::time_point first_token;     // first token sampled
   SteadyClock::time_point last_token;      // latest token sampled
+  SteadyClock::time_point preempted;       // latest PREEMPTED -> WAITING (epoch if never)
+  SteadyClock::time_point resumed;         // latest re-admission after a preemption
   SteadyClock::time_point finished;
   double queue_seconds() const { return std::chrono::duration<double>(scheduled - arrival).count(); }
   double ttft_seconds() const { return std::chrono::duration<double>(first_token - arrival).count(); }

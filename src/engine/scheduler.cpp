@@ -75,6 +75,7 @@ void Scheduler::release_kv(Sequence& s) {
 void Scheduler::preempt(Sequence& s) {
   release_kv(s);
   s.state = RequestState::Preempted;
+  s.times.preempted = SteadyClock::now();
   ++s.usage.preemptions;
   ++counters_.preemptions;
   s.state = RequestState::Waiting;  // recomputed from the cache when memory allows
@@ -180,6 +181,8 @@ bool Scheduler::admit(Sequence& s) {
     s.usage.cached_tokens = hit;
     counters_.prefix_queries += s.n_prompt;
     counters_.prefix_hits += hit;
+  } else {
+    s.times.resumed = SteadyClock::now();
   }
   s.state = RequestState::Prefilling;
   return true;

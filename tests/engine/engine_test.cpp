@@ -252,11 +252,19 @@ TEST(Engine, TinyKvBudgetEvictsAndPreemptsButFinishesEverything) {
     r.priority = i % 3;
     ids.emplace_back(engine.submit(std::move(r)), prompt);
   }
+  std::size_t preempted = 0;
   for (const auto& [id, prompt] : ids) {
     const auto r = c.wait(id);
     EXPECT_EQ(r.end.finish_reason, FinishReason::Length);
     EXPECT_EQ(r.tokens, solo(prompt, 40, KvType::F32)) << "prompt of " << prompt.size();
+    if (r.end.usage.preemptions > 0) {  // its preemption and resumption are stamped in order
+      ++preempted;
+      EXPECT_LT(r.end.times.scheduled, r.end.times.preempted);
+      EXPECT_LE(r.end.times.preempted, r.end.times.resumed);
+      EXPECT_LE(r.end.times.resumed, r.end.times.finished);
+    }
   }
+  EXPECT_GT(preempted, 0u);
   const EngineStats st = engine.stats();
   EXPECT_GT(st.preemptions, 0u);
   EXPECT_LE(st.kv_blocks_total, 20u);
