@@ -135,6 +135,9 @@ void tile_q4_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32)));
     for (int p = 0; p < 4; ++p) {
       const std::uint8_t* quants = g + 320 + 512 * p;
+      if constexpr (C <= 2) {  // few tokens wait on memory: fetch the next super-block's quants ahead
+        for (int l = 0; l < 8; ++l) _mm_prefetch(reinterpret_cast<const char*>(quants) + kQ4KGroupBytes + 64 * l, _MM_HINT_T0);
+      }
       __m512i lo[8], hi[8];
       for (int k = 0; k < 8; ++k) {
         const __m512i v = _mm512_loadu_si512(quants + 64 * k);
@@ -159,7 +162,8 @@ void tile_q4_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
             dot0 = _mm512_dpbusd_epi32(dot0, q[k], _mm512_set1_epi32(x0));
             dot1 = _mm512_dpbusd_epi32(dot1, q[k + 1], _mm512_set1_epi32(x1));
           }
-          const __m512 prod = _mm512_mul_ps(_mm512_set1_ps(h2f(xb.d)), _mm512_cvtepi32_ps(_mm512_add_epi32(dot0, dot1)));
+          const float dx = x.act[(t + j) * x.n_blocks + k_block].d;
+          const __m512 prod = _mm512_mul_ps(_mm512_set1_ps(dx), _mm512_cvtepi32_ps(_mm512_add_epi32(dot0, dot1)));
           acc[j] = _mm512_fmadd_ps(scale, prod, acc[j]);
           acc[j] = _mm512_fnmadd_ps(minv, _mm512_set1_ps(x.sums[(t + j) * x.n_blocks + k_block]), acc[j]);
         }
@@ -184,6 +188,9 @@ void tile_q6_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
       const __m512 scale =
           _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 32 + 16 * s)))));
       __m512i q[4];
+      if constexpr (C <= 2) {  // few tokens wait on memory: fetch the next super-block's quants ahead
+        for (int l = 0; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(g) + kQ6KGroupBytes + 288 + 64 * (4 * s + l), _MM_HINT_T0);
+      }
       for (int k = 0; k < 4; ++k) q[k] = _mm512_loadu_si512(g + 288 + 64 * (4 * s + k));
       const std::size_t k_block = sb * 8 + static_cast<std::size_t>(s / 2);
       const int half = s % 2;
@@ -198,7 +205,7 @@ void tile_q6_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
           dot1 = _mm512_dpbusd_epi32(dot1, q[k + 1], _mm512_set1_epi32(x1));
         }
         // d_x * dot - 32 * d_x * sum(x half)
-        const __m512 corrected = _mm512_fmsub_ps(_mm512_set1_ps(h2f(xb.d)), _mm512_cvtepi32_ps(_mm512_add_epi32(dot0, dot1)),
+        const __m512 corrected = _mm512_fmsub_ps(_mm512_set1_ps(x.act[(t + j) * x.n_blocks + k_block].d), _mm512_cvtepi32_ps(_mm512_add_epi32(dot0, dot1)),
                                                  _mm512_set1_ps(32.0f * x.half_sums[2 * ((t + j) * x.n_blocks + k_block) + half]));
         acc[j] = _mm512_fmadd_ps(scale, corrected, acc[j]);
       }

@@ -35,49 +35,38 @@ Histogram::Snapshot Histogram::snapshot() const {
   return s;
 }
 
-Counter& Registry::counter(const std::string& name, const std::string& help, const std::string& labels) {
-  std::lock_guard lock(mutex_);
+Registry::Entry& Registry::add(const std::string& name, const std::string& help, const char* type, const std::string& labels) {
   auto e = std::make_unique<Entry>();
   e->name = prefix_ + name;
   e->help = help;
-  e->type = "counter";
+  e->type = type;
   e->labels = labels;
-  e->counter = std::make_unique<Counter>();
-  Counter& c = *e->counter;
   entries_.push_back(std::move(e));
-  return c;
+  return *entries_.back();
+}
+
+Counter& Registry::counter(const std::string& name, const std::string& help, const std::string& labels) {
+  std::lock_guard lock(mutex_);
+  Entry& e = add(name, help, "counter", labels);
+  e.counter = std::make_unique<Counter>();
+  return *e.counter;
 }
 
 Histogram& Registry::histogram(const std::string& name, const std::string& help, std::vector<double> upper_bounds) {
   std::lock_guard lock(mutex_);
-  auto e = std::make_unique<Entry>();
-  e->name = prefix_ + name;
-  e->help = help;
-  e->type = "histogram";
-  e->histogram = std::make_unique<Histogram>(std::move(upper_bounds));
-  Histogram& h = *e->histogram;
-  entries_.push_back(std::move(e));
-  return h;
+  Entry& e = add(name, help, "histogram", "");
+  e.histogram = std::make_unique<Histogram>(std::move(upper_bounds));
+  return *e.histogram;
 }
 
 void Registry::gauge(const std::string& name, const std::string& help, std::function<double()> read) {
   std::lock_guard lock(mutex_);
-  auto e = std::make_unique<Entry>();
-  e->name = prefix_ + name;
-  e->help = help;
-  e->type = "gauge";
-  e->gauge = std::move(read);
-  entries_.push_back(std::move(e));
+  add(name, help, "gauge", "").gauge = std::move(read);
 }
 
 void Registry::counter_fn(const std::string& name, const std::string& help, std::function<double()> read) {
   std::lock_guard lock(mutex_);
-  auto e = std::make_unique<Entry>();
-  e->name = prefix_ + name;
-  e->help = help;
-  e->type = "counter";
-  e->gauge = std::move(read);
-  entries_.push_back(std::move(e));
+  add(name, help, "counter", "").gauge = std::move(read);
 }
 
 namespace {

@@ -65,6 +65,8 @@ class Registry {
     std::unique_ptr<Histogram> histogram;
     std::function<double()> gauge;
   };
+  Entry& add(const std::string& name, const std::string& help, const char* type, const std::string& labels);
+
   std::string prefix_;
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Entry>> entries_;
