@@ -104,12 +104,7 @@ class Scenario {
     return r;
   }
   EngineOptions engine_options(std::size_t ctx = 0) const {
-    EngineOptions e;
-    e.threads = o_.threads;
-    e.kv_type = parse_kv_type(o_.kv_type);
-    if (!o_.kv_memory.empty()) e.kv_memory = parse_memory_size(o_.kv_memory);
-    e.max_batch_tokens = o_.max_batch_tokens;
-    e.itl_target_ms = o_.itl_target_ms;
+    EngineOptions e = o_.engine.to_options();
     e.ctx_size = ctx;
     return e;
   }
@@ -277,11 +272,11 @@ json Scenario::head_of_line() {
                 {"prefill_tps", static_cast<double>(long_len) / prefill_s},
                 {"stream_itl_ms", {{"p50", quantile(itl, 0.5)}, {"p99", quantile(itl, 0.99)}, {"max", quantile(itl, 1.0)}, {"n", itl.size()}}}};
   };
-  const std::size_t big = std::max<std::size_t>(o_.max_batch_tokens, long_len);
-  json solo = run(false, o_.max_batch_tokens, 0);
+  const std::size_t big = std::max<std::size_t>(o_.engine.max_batch_tokens, long_len);
+  json solo = run(false, o_.engine.max_batch_tokens, 0);
   json unchunked = run(true, big, 0);
-  const double itl_target = o_.itl_target_ms > 0 ? o_.itl_target_ms : 120.0;
-  json chunked = run(true, o_.max_batch_tokens, itl_target);
+  const double itl_target = o_.engine.itl_target_ms > 0 ? o_.engine.itl_target_ms : 120.0;
+  json chunked = run(true, o_.engine.max_batch_tokens, itl_target);
   return {{"scenario", "head-of-line"},
           {"long_prompt_tokens", long_len},
           {"streams", n_streams},
@@ -347,10 +342,10 @@ int bench_engine(const BenchEngineOptions& o) {
 
   // Memory: bytes per cached token by the arithmetic, and what a budget holds in each KV type.
   const std::size_t per_token_f16 = BlockPool::block_bytes(c.n_layer, c.kv_dim(), 1, KvType::F16);
-  const std::size_t per_token = BlockPool::block_bytes(c.n_layer, c.kv_dim(), 1, parse_kv_type(o.kv_type));
+  const std::size_t per_token = BlockPool::block_bytes(c.n_layer, c.kv_dim(), 1, parse_kv_type(o.engine.kv_type));
   const double file_mb = static_cast<double>(file->file_size()) / 1e6;
   const double rss = peak_rss_mb();
-  json memory = {{"kv_type", o.kv_type},
+  json memory = {{"kv_type", o.engine.kv_type},
                  {"kv_bytes_per_token", per_token},
                  {"kv_bytes_per_token_f16_arithmetic", 2 * c.n_layer * c.n_head_kv * c.head_dim * 2},
                  {"kv_bytes_per_token_f16", per_token_f16},
@@ -359,10 +354,10 @@ int bench_engine(const BenchEngineOptions& o) {
                  {"max_kv_budget_mb", static_cast<double>(scenario.max_kv_budget()) / 1e6},
                  {"peak_rss_bound_mb", file_mb * 1.15 + static_cast<double>(scenario.max_kv_budget()) / 1e6 + 200}};
   json out = {{"model", o.model},
-              {"threads", o.threads > 0 ? o.threads : default_thread_count()},
+              {"threads", o.engine.threads > 0 ? o.engine.threads : default_thread_count()},
               {"isa", kernels::isa_name(kernels::active_isa())},
-              {"kv_type", o.kv_type},
-              {"max_batch_tokens", o.max_batch_tokens},
+              {"kv_type", o.engine.kv_type},
+              {"max_batch_tokens", o.engine.max_batch_tokens},
               {"results", results},
               {"memory", memory}};
   if (o.json) {
@@ -397,7 +392,7 @@ int bench_engine(const BenchEngineOptions& o) {
                   r["one_stream_tps"].get<double>(), r["many_streams_tps"].get<double>(), r["speedup"].get<double>());
     }
   }
-  std::printf("| memory | KV bytes per token (%s) | %zu |\n", o.kv_type.c_str(), per_token);
+  std::printf("| memory | KV bytes per token (%s) | %zu |\n", o.engine.kv_type.c_str(), per_token);
   std::printf("| memory | peak RSS / bound (file x 1.15 + KV budget %.0f MB + 200 MB) | %.0f / %.0f MB |\n",
               static_cast<double>(scenario.max_kv_budget()) / 1e6, rss, memory["peak_rss_bound_mb"].get<double>());
   return 0;

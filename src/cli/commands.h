@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 
+#include "engine/engine.h"
 #include "engine/generate.h"
 
 namespace promptly::cli {
@@ -80,14 +81,29 @@ struct BenchModelOptions {
 };
 int bench_model(const BenchModelOptions& o);
 
-struct BenchEngineOptions {
-  std::string model;
-  std::string scenario = "all";
+// The serving engine's flags, shared by `serve` and `bench engine`.
+struct EngineFlags {
   int threads = 0;
   std::string kv_type = "f16";
   std::string kv_memory;           // empty: the engine's default
   std::size_t max_batch_tokens = 512;
-  double itl_target_ms = 0;        // head-of-line's chunked run uses 120 when 0
+  double itl_target_ms = 0;
+  // Throws Error for an unknown KV type or a malformed memory size.
+  EngineOptions to_options() const {
+    EngineOptions e;
+    e.threads = threads;
+    e.kv_type = parse_kv_type(kv_type);
+    if (!kv_memory.empty()) e.kv_memory = parse_memory_size(kv_memory);
+    e.max_batch_tokens = max_batch_tokens;
+    e.itl_target_ms = itl_target_ms;
+    return e;
+  }
+};
+
+struct BenchEngineOptions {
+  std::string model;
+  std::string scenario = "all";
+  EngineFlags engine;              // head-of-line's chunked run uses --itl-target-ms 120 when unset
   int conversations = 8;           // multiturn
   std::size_t history = 2000;      // multiturn: conversations end past this many tokens
   double think_ms = 2000;          // multiturn: mean of the exponential think time
@@ -103,11 +119,7 @@ struct ServeOptions {
   std::string model;
   std::string host = "127.0.0.1";
   unsigned short port = 8080;
-  int threads = 0;
-  std::string kv_type = "f16";
-  std::string kv_memory;
-  std::size_t max_batch_tokens = 512;
-  double itl_target_ms = 0;
+  EngineFlags engine;
   std::size_t ctx_size = 0;
   std::size_t max_running = 32;
   std::size_t max_queue = 256;

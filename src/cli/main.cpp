@@ -9,6 +9,19 @@
 
 using namespace promptly;
 
+namespace {
+
+void add_engine_flags(CLI::App* cmd, promptly::cli::EngineFlags& f) {
+  cmd->add_option("-t,--threads", f.threads, "Compute threads (default: all cores)");
+  cmd->add_option("--kv-type", f.kv_type, "KV cache element type: f16, q8_0, f32")->capture_default_str();
+  cmd->add_option("--kv-memory", f.kv_memory, "KV cache budget, e.g. 4GiB or 25% (default: 8 contexts, at most half the free RAM)");
+  cmd->add_option("--max-batch-tokens", f.max_batch_tokens, "Tokens per engine step")->capture_default_str();
+  cmd->add_option("--itl-target-ms", f.itl_target_ms,
+                  "While streams decode, size steps to keep their inter-token latency near this (bench engine's head-of-line: 120 when unset)");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"Promptly: low-latency LLM inference for GGUF models"};
   app.require_subcommand(1);
@@ -99,11 +112,7 @@ int main(int argc, char** argv) {
   auto* beng_cmd = bench_cmd->add_subcommand("engine", "The serving engine in chat scenarios: multi-turn, shared prefix, head-of-line, throughput");
   beng_cmd->add_option("-m,--model", beng.model, "GGUF model")->required();
   beng_cmd->add_option("--scenario", beng.scenario, "multiturn, shared-prefix, head-of-line, throughput or all")->capture_default_str();
-  beng_cmd->add_option("-t,--threads", beng.threads, "Threads (default: all cores)");
-  beng_cmd->add_option("--kv-type", beng.kv_type, "KV cache element type: f16, q8_0, f32")->capture_default_str();
-  beng_cmd->add_option("--kv-memory", beng.kv_memory, "KV cache budget, e.g. 2GiB or 25% (default: 8 contexts, at most half the free RAM)");
-  beng_cmd->add_option("--max-batch-tokens", beng.max_batch_tokens, "Tokens per engine step")->capture_default_str();
-  beng_cmd->add_option("--itl-target-ms", beng.itl_target_ms, "Inter-token latency target while streams decode (head-of-line: 120 when unset)");
+  add_engine_flags(beng_cmd, beng.engine);
   beng_cmd->add_option("--conversations", beng.conversations, "multiturn: concurrent conversations")->capture_default_str();
   beng_cmd->add_option("--history", beng.history, "multiturn: history length each conversation grows to")->capture_default_str();
   beng_cmd->add_option("--think-ms", beng.think_ms, "multiturn: mean think time between turns")->capture_default_str();
@@ -118,11 +127,7 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("-m,--model", srv.model, "GGUF model")->required();
   serve_cmd->add_option("--host", srv.host, "Address to bind")->capture_default_str();
   serve_cmd->add_option("--port", srv.port, "Port (0: any free port)")->capture_default_str();
-  serve_cmd->add_option("-t,--threads", srv.threads, "Compute threads (default: all cores)");
-  serve_cmd->add_option("--kv-type", srv.kv_type, "KV cache element type: f16, q8_0, f32")->capture_default_str();
-  serve_cmd->add_option("--kv-memory", srv.kv_memory, "KV cache budget, e.g. 4GiB or 25% (default: 8 contexts, at most half the free RAM)");
-  serve_cmd->add_option("--max-batch-tokens", srv.max_batch_tokens, "Tokens per engine step")->capture_default_str();
-  serve_cmd->add_option("--itl-target-ms", srv.itl_target_ms, "Size steps to keep decoding streams' inter-token latency near this");
+  add_engine_flags(serve_cmd, srv.engine);
   serve_cmd->add_option("-c,--ctx-size", srv.ctx_size, "Context per request (default: the model's)");
   serve_cmd->add_option("--max-running", srv.max_running, "Requests computed at once")->capture_default_str();
   serve_cmd->add_option("--max-queue", srv.max_queue, "Waiting requests beyond this get 429")->capture_default_str();

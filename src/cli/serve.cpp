@@ -17,12 +17,7 @@ int serve(const ServeOptions& o) {
   Model model(file);
   Tokenizer tokenizer(Vocab::from_gguf(*file));
 
-  EngineOptions eo;
-  eo.threads = o.threads;
-  eo.kv_type = parse_kv_type(o.kv_type);
-  if (!o.kv_memory.empty()) eo.kv_memory = parse_memory_size(o.kv_memory);
-  eo.max_batch_tokens = o.max_batch_tokens;
-  eo.itl_target_ms = o.itl_target_ms;
+  EngineOptions eo = o.engine.to_options();
   eo.ctx_size = o.ctx_size;
   eo.max_running = o.max_running;
   Engine engine(model, &tokenizer, eo);
@@ -39,7 +34,7 @@ int serve(const ServeOptions& o) {
   const unsigned short port = server.listen();
   const EngineStats st = engine.stats();
   std::fprintf(stderr, "promptly: serving '%s' on http://%s:%u (context %zu, KV cache %s %.0f MB = %zu tokens)\n", so.model_id.c_str(),
-               o.host.c_str(), port, st.ctx_size, o.kv_type.c_str(), static_cast<double>(st.kv_budget_bytes) / 1e6,
+               o.host.c_str(), port, st.ctx_size, o.engine.kv_type.c_str(), static_cast<double>(st.kv_budget_bytes) / 1e6,
                st.kv_blocks_total * st.kv_block_tokens);
   std::fflush(stderr);
   server.run();

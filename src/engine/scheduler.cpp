@@ -60,8 +60,7 @@ void Scheduler::offer_blocks(Sequence& s) {
   if (!options_.prefix_cache) return;
   const std::size_t full = s.n_computed / cache_.block_tokens();
   if (full <= s.inserted_blocks) return;
-  const std::vector<std::int32_t> prefix(s.tokens.begin(), s.tokens.begin() + static_cast<long>(full * cache_.block_tokens()));
-  tree_.insert(prefix, cache_.blocks(s.seq_id));
+  tree_.insert(std::span<const std::int32_t>(s.tokens).first(full * cache_.block_tokens()), cache_.blocks(s.seq_id));
   s.inserted_blocks = full;
 }
 

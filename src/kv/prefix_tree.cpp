@@ -39,7 +39,7 @@ std::size_t PrefixTree::match(const std::vector<std::int32_t>& tokens, std::vect
   return matched;
 }
 
-void PrefixTree::insert(const std::vector<std::int32_t>& tokens, const std::vector<int>& blocks) {
+void PrefixTree::insert(std::span<const std::int32_t> tokens, const std::vector<int>& blocks) {
   const std::size_t bt = pool_.block_tokens();
   const std::size_t n_full = std::min(blocks.size(), tokens.size() / bt);
   Node* node = &root_;

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kv/block_pool.h"
@@ -31,7 +32,7 @@ class PrefixTree {
 
   // Offers a sequence's full blocks (blocks[i] holds tokens [i*B, (i+1)*B)). Blocks for prefixes the
   // tree lacks are adopted (retained); where the tree already has that prefix, it keeps its own block.
-  void insert(const std::vector<std::int32_t>& tokens, const std::vector<int>& blocks);
+  void insert(std::span<const std::int32_t> tokens, const std::vector<int>& blocks);
 
   // Releases up to `n` blocks that only the tree references, least recently used leaves first.
   // Returns how many were freed.

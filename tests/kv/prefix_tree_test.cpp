@@ -64,8 +64,8 @@ TEST(PrefixTree, EvictsLeastRecentlyUsedUnreferencedLeavesOnly) {
   BlockPool pool(1, 4, 2, 8);
   PrefixTree tree(pool);
   std::vector<int> x = {pool.allocate(), pool.allocate()}, y = {pool.allocate()};
-  tree.insert({1, 2, 3, 4}, x);  // chain of 2 blocks
-  tree.insert({9, 9}, y);        // a separate leaf
+  tree.insert(std::vector<std::int32_t>{1, 2, 3, 4}, x);  // chain of 2 blocks
+  tree.insert(std::vector<std::int32_t>{9, 9}, y);      // a separate leaf
   for (int b : x) pool.release(b);
   for (int b : y) pool.release(b);
   std::vector<int> held;
