@@ -1,5 +1,6 @@
 // Kernel micro-benchmarks (Google Benchmark): matmul per weight type and kernel path, for decode
-// (1 token) and prefill-sized (64-token) inputs at TinyLlama's 2048 x 2048 shape.
+// (1 token), batched-decode (64) and prompt-sized (512) inputs at TinyLlama's 2048 x 2048 shape, in
+// the layout the model loader would give that path (16-row interleaved on AVX-512 and AMX).
 //   build/release/promptly_bench_kernels --benchmark_filter=Q4_0
 #include <benchmark/benchmark.h>
 
@@ -14,7 +15,7 @@ namespace promptly::kernels {
 namespace {
 
 struct Fixture {
-  std::vector<std::uint8_t> w;
+  std::vector<std::uint8_t> w, packed;
   std::vector<float> x, y;
   WeightMatrix m;
   Fixture(DType type, std::size_t rows, std::size_t cols, std::size_t tokens) {
@@ -31,6 +32,12 @@ struct Fixture {
     y.resize(tokens * rows);
     m = {type, w.data(), rows, cols};
   }
+  void repack() {
+    if (!can_repack_x16(m)) return;
+    packed.resize(repacked_bytes(m));
+    m.layout = repack_x16(m, packed.data());
+    m.data = packed.data();
+  }
 };
 
 void BM_Matmul(benchmark::State& state, DType type, Isa isa) {
@@ -41,6 +48,7 @@ void BM_Matmul(benchmark::State& state, DType type, Isa isa) {
   set_isa(isa);
   const std::size_t tokens = static_cast<std::size_t>(state.range(0)), threads = static_cast<std::size_t>(state.range(1));
   Fixture f(type, 2048, 2048, tokens);
+  if (static_cast<int>(isa) >= static_cast<int>(Isa::Avx512)) f.repack();
   ThreadPool pool(static_cast<int>(threads));
   for (auto _ : state) {
     matmul(f.m, f.x.data(), tokens, f.y.data(), pool);
@@ -55,7 +63,7 @@ void BM_Matmul(benchmark::State& state, DType type, Isa isa) {
 
 #define PROMPTLY_MATMUL_BENCH(TYPE, ISA)                                                        \
   BENCHMARK_CAPTURE(BM_Matmul, TYPE##_##ISA, DType::TYPE, Isa::ISA)                              \
-      ->ArgsProduct({{1, 64}, {1, 2}})                                                           \
+      ->ArgsProduct({{1, 64, 512}, {1, 2}})                                                           \
       ->ArgNames({"tokens", "threads"})                                                          \
       ->Unit(benchmark::kMicrosecond)                                                            \
       ->UseRealTime();
@@ -64,7 +72,9 @@ PROMPTLY_MATMUL_BENCH(Q4_0, Scalar)
 PROMPTLY_MATMUL_BENCH(Q4_0, Avx2)
 PROMPTLY_MATMUL_BENCH(Q4_0, Avx512)
 PROMPTLY_MATMUL_BENCH(Q8_0, Avx2)
+PROMPTLY_MATMUL_BENCH(Q4_0, Amx)
 PROMPTLY_MATMUL_BENCH(Q8_0, Avx512)
+PROMPTLY_MATMUL_BENCH(Q8_0, Amx)
 PROMPTLY_MATMUL_BENCH(F16, Avx512)
 PROMPTLY_MATMUL_BENCH(Q4_K, Avx512)
 PROMPTLY_MATMUL_BENCH(Q6_K, Avx512)

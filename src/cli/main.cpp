@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--shutdown-grace", srv.shutdown_grace_s, "Seconds in-flight requests get on SIGINT/SIGTERM")->capture_default_str();
 
   std::string isa;
-  app.add_option("--isa", isa, "Force a kernel path: scalar, avx2, avx512 (default: the best the CPU has; env PROMPTLY_ISA)");
+  app.add_option("--isa", isa, "Force a kernel path: scalar, avx2, avx512, amx (default: the best the CPU has; env PROMPTLY_ISA)");
 
   CLI11_PARSE(app, argc, argv);
   if (!isa.empty()) {

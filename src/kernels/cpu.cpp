@@ -1,6 +1,8 @@
 #include "kernels/cpu.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -9,6 +11,17 @@
 
 namespace promptly::kernels {
 namespace {
+
+// Linux hands out the 8 KiB of AMX tile state only to processes that ask for it (once, for all
+// threads); without the permission the first tile instruction faults.
+bool request_amx_permission() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
 
 CpuFeatures detect() {
   CpuFeatures f;
@@ -28,7 +41,10 @@ CpuFeatures detect() {
   f.avx512bw = zmm_state && (b & bit_AVX512BW);
   f.avx512vl = zmm_state && (b & bit_AVX512VL);
   f.avx512vnni = zmm_state && (c & bit_AVX512VNNI);
+  const bool amx_cpu = (d & (1u << 24)) && (d & (1u << 25));  // AMX-TILE, AMX-INT8
+  const bool amx_state = (xcr0_lo & (3u << 17)) == (3u << 17);  // XTILECFG, XTILEDATA
   if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512bf16 = zmm_state && (a & bit_AVX512BF16);
+  f.amx_int8 = amx_cpu && amx_state && request_amx_permission();
   return f;
 }
 
@@ -38,6 +54,7 @@ bool supports(Isa isa) {
     case Isa::Scalar: return true;
     case Isa::Avx2: return f.avx2 && f.fma && f.f16c;
     case Isa::Avx512: return f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni;
+    case Isa::Amx: return supports(Isa::Avx512) && f.amx_int8;
   }
   return false;
 }
@@ -68,11 +85,13 @@ const char* isa_name(Isa isa) {
     case Isa::Scalar: return "scalar";
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
+    case Isa::Amx: return "amx";
   }
   return "?";
 }
 
 Isa best_isa() {
+  if (supports(Isa::Amx)) return Isa::Amx;
   if (supports(Isa::Avx512)) return Isa::Avx512;
   if (supports(Isa::Avx2)) return Isa::Avx2;
   return Isa::Scalar;
@@ -89,7 +108,8 @@ Isa parse_isa(const std::string& name) {
   if (name == "scalar") return Isa::Scalar;
   if (name == "avx2") return Isa::Avx2;
   if (name == "avx512") return Isa::Avx512;
-  throw Error("unknown kernel path '" + name + "'; valid: scalar, avx2, avx512");
+  if (name == "amx") return Isa::Amx;
+  throw Error("unknown kernel path '" + name + "'; valid: scalar, avx2, avx512, amx");
 }
 
 }  // namespace promptly::kernels

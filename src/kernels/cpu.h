@@ -4,18 +4,22 @@
 
 namespace promptly::kernels {
 
-enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+// Ordered: each path needs everything the one before it needs. Amx = Avx512 plus the AMX tile unit
+// for int8 matrix products (prompt-sized batches).
+enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2, Amx = 3 };
 
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false, avx512bf16 = false;
+  // The CPU has AMX tiles with int8, the OS saves their state, and it let this process use them.
+  bool amx_int8 = false;
 };
 
 const CpuFeatures& cpu_features();
 const char* isa_name(Isa isa);
 // The best path this CPU supports.
 Isa best_isa();
-// The path in use: best_isa(), unless PROMPTLY_ISA (scalar|avx2|avx512) or set_isa() chose another.
+// The path in use: best_isa(), unless PROMPTLY_ISA (scalar|avx2|avx512|amx) or set_isa() chose another.
 Isa active_isa();
 // Forces a path; throws Error if the CPU lacks it.
 void set_isa(Isa isa);

@@ -1,6 +1,6 @@
 #pragma once
 // The per-ISA kernel table. Each instruction set has its own translation unit compiled with its own
-// flags (kernels_scalar.cpp, kernels_avx2.cpp, kernels_avx512.cpp); matmul.cpp picks the table of the
+// flags (kernels_scalar.cpp, kernels_avx2.cpp, kernels_avx512.cpp, kernels_amx.cpp); matmul.cpp picks the table of the
 // active path at run time, so one binary runs on any x86-64.
 #include <cstddef>
 #include <cstdint>
@@ -27,12 +27,20 @@ struct alignas(16) ActivationBlock {
   std::int32_t unused;
 };
 
+// Tokens per tile of the tile-ordered copy of activations (KernelTable::token_tile).
+constexpr std::size_t kTokenTile = 16;
+
 struct QuantizedRows {
   const BlockQ8_0* blocks;
   const float* sums;
   std::size_t n_blocks;  // per token
   const float* half_sums;  // d * sum(q) of each block's two 16-element halves (Q6_K sub-blocks)
   const ActivationBlock* act;  // the same blocks, extended for the Q4_0x16 / Q8_0x16 kernels
+  // For tables with token_tile set, the whole 16-token tiles of tokens [0, n_tokens) again, in tile
+  // order: per tile and block, the 16 tokens' 32 quants back to back (tiled_qs, 512 bytes) and their
+  // 16 scales (tiled_dx). Null otherwise.
+  const std::int8_t* tiled_qs = nullptr;
+  const float* tiled_dx = nullptr;
 };
 
 struct KernelTable {
@@ -77,6 +85,8 @@ struct KernelTable {
   void (*attention_tile)(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
                          const void* const* v_blocks, DType kv_type, std::size_t block_tokens, std::size_t stride, std::size_t offset,
                          std::size_t head_dim, float scale, float* const* out);
+  // Whether the matrix kernels want the tile-ordered activations of QuantizedRows.
+  bool token_tile;
 };
 
 constexpr std::size_t kAttentionTile = 16;
@@ -105,5 +115,6 @@ const KernelTable& kernel_table(Isa isa);
 const KernelTable& scalar_kernels();
 const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();
+const KernelTable& amx_kernels();  // avx512's, with AMX tiles for Q4_0x16 / Q8_0x16 prompt batches
 
 }  // namespace promptly::kernels

@@ -413,7 +413,7 @@ const KernelTable& avx512_kernels() {
                                  avx512::x16_driver<16 * 34, 32, 8, avx512::Q8_0Tile>,
                                  avx512::x16_driver<kQ4KGroupBytes, kQK_K, 4, avx512::Q4_KTile>,
                                  avx512::x16_driver<kQ6KGroupBytes, kQK_K, 4, avx512::Q6_KTile>, avx512::gemm_dequant,
-                                 avx512::attention_tile};
+                                 avx512::attention_tile, false};
   return table;
 }
 

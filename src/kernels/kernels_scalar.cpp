@@ -266,12 +266,13 @@ const KernelTable& scalar_kernels() {
   static const KernelTable table{"scalar", quantize_q8_0, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32, attention,
                                  gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
                                  gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, gemm_dequant,
-                                 attention_tile_each<attention>};
+                                 attention_tile_each<attention>, false};
   return table;
 }
 
 const KernelTable& kernel_table(Isa isa) {
   switch (isa) {
+    case Isa::Amx: return amx_kernels();
     case Isa::Avx512: return avx512_kernels();
     case Isa::Avx2: return avx2_kernels();
     default: return scalar_kernels();

@@ -15,29 +15,52 @@ float dot_f32(const float* a, const float* b, std::size_t n) { return kernel_tab
 void Activations::quantize(ThreadPool& pool) {
   if (quantized_) return;
   const std::size_t nb = k_ / kQK8_0;
-  q8_.resize(n_tokens_ * nb);
-  sums_.resize(n_tokens_ * nb);
-  half_sums_.resize(2 * n_tokens_ * nb);
-  act_.resize(n_tokens_ * nb);
+  ActivationBuffers& buf = *buffers_;
+  buf.q8.resize(n_tokens_ * nb);
+  buf.sums.resize(n_tokens_ * nb);
+  buf.half_sums.resize(2 * n_tokens_ * nb);
+  buf.act.resize(n_tokens_ * nb);
+  BlockQ8_0* q8 = buf.q8.data();
+  float* sums = buf.sums.data();
+  float* half_sums = buf.half_sums.data();
+  ActivationBlock* act = buf.act.data();
   const KernelTable& kt = kernel_table(active_isa());
   pool.parallel_for(n_tokens_, std::max<std::size_t>(1, 8192 / std::max<std::size_t>(1, k_)), [&](std::size_t b, std::size_t e, int) {
     for (std::size_t t = b; t < e; ++t) {
-      kt.quantize_q8_0(x_ + t * k_, &q8_[t * nb], &sums_[t * nb], k_);
+      kt.quantize_q8_0(x_ + t * k_, &q8[t * nb], &sums[t * nb], k_);
       for (std::size_t i = t * nb; i < (t + 1) * nb; ++i) {
         int lo = 0, hi = 0;
         for (int j = 0; j < 16; ++j) {
-          lo += q8_[i].qs[j];
-          hi += q8_[i].qs[16 + j];
+          lo += q8[i].qs[j];
+          hi += q8[i].qs[16 + j];
         }
-        const float d = fp16_to_fp32(q8_[i].d);
-        half_sums_[2 * i] = d * static_cast<float>(lo);
-        half_sums_[2 * i + 1] = d * static_cast<float>(hi);
-        ActivationBlock& a = act_[i];
-        std::memcpy(a.qs, q8_[i].qs, sizeof a.qs);
+        const float d = fp16_to_fp32(q8[i].d);
+        half_sums[2 * i] = d * static_cast<float>(lo);
+        half_sums[2 * i + 1] = d * static_cast<float>(hi);
+        ActivationBlock& a = act[i];
+        std::memcpy(a.qs, q8[i].qs, sizeof a.qs);
         a.d = d;
         a.offset_q4 = 8 * (lo + hi);
         a.offset_q8 = 128 * (lo + hi);
         a.unused = 0;
+      }
+    }
+  });
+  // The tile-ordered copy for kernels that take 16 tokens per step (see QuantizedRows): made here,
+  // once per input and split across the pool, rather than by every matmul that reads the input.
+  const std::size_t tiles = kt.token_tile ? n_tokens_ / kTokenTile : 0;
+  buf.tiled_qs.resize(tiles * nb * kTokenTile * 32);
+  buf.tiled_dx.resize(tiles * nb * kTokenTile);
+  std::int8_t* tiled_qs = buf.tiled_qs.data();
+  float* tiled_dx = buf.tiled_dx.data();
+  pool.parallel_for(tiles, 1, [&](std::size_t b, std::size_t e, int) {
+    for (std::size_t tile = b; tile < e; ++tile) {
+      for (std::size_t n = 0; n < kTokenTile; ++n) {
+        const ActivationBlock* row = act + (tile * kTokenTile + n) * nb;
+        for (std::size_t k = 0; k < nb; ++k) {
+          std::memcpy(tiled_qs + ((tile * nb + k) * kTokenTile + n) * 32, row[k].qs, 32);
+          tiled_dx[(tile * nb + k) * kTokenTile + n] = row[k].d;
+        }
       }
     }
   });
@@ -190,7 +213,8 @@ Layout repack_x16(const WeightMatrix& w, std::uint8_t* out) {
 }
 
 void matmul(const WeightMatrix& w, const float* x, std::size_t n_tokens, float* y, ThreadPool& pool) {
-  Activations a(x, n_tokens, w.cols);
+  thread_local ActivationBuffers buffers;  // live only during this call, which never nests
+  Activations a(x, n_tokens, w.cols, buffers);
   matmul(w, a, y, pool);
 }
 

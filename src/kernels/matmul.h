@@ -31,12 +31,29 @@ struct WeightMatrix {
   const std::uint8_t* row(std::size_t r) const { return data + r * row_stride(); }
 };
 
+// Where an input's quantized form lives. Reused across calls (a model keeps one per input it
+// quantizes), so that a prompt's megabytes of activation blocks are not fresh pages, faulted in and
+// zeroed, in every layer.
+struct ActivationBuffers {
+  std::vector<BlockQ8_0> q8;
+  std::vector<float> sums;
+  std::vector<float> half_sums;
+  std::vector<ActivationBlock> act;
+  std::vector<std::int8_t> tiled_qs;
+  std::vector<float> tiled_dx;
+};
+
 // The input of one or more matmuls: n_tokens rows of k floats. Integer kernels need it quantized to
 // Q8_0; that happens once, on first use, and is shared by every matmul that reads the same input
 // (q/k/v, gate/up).
 class Activations {
  public:
-  Activations(const float* x, std::size_t n_tokens, std::size_t k) : x_(x), n_tokens_(n_tokens), k_(k) {}
+  Activations(const float* x, std::size_t n_tokens, std::size_t k) : x_(x), n_tokens_(n_tokens), k_(k), buffers_(&owned_) {}
+  // Quantizes into `buffers` (which must outlive this object and not be shared with a live one).
+  Activations(const float* x, std::size_t n_tokens, std::size_t k, ActivationBuffers& buffers)
+      : x_(x), n_tokens_(n_tokens), k_(k), buffers_(&buffers) {}
+  Activations(const Activations&) = delete;
+  Activations& operator=(const Activations&) = delete;
 
   const float* data() const { return x_; }
   std::size_t n_tokens() const { return n_tokens_; }
@@ -44,11 +61,13 @@ class Activations {
 
   // Q8_0 blocks (and d * sum per block) of every token; computed on first call.
   void quantize(ThreadPool& pool);
-  const BlockQ8_0* q8() const { return q8_.data(); }
-  const float* q8_sums() const { return sums_.data(); }
-  const float* q8_half_sums() const { return half_sums_.data(); }
+  const BlockQ8_0* q8() const { return buffers_->q8.data(); }
+  const float* q8_sums() const { return buffers_->sums.data(); }
+  const float* q8_half_sums() const { return buffers_->half_sums.data(); }
   QuantizedRows rows(std::size_t n_blocks) const {
-    return {q8_.data(), sums_.data(), n_blocks, half_sums_.data(), act_.data()};
+    const bool tiled = !buffers_->tiled_qs.empty() && n_tokens_ >= kTokenTile;
+    return {buffers_->q8.data(),  buffers_->sums.data(), n_blocks, buffers_->half_sums.data(), buffers_->act.data(),
+            tiled ? buffers_->tiled_qs.data() : nullptr, tiled ? buffers_->tiled_dx.data() : nullptr};
   }
   bool quantized() const { return quantized_; }
 
@@ -56,10 +75,8 @@ class Activations {
   const float* x_;
   std::size_t n_tokens_, k_;
   bool quantized_ = false;
-  std::vector<BlockQ8_0> q8_;
-  std::vector<float> sums_;
-  std::vector<float> half_sums_;
-  std::vector<ActivationBlock> act_;
+  ActivationBuffers owned_;
+  ActivationBuffers* buffers_;
 };
 
 // y[t * w.rows + r] = dot(w.row(r), token t) for every token. Each weight row is read once per call

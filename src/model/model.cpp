@@ -115,8 +115,9 @@ Model::Model(std::shared_ptr<const gguf::File> file) : file_(std::move(file)), c
 }
 
 void Model::repack_for_kernels() {
-  // Only the AVX-512 path has a kernel for the interleaved layout; others read ggml's as stored.
-  if (kernels::active_isa() != kernels::Isa::Avx512) return;
+  // Only the AVX-512 paths (and AMX, built on them) have kernels for the interleaved layout; others
+  // read ggml's as stored.
+  if (kernels::active_isa() < kernels::Isa::Avx512) return;
   auto repack = [&](kernels::WeightMatrix& m) {
     if (!kernels::can_repack_x16(m)) return;
     auto buf = std::make_unique<std::uint8_t[]>(kernels::repacked_bytes(m));
@@ -157,6 +158,7 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   // thread_local named inside a lambda is the running thread's own instance.)
   struct Scratch {
     std::vector<float> x, xn, q, k, v, attn, tmp, gate, up;
+    kernels::ActivationBuffers attn_act, ffn_act;  // the quantized inputs of q/k/v and gate/up
   };
   thread_local Scratch scratch;
   auto& x = scratch.x;
@@ -168,6 +170,16 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   auto& tmp = scratch.tmp;
   auto& gate = scratch.gate;
   auto& up = scratch.up;
+  auto& attn_act = scratch.attn_act;
+  auto& ffn_act = scratch.ffn_act;
+  // The per-token work between matmuls (norms, RoPE, cache writes, SwiGLU) is split across the pool
+  // for prompt-sized batches; one token's worth stays on this thread, where waking a worker would
+  // cost more than it saves. Each token's arithmetic is the same either way.
+  auto per_token = [&](auto&& fn) {
+    pool.parallel_for(T, 4, [&](std::size_t begin, std::size_t end, int) {
+      for (std::size_t t = begin; t < end; ++t) fn(t);
+    });
+  };
   for (auto [buf, n] : {std::pair{&x, T * D}, {&xn, T * D}, {&q, T * QD}, {&k, T * KVD}, {&v, T * KVD}, {&attn, T * QD},
                         {&tmp, T * D}, {&gate, T * F}, {&up, T * F}}) {
     buf->resize(n);
@@ -219,13 +231,13 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   for (std::size_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = layers_[il];
 
-    for (std::size_t t = 0; t < T; ++t) kernels::rmsnorm(&x[t * D], L.attn_norm, D, c.rms_eps, &xn[t * D]);
-    kernels::Activations attn_in(xn.data(), T, D);  // quantized once for q, k and v
+    per_token([&](std::size_t t) { kernels::rmsnorm(&x[t * D], L.attn_norm, D, c.rms_eps, &xn[t * D]); });
+    kernels::Activations attn_in(xn.data(), T, D, attn_act);  // quantized once for q, k and v
     kernels::matmul(L.wq, attn_in, q.data(), pool);
     kernels::matmul(L.wk, attn_in, k.data(), pool);
     kernels::matmul(L.wv, attn_in, v.data(), pool);
 
-    for (std::size_t t = 0; t < T; ++t) {
+    per_token([&](std::size_t t) {
       if (L.bq) for (std::size_t i = 0; i < QD; ++i) q[t * QD + i] += L.bq[i];
       if (L.bk) for (std::size_t i = 0; i < KVD; ++i) k[t * KVD + i] += L.bk[i];
       if (L.bv) for (std::size_t i = 0; i < KVD; ++i) v[t * KVD + i] += L.bv[i];
@@ -233,7 +245,7 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
       for (std::size_t h = 0; h < c.n_head; ++h) kernels::rope(&q[t * QD + h * HD], c.n_rot, inv_freq_.data(), pos, c.rope_neox);
       for (std::size_t h = 0; h < c.n_head_kv; ++h) kernels::rope(&k[t * KVD + h * HD], c.n_rot, inv_freq_.data(), pos, c.rope_neox);
       cache.write(il, batch.seq_ids[t], static_cast<std::size_t>(batch.positions[t]), &k[t * KVD], &v[t * KVD]);
-    }
+    });
 
     // Causal attention: token t sees positions [0, pos_t] of its own sequence, which the cache now
     // holds whether they came from earlier calls or from this batch. Work goes in tiles of queries
@@ -268,15 +280,18 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     });
 
     kernels::matmul(L.wo, attn.data(), T, tmp.data(), pool);
-    for (std::size_t i = 0; i < T * D; ++i) x[i] += tmp[i];
-
-    for (std::size_t t = 0; t < T; ++t) kernels::rmsnorm(&x[t * D], L.ffn_norm, D, c.rms_eps, &xn[t * D]);
-    kernels::Activations ffn_in(xn.data(), T, D);  // quantized once for gate and up
+    per_token([&](std::size_t t) {
+      for (std::size_t i = t * D; i < (t + 1) * D; ++i) x[i] += tmp[i];
+      kernels::rmsnorm(&x[t * D], L.ffn_norm, D, c.rms_eps, &xn[t * D]);
+    });
+    kernels::Activations ffn_in(xn.data(), T, D, ffn_act);  // quantized once for gate and up
     kernels::matmul(L.w_gate, ffn_in, gate.data(), pool);
     kernels::matmul(L.w_up, ffn_in, up.data(), pool);
-    kernels::silu_mul(gate.data(), up.data(), T * F);
+    per_token([&](std::size_t t) { kernels::silu_mul(&gate[t * F], &up[t * F], F); });
     kernels::matmul(L.w_down, gate.data(), T, tmp.data(), pool);
-    for (std::size_t i = 0; i < T * D; ++i) x[i] += tmp[i];
+    per_token([&](std::size_t t) {
+      for (std::size_t i = t * D; i < (t + 1) * D; ++i) x[i] += tmp[i];
+    });
   }
 
   for (std::size_t t = 0; t < T; ++t) {

@@ -22,7 +22,8 @@ namespace {
 std::vector<Isa> fast_paths() {
   std::vector<Isa> out;
   if (static_cast<int>(best_isa()) >= static_cast<int>(Isa::Avx2)) out.push_back(Isa::Avx2);
-  if (best_isa() == Isa::Avx512) out.push_back(Isa::Avx512);
+  if (static_cast<int>(best_isa()) >= static_cast<int>(Isa::Avx512)) out.push_back(Isa::Avx512);
+  if (best_isa() == Isa::Amx) out.push_back(Isa::Amx);
   return out;
 }
 
@@ -196,6 +197,41 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
   }
   EXPECT_FALSE(can_repack_x16({DType::Q4_0, nullptr, 17, 32}));
   EXPECT_FALSE(can_repack_x16({DType::F16, nullptr, 16, 32}));
+}
+
+// The AMX tiles take prompt-sized batches (16 tokens at a time, the rest through the VNNI kernel)
+// and must give bit-identical results to the AVX-512 path: the integer dot products are exact and
+// the float work per block is the same operations in the same order. Awkward sizes: odd block
+// counts (a lone last block), token counts with a VNNI tail, more tokens than one panel.
+TEST(Dispatch, AmxTilesBitIdenticalToAvx512) {
+  if (best_isa() != Isa::Amx) GTEST_SKIP() << "this CPU (or OS) offers no AMX int8 tiles";
+  IsaGuard guard;
+  std::mt19937 rng(21);
+  std::normal_distribution<float> dist;
+  for (DType type : {DType::Q4_0, DType::Q8_0}) {
+    for (std::size_t cols : {32u, 96u, 160u, 2048u}) {
+      for (std::size_t tokens : {15u, 16u, 17u, 50u, 700u}) {
+        if (cols * tokens > 1500000) continue;  // 2048 x 700: more tokens than one panel (336 at 64 blocks)
+        const std::size_t rows = 48;
+        std::vector<float> wf(rows * cols), x(tokens * cols);
+        for (float& v : wf) v = dist(rng);
+        for (float& v : x) v = dist(rng);
+        std::vector<std::uint8_t> w(rows * row_bytes(type, cols));
+        for (std::size_t r = 0; r < rows; ++r) quantize_row(type, &wf[r * cols], &w[r * row_bytes(type, cols)], cols);
+        std::vector<std::uint8_t> packed(repacked_bytes({type, w.data(), rows, cols}));
+        const WeightMatrix inter{type, packed.data(), rows, cols, repack_x16({type, w.data(), rows, cols}, packed.data())};
+        ThreadPool pool(2);
+        std::vector<float> want(tokens * rows), got(tokens * rows);
+        set_isa(Isa::Avx512);
+        matmul(inter, x.data(), tokens, want.data(), pool);
+        set_isa(Isa::Amx);
+        matmul(inter, x.data(), tokens, got.data(), pool);
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          ASSERT_EQ(got[i], want[i]) << dtype_name(type) << " cols " << cols << " tokens " << tokens << " token " << i / rows << " row " << i % rows;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,194 @@
+// AMX path (AVX-512 plus the AMX tile and int8 units of Sapphire Rapids and later; compiled with those
+// flags, only called when CPUID, XCR0 and the kernel's permission all say yes: see cpu.cpp).
+//
+// Why AMX: one TDPBSSD multiplies a 16 x 32 int8 tile by a 32 x 16 one (8192 multiply-adds) in the
+// time the VNNI kernel spends on a few hundred, so prefill stops being bound by int8 arithmetic. What
+// remains per block is the float work that Q4_0 / Q8_0 need anyway (each 32-element block has its
+// own weight and activation scale): convert, scale by d_x, FMA with d_w. That work is done exactly as
+// the VNNI kernel does it, in the same order, and the integer dot products are exact either way, so
+// the two paths give bit-identical results: a token's output does not depend on whether it went
+// through a tile of 16 tokens or through the VNNI tail, and batching stays invisible to greedy output.
+//
+// Only prompt-sized batches use the tiles (16 tokens at a time); the remainder and decode-sized
+// batches (memory-bound, where AMX does not help) go to the AVX-512 kernels.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "kernels/dispatch.h"
+#include "tensor/quant.h"
+
+namespace promptly::kernels {
+namespace amx {
+namespace {
+
+constexpr std::size_t kTileTokens = kTokenTile;
+constexpr std::size_t kUnpackedBlock = 512;  // one block of 16 rows as a B tile: 8 rows x 64 bytes
+
+// The tile register shapes (palette 1): tiles 0-3 hold 16 x 16 int32 results, 4-5 the activations
+// (16 tokens x 32 bytes: one block each), 6-7 the weights (8 rows of 4 elements x 16 output rows).
+struct alignas(64) TileConfig {
+  std::uint8_t palette_id = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+void configure_tiles() {
+  TileConfig cfg;
+  for (int c = 0; c < 4; ++c) {
+    cfg.rows[c] = 16;
+    cfg.colsb[c] = 64;
+  }
+  for (int a = 4; a < 6; ++a) {
+    cfg.rows[a] = 16;
+    cfg.colsb[a] = 32;
+  }
+  for (int b = 6; b < 8; ++b) {
+    cfg.rows[b] = 8;
+    cfg.colsb[b] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// One group of 16 rows, blocks [0, nb), as signed int8 B tiles (row k of a block's tile holds
+// elements 4k..4k+3 of the 16 rows, exactly the stored group order) and the 16 scales as floats.
+// Q4_0: nibble - 8; Q8_0: stored-unsigned back to signed. Done once per group and token panel and
+// shared by every 16-token tile of the panel.
+template <bool Q8>
+void unpack_group(const std::uint8_t* group, std::size_t nb, std::int8_t* quants, float* scales) {
+  constexpr std::size_t kGroupBlock = Q8 ? 16 * 34 : 16 * 18;
+  const __m512i mask = _mm512_set1_epi8(0x0f);
+  const __m512i eight = _mm512_set1_epi8(8);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::uint8_t* gb = group + b * kGroupBlock;
+    std::int8_t* out = quants + b * kUnpackedBlock;
+    _mm512_storeu_ps(scales + 16 * b, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb))));
+    if constexpr (Q8) {
+      for (int g = 0; g < 8; ++g) _mm512_storeu_si512(out + 64 * g, _mm512_xor_si512(_mm512_loadu_si512(gb + 32 + 64 * g), flip));
+    } else {
+      for (int g = 0; g < 4; ++g) {
+        const __m512i v = _mm512_loadu_si512(gb + 32 + 64 * g);
+        _mm512_storeu_si512(out + 64 * g, _mm512_sub_epi8(_mm512_and_si512(v, mask), eight));
+        _mm512_storeu_si512(out + 64 * (4 + g), _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), mask), eight));
+      }
+    }
+  }
+}
+
+// acc[n] += d_w * (float(dot[n]) * d_x[n]) for the 16 tokens of a tile: the VNNI kernel's operations.
+inline void finish_block(const std::int32_t* dots, const float* dw_block, const float* dx, __m512* acc) {
+  const __m512 dw = _mm512_loadu_ps(dw_block);
+#pragma GCC unroll 16
+  for (std::size_t n = 0; n < kTileTokens; ++n) {
+    const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(dots + 16 * n)), _mm512_set1_ps(dx[n]));
+    acc[n] = _mm512_fmadd_ps(dw, scaled, acc[n]);
+  }
+}
+
+// One block: its product goes to result tile C (activations through tile A, weights through B) and
+// is stored to dots[C]; the float work is for the block two steps back, so that it never waits on
+// the product it needs (the tile unit's latency is tens of cycles). Measured on Sapphire Rapids: the
+// product of a block costs ~16 cycles and its float work ~23 alone, but together ~65, because the
+// tile unit and the vector FMA units share issue ports; the float work, not the tile unit, bounds
+// this kernel (it is still ~1.5x the VNNI kernel per block). A macro because GCC's tile intrinsics
+// paste the tile number into the assembly text.
+#define PROMPTLY_AMX_STEP(C, A, B, PREV)                                                    \
+  do {                                                                                      \
+    const std::size_t blk = b + (C);                                                        \
+    if (blk < nb) {                                                                         \
+      _tile_loadd(A, tile_qs + blk * kUnpackedBlock, 32);                                   \
+      _tile_loadd(B, quants + blk * kUnpackedBlock, 64);                                    \
+      _tile_zero(C);                                                                        \
+      _tile_dpbssd(C, A, B);                                                                \
+      _tile_stored(C, dots[C], 64);                                                         \
+    }                                                                                       \
+    if (blk >= 2 && blk - 2 < nb) finish_block(dots[PREV], scales + 16 * (blk - 2), tile_dx + 16 * (blk - 2), acc); \
+  } while (0)
+
+// 16 rows x 16 tokens over all nb blocks. The tile's activations are tile-ready: per block, the 16
+// tokens' 32 quants back to back (tile_qs) and their 16 scales (tile_dx).
+void tile_16x16(const std::int8_t* quants, const float* scales, std::size_t nb, const std::int8_t* tile_qs, const float* tile_dx,
+                float* y, std::size_t ldy) {
+  __m512 acc[kTileTokens];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  alignas(64) std::int32_t dots[4][256];
+  for (std::size_t b = 0; b < nb + 2; b += 4) {
+    PROMPTLY_AMX_STEP(0, 4, 6, 2);
+    PROMPTLY_AMX_STEP(1, 5, 7, 3);
+    PROMPTLY_AMX_STEP(2, 4, 6, 0);
+    PROMPTLY_AMX_STEP(3, 5, 7, 1);
+  }
+  for (std::size_t n = 0; n < kTileTokens; ++n) _mm512_storeu_ps(y + n * ldy, acc[n]);
+}
+#undef PROMPTLY_AMX_STEP
+
+// The same QuantizedRows seen from token t on.
+QuantizedRows from_token(const QuantizedRows& x, std::size_t t) {
+  return {x.blocks + t * x.n_blocks, x.sums + t * x.n_blocks, x.n_blocks, x.half_sums + 2 * t * x.n_blocks, x.act + t * x.n_blocks,
+          nullptr, nullptr};
+}
+
+template <bool Q8>
+void gemm_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x, std::size_t n_tokens,
+              float* y, std::size_t ldy) {
+  const auto vnni = Q8 ? avx512_kernels().gemm_q8_0_x16 : avx512_kernels().gemm_q4_0_x16;
+  const std::size_t tiled = x.tiled_qs ? n_tokens / kTileTokens * kTileTokens : 0;
+  if (tiled > 0) {
+    constexpr std::size_t kGroupBlock = Q8 ? 16 * 34 : 16 * 18;
+    const std::size_t nb = cols / 32;
+    // Tokens go in panels whose activations (36 bytes per block) stay in L2 (~1 MiB of its 2) while
+    // every group of the share passes over them; each group is unpacked once per panel.
+    const std::size_t panel = std::max(kTileTokens, (std::size_t{1} << 20) / (nb * 36) / kTileTokens * kTileTokens);
+    thread_local std::unique_ptr<std::int8_t[]> quants;
+    thread_local std::unique_ptr<float[]> scales;
+    thread_local std::size_t capacity = 0;
+    if (capacity < nb) {
+      quants = std::make_unique<std::int8_t[]>(nb * kUnpackedBlock);
+      scales = std::make_unique<float[]>(nb * 16);
+      capacity = nb;
+    }
+    std::int8_t* q = quants.get();
+    float* s = scales.get();
+    configure_tiles();
+    for (std::size_t p0 = 0; p0 < tiled; p0 += panel) {
+      const std::size_t p1 = std::min(tiled, p0 + panel);
+      for (std::size_t r = r0; r < r1; r += 16) {
+        unpack_group<Q8>(w + (r / 16) * nb * kGroupBlock, nb, q, s);
+        for (std::size_t t = p0; t < p1; t += kTileTokens) {
+          const std::size_t tile = t / kTileTokens;
+          tile_16x16(q, s, nb, x.tiled_qs + tile * nb * kUnpackedBlock, x.tiled_dx + tile * nb * kTileTokens, y + t * ldy + r, ldy);
+        }
+      }
+    }
+    _tile_release();
+  }
+  if (tiled < n_tokens) vnni(w, cols, r0, r1, from_token(x, tiled), n_tokens - tiled, y + tiled * ldy, ldy);
+}
+
+}  // namespace
+}  // namespace amx
+
+const KernelTable& amx_kernels() {
+  static const KernelTable table = [] {
+    KernelTable t = avx512_kernels();
+    t.name = "amx";
+    t.token_tile = true;
+    t.gemm_q4_0_x16 = amx::gemm_x16<false>;
+    t.gemm_q8_0_x16 = amx::gemm_x16<true>;
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace promptly::kernels
