@@ -115,6 +115,6 @@ const KernelTable& kernel_table(Isa isa);
 const KernelTable& scalar_kernels();
 const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();
-const KernelTable& amx_kernels();  // avx512's, with AMX tiles for Q4_0x16 / Q8_0x16 prompt batches
+const KernelTable& amx_kernels();  // avx512's, with AMX tiles for Q4_0 / Q8_0 / Q4_K x16 prompt batches
 
 }  // namespace promptly::kernels

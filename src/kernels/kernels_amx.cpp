@@ -3,9 +3,9 @@
 //
 // Why AMX: one TDPBSSD multiplies a 16 x 32 int8 tile by a 32 x 16 one (8192 multiply-adds) in the
 // time the VNNI kernel spends on a few hundred, so prefill stops being bound by int8 arithmetic. What
-// remains per block is the float work that Q4_0 / Q8_0 need anyway (each 32-element block has its
-// own weight and activation scale): convert, scale by d_x, FMA with d_w. That work is done exactly as
-// the VNNI kernel does it, in the same order, and the integer dot products are exact either way, so
+// remains per block is the float work that Q4_0 / Q8_0 / Q4_K need anyway (each 32-element block
+// has its own weight and activation scale): convert, scale by d_x, FMA with d_w (and the Q4_K min).
+// That work is done exactly as the VNNI kernel does it, in the same order, and the integer dot products are exact either way, so
 // the two paths give bit-identical results: a token's output does not depend on whether it went
 // through a tile of 16 tokens or through the VNNI tail, and batching stays invisible to greedy output.
 //
@@ -60,21 +60,46 @@ void configure_tiles() {
   _tile_loadconfig(&cfg);
 }
 
-// One group of 16 rows, blocks [0, nb), as signed int8 B tiles (row k of a block's tile holds
-// elements 4k..4k+3 of the 16 rows, exactly the stored group order) and the 16 scales as floats.
-// Q4_0: nibble - 8; Q8_0: stored-unsigned back to signed. Done once per group and token panel and
-// shared by every 16-token tile of the panel.
-template <bool Q8>
-void unpack_group(const std::uint8_t* group, std::size_t nb, std::int8_t* quants, float* scales) {
-  constexpr std::size_t kGroupBlock = Q8 ? 16 * 34 : 16 * 18;
+enum class Format { Q4_0, Q8_0, Q4_K };
+
+// One group of 16 rows, blocks [0, nb) of 32 elements, as signed int8 B tiles (row k of a block's
+// tile holds elements 4k..4k+3 of the 16 rows, exactly the stored group order), plus per block the
+// 16 rows' scales as floats and, for Q4_K, their mins. Q4_0: nibble - 8; Q8_0: stored-unsigned back
+// to signed; Q4_K: the nibbles as they are (0..15; the min is subtracted in floats, as the VNNI
+// kernel does), scale d * sc and min dmin * m computed with the VNNI kernel's operations. Done once
+// per group and token panel and shared by every 16-token tile of the panel.
+template <Format F>
+void unpack_group(const std::uint8_t* group, std::size_t nb, std::int8_t* quants, float* scales, float* mins) {
   const __m512i mask = _mm512_set1_epi8(0x0f);
+  if constexpr (F == Format::Q4_K) {
+    for (std::size_t sb = 0; sb < nb / 8; ++sb) {
+      const std::uint8_t* g = group + sb * kQ4KGroupBytes;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
+      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32)));
+      for (std::size_t s = 0; s < 8; ++s) {
+        const std::size_t blk = sb * 8 + s;
+        _mm512_storeu_ps(scales + 16 * blk, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 64 + 32 * s))))));
+        _mm512_storeu_ps(mins + 16 * blk, _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 64 + 32 * s + 16))))));
+        const std::uint8_t* pair = g + 320 + 512 * (s / 2);  // low nibbles: sub-block 2p, high: 2p + 1
+        for (int k = 0; k < 8; ++k) {
+          const __m512i v = _mm512_loadu_si512(pair + 64 * k);
+          _mm512_storeu_si512(quants + blk * kUnpackedBlock + 64 * k, _mm512_and_si512(s % 2 ? _mm512_srli_epi16(v, 4) : v, mask));
+        }
+      }
+    }
+    return;
+  }
+  (void)mins;
+  constexpr std::size_t kGroupBlock = F == Format::Q8_0 ? 16 * 34 : 16 * 18;
   const __m512i eight = _mm512_set1_epi8(8);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (std::size_t b = 0; b < nb; ++b) {
     const std::uint8_t* gb = group + b * kGroupBlock;
     std::int8_t* out = quants + b * kUnpackedBlock;
     _mm512_storeu_ps(scales + 16 * b, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb))));
-    if constexpr (Q8) {
+    if constexpr (F == Format::Q8_0) {
       for (int g = 0; g < 8; ++g) _mm512_storeu_si512(out + 64 * g, _mm512_xor_si512(_mm512_loadu_si512(gb + 32 + 64 * g), flip));
     } else {
       for (int g = 0; g < 4; ++g) {
@@ -86,13 +111,19 @@ void unpack_group(const std::uint8_t* group, std::size_t nb, std::int8_t* quants
   }
 }
 
-// acc[n] += d_w * (float(dot[n]) * d_x[n]) for the 16 tokens of a tile: the VNNI kernel's operations.
-inline void finish_block(const std::int32_t* dots, const float* dw_block, const float* dx, __m512* acc) {
-  const __m512 dw = _mm512_loadu_ps(dw_block);
+// acc[n] += scale * (float(dot[n]) * d_x[n]) for the 16 tokens of a tile, and for Q4_K also
+// acc[n] -= min * sum_x[n]: the VNNI kernels' operations in their order.
+template <Format F>
+inline void finish_block(const std::int32_t* dots, const float* scale_block, const float* min_block, const float* dx, const float* sums,
+                         std::size_t nb, __m512* acc) {
+  const __m512 scale = _mm512_loadu_ps(scale_block);
+  __m512 minv = _mm512_setzero_ps();
+  if constexpr (F == Format::Q4_K) minv = _mm512_loadu_ps(min_block);
 #pragma GCC unroll 16
   for (std::size_t n = 0; n < kTileTokens; ++n) {
     const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(dots + 16 * n)), _mm512_set1_ps(dx[n]));
-    acc[n] = _mm512_fmadd_ps(dw, scaled, acc[n]);
+    acc[n] = _mm512_fmadd_ps(scale, scaled, acc[n]);
+    if constexpr (F == Format::Q4_K) acc[n] = _mm512_fnmadd_ps(minv, _mm512_set1_ps(sums[n * nb]), acc[n]);
   }
 }
 
@@ -113,13 +144,16 @@ inline void finish_block(const std::int32_t* dots, const float* dw_block, const 
       _tile_dpbssd(C, A, B);                                                                \
       _tile_stored(C, dots[C], 64);                                                         \
     }                                                                                       \
-    if (blk >= 2 && blk - 2 < nb) finish_block(dots[PREV], scales + 16 * (blk - 2), tile_dx + 16 * (blk - 2), acc); \
+    if (blk >= 2 && blk - 2 < nb)                                                          \
+      finish_block<F>(dots[PREV], scales + 16 * (blk - 2), mins + 16 * (blk - 2), tile_dx + 16 * (blk - 2), sums + (blk - 2), nb, acc); \
   } while (0)
 
 // 16 rows x 16 tokens over all nb blocks. The tile's activations are tile-ready: per block, the 16
-// tokens' 32 quants back to back (tile_qs) and their 16 scales (tile_dx).
-void tile_16x16(const std::int8_t* quants, const float* scales, std::size_t nb, const std::int8_t* tile_qs, const float* tile_dx,
-                float* y, std::size_t ldy) {
+// tokens' 32 quants back to back (tile_qs) and their 16 scales (tile_dx); sums (Q4_K only) is the
+// tile's first token's d * sum(q) per block, tokens nb apart.
+template <Format F>
+void tile_16x16(const std::int8_t* quants, const float* scales, const float* mins, std::size_t nb, const std::int8_t* tile_qs,
+                const float* tile_dx, const float* sums, float* y, std::size_t ldy) {
   __m512 acc[kTileTokens];
   for (__m512& a : acc) a = _mm512_setzero_ps();
   alignas(64) std::int32_t dots[4][256];
@@ -139,35 +173,39 @@ QuantizedRows from_token(const QuantizedRows& x, std::size_t t) {
           nullptr, nullptr};
 }
 
-template <bool Q8>
+template <Format F>
 void gemm_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x, std::size_t n_tokens,
               float* y, std::size_t ldy) {
-  const auto vnni = Q8 ? avx512_kernels().gemm_q8_0_x16 : avx512_kernels().gemm_q4_0_x16;
+  const KernelTable& avx512 = avx512_kernels();
+  const auto vnni = F == Format::Q4_0 ? avx512.gemm_q4_0_x16 : F == Format::Q8_0 ? avx512.gemm_q8_0_x16 : avx512.gemm_q4_k_x16;
   const std::size_t tiled = x.tiled_qs ? n_tokens / kTileTokens * kTileTokens : 0;
   if (tiled > 0) {
-    constexpr std::size_t kGroupBlock = Q8 ? 16 * 34 : 16 * 18;
     const std::size_t nb = cols / 32;
+    const std::size_t group_bytes = F == Format::Q4_K ? nb / 8 * kQ4KGroupBytes : nb * (F == Format::Q8_0 ? 16 * 34 : 16 * 18);
     // Tokens go in panels whose activations (36 bytes per block) stay in L2 (~1 MiB of its 2) while
     // every group of the share passes over them; each group is unpacked once per panel.
     const std::size_t panel = std::max(kTileTokens, (std::size_t{1} << 20) / (nb * 36) / kTileTokens * kTileTokens);
     thread_local std::unique_ptr<std::int8_t[]> quants;
-    thread_local std::unique_ptr<float[]> scales;
+    thread_local std::unique_ptr<float[]> scales, mins;
     thread_local std::size_t capacity = 0;
     if (capacity < nb) {
       quants = std::make_unique<std::int8_t[]>(nb * kUnpackedBlock);
       scales = std::make_unique<float[]>(nb * 16);
+      mins = std::make_unique<float[]>(nb * 16);
       capacity = nb;
     }
     std::int8_t* q = quants.get();
     float* s = scales.get();
+    float* m = mins.get();
     configure_tiles();
     for (std::size_t p0 = 0; p0 < tiled; p0 += panel) {
       const std::size_t p1 = std::min(tiled, p0 + panel);
       for (std::size_t r = r0; r < r1; r += 16) {
-        unpack_group<Q8>(w + (r / 16) * nb * kGroupBlock, nb, q, s);
+        unpack_group<F>(w + (r / 16) * group_bytes, nb, q, s, m);
         for (std::size_t t = p0; t < p1; t += kTileTokens) {
           const std::size_t tile = t / kTileTokens;
-          tile_16x16(q, s, nb, x.tiled_qs + tile * nb * kUnpackedBlock, x.tiled_dx + tile * nb * kTileTokens, y + t * ldy + r, ldy);
+          tile_16x16<F>(q, s, m, nb, x.tiled_qs + tile * nb * kUnpackedBlock, x.tiled_dx + tile * nb * kTileTokens, x.sums + t * nb,
+                        y + t * ldy + r, ldy);
         }
       }
     }
@@ -184,8 +222,9 @@ const KernelTable& amx_kernels() {
     KernelTable t = avx512_kernels();
     t.name = "amx";
     t.token_tile = true;
-    t.gemm_q4_0_x16 = amx::gemm_x16<false>;
-    t.gemm_q8_0_x16 = amx::gemm_x16<true>;
+    t.gemm_q4_0_x16 = amx::gemm_x16<amx::Format::Q4_0>;
+    t.gemm_q8_0_x16 = amx::gemm_x16<amx::Format::Q8_0>;
+    t.gemm_q4_k_x16 = amx::gemm_x16<amx::Format::Q4_K>;
     return t;
   }();
   return table;

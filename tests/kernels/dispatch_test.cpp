@@ -199,7 +199,7 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
   EXPECT_FALSE(can_repack_x16({DType::F16, nullptr, 16, 32}));
 }
 
-// The AMX tiles take prompt-sized batches (16 tokens at a time, the rest through the VNNI kernel)
+// The AMX tiles (Q4_0, Q8_0, Q4_K) take prompt-sized batches (16 tokens at a time, the rest through the VNNI kernel)
 // and must give bit-identical results to the AVX-512 path: the integer dot products are exact and
 // the float work per block is the same operations in the same order. Awkward sizes: odd block
 // counts (a lone last block), token counts with a VNNI tail, more tokens than one panel.
@@ -208,10 +208,11 @@ TEST(Dispatch, AmxTilesBitIdenticalToAvx512) {
   IsaGuard guard;
   std::mt19937 rng(21);
   std::normal_distribution<float> dist;
-  for (DType type : {DType::Q4_0, DType::Q8_0}) {
-    for (std::size_t cols : {32u, 96u, 160u, 2048u}) {
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K}) {
+    for (std::size_t cols : {32u, 96u, 160u, 256u, 768u, 2048u}) {
       for (std::size_t tokens : {15u, 16u, 17u, 50u, 700u}) {
-        if (cols * tokens > 1500000) continue;  // 2048 x 700: more tokens than one panel (336 at 64 blocks)
+        if (cols * tokens > 1500000) continue;
+        if (type == DType::Q4_K && cols % 256 != 0) continue;  // 2048 x 700: more tokens than one panel (336 at 64 blocks)
         const std::size_t rows = 48;
         std::vector<float> wf(rows * cols), x(tokens * cols);
         for (float& v : wf) v = dist(rng);
