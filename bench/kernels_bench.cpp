@@ -1,5 +1,5 @@
 // Kernel micro-benchmarks (Google Benchmark): matmul per weight type and kernel path, for decode
-// (1 token), batched-decode (64) and prompt-sized (512) inputs at TinyLlama's 2048 x 2048 shape, in
+// (1 token), batched-decode (8, 64) and prompt-sized (512) inputs at TinyLlama's 2048 x 2048 shape, in
 // the layout the model loader would give that path (16-row interleaved on AVX-512 and AMX).
 //   build/release/promptly_bench_kernels --benchmark_filter=Q4_0
 #include <benchmark/benchmark.h>
@@ -61,9 +61,38 @@ void BM_Matmul(benchmark::State& state, DType type, Isa isa) {
   set_isa(best_isa());
 }
 
+// Decode as the model sees it: weights that are not in any cache. 32 copies of one 2048 x 5632
+// matrix (~200 MB in Q4_0, twice the L3) taken in turn, so each call streams its weights from DRAM;
+// weight_GB/s against the machine's read bandwidth says how close a decode step is to its floor.
+void BM_MatmulStreaming(benchmark::State& state, DType type) {
+  set_isa(best_isa());
+  const std::size_t tokens = static_cast<std::size_t>(state.range(0)), threads = static_cast<std::size_t>(state.range(1));
+  constexpr std::size_t kCopies = 32;
+  Fixture f(type, 2048, 5632, tokens);
+  if (static_cast<int>(best_isa()) >= static_cast<int>(Isa::Avx512)) f.repack();
+  const std::vector<std::uint8_t>& one = f.packed.empty() ? f.w : f.packed;
+  std::vector<std::uint8_t> copies(kCopies * one.size());
+  for (std::size_t c = 0; c < kCopies; ++c) std::copy(one.begin(), one.end(), copies.begin() + static_cast<std::ptrdiff_t>(c * one.size()));
+  ThreadPool pool(static_cast<int>(threads));
+  std::size_t next = 0;
+  for (auto _ : state) {
+    WeightMatrix m = f.m;
+    m.data = copies.data() + (next++ % kCopies) * one.size();
+    matmul(m, f.x.data(), tokens, f.y.data(), pool);
+    benchmark::DoNotOptimize(f.y.data());
+  }
+  state.counters["weight_GB/s"] =
+      benchmark::Counter(static_cast<double>(one.size()), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK_CAPTURE(BM_MatmulStreaming, Q4_0, DType::Q4_0)
+    ->ArgsProduct({{1, 8}, {1, 2}})
+    ->ArgNames({"tokens", "threads"})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 #define PROMPTLY_MATMUL_BENCH(TYPE, ISA)                                                        \
   BENCHMARK_CAPTURE(BM_Matmul, TYPE##_##ISA, DType::TYPE, Isa::ISA)                              \
-      ->ArgsProduct({{1, 64, 512}, {1, 2}})                                                           \
+      ->ArgsProduct({{1, 8, 64, 512}, {1, 2}})                                                           \
       ->ArgNames({"tokens", "threads"})                                                          \
       ->Unit(benchmark::kMicrosecond)                                                            \
       ->UseRealTime();

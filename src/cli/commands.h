@@ -110,6 +110,7 @@ struct BenchEngineOptions {
   std::size_t long_prompt = 4000;  // head-of-line
   int streams = 8;                 // throughput
   int gen_tokens = 128;            // throughput
+  int rounds = 3;                  // throughput: alternating 1-stream / many-stream measurements
   std::uint64_t seed = 1;
   bool json = false;
 };
