@@ -5,6 +5,7 @@
 #include "../test_util.h"
 #include "convert/quantize.h"
 #include "convert/synthetic_model.h"
+#include "kernels/cpu.h"
 #include "engine/generate.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
@@ -59,6 +60,38 @@ INSTANTIATE_TEST_SUITE_P(PresetsAndTypes, GenModel,
                          ::testing::Combine(::testing::Values("tiny", "tiny-qwen2"),
                                             ::testing::Values(DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_K,
                                                               DType::Q6_K)));
+
+// End to end, the AMX tiles change nothing: a whole forward pass over a prompt long enough for
+// 16-token tiles (plus a VNNI tail) and the greedy continuation give bit-identical logits on the
+// amx and avx512 paths, for each type the tiles handle.
+TEST(GenModel, AmxAndAvx512PathsGiveIdenticalLogits) {
+  if (kernels::best_isa() != kernels::Isa::Amx) GTEST_SKIP() << "this CPU (or OS) offers no AMX int8 tiles";
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K}) {
+    test::TempDir dir;
+    ThreadPool pool(2);
+    write_synthetic_model(synthetic_preset("tiny"), type, 3, dir.file("m.gguf"), pool);
+    Model model(gguf::File::open(dir.file("m.gguf")));  // repacked for the x16 kernels both paths share
+    Tokenizer tok(Vocab::from_gguf(*gguf::File::open(dir.file("m.gguf"))));
+    std::vector<std::int32_t> prompt;
+    for (int i = 0; i < 45; ++i) prompt.push_back(static_cast<std::int32_t>(1 + (i * 37) % 200));
+    GenerateOptions o;
+    o.max_tokens = 6;
+    o.sampling.temperature = 0;
+    o.ignore_eos = true;
+    GenerateResult results[2];
+    const kernels::Isa paths[2] = {kernels::Isa::Avx512, kernels::Isa::Amx};
+    for (int p = 0; p < 2; ++p) {
+      kernels::set_isa(paths[p]);
+      results[p] = generate(model, tok, prompt, o, pool, {}, true);
+    }
+    kernels::set_isa(kernels::best_isa());
+    EXPECT_EQ(results[0].ids, results[1].ids) << dtype_name(type);
+    ASSERT_EQ(results[0].logits.size(), results[1].logits.size());
+    for (std::size_t t = 0; t < results[0].logits.size(); ++t) {
+      ASSERT_EQ(results[0].logits[t], results[1].logits[t]) << dtype_name(type) << " token " << t;
+    }
+  }
+}
 
 TEST(GenModel, SameSeedSameFileAnyThreadCount) {
   test::TempDir dir;
