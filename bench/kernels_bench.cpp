@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu.h"
+#include "kernels/dispatch.h"
 #include "kernels/matmul.h"
 #include "tensor/quant.h"
 
@@ -89,6 +90,47 @@ BENCHMARK_CAPTURE(BM_MatmulStreaming, Q4_0, DType::Q4_0)
     ->ArgNames({"tokens", "threads"})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+
+// Attention of one KV head's query tile over a long F16 context (TinyLlama's head_dim 64, 16-token
+// pages, rows of 4 KV heads): what a prefill chunk costs per tile late in a 2048-token prompt.
+void BM_AttentionTile(benchmark::State& state) {
+  set_isa(best_isa());
+  const std::size_t n_q = static_cast<std::size_t>(state.range(0)), n_ctx = static_cast<std::size_t>(state.range(1));
+  constexpr std::size_t kHeadDim = 64, kStride = 4 * kHeadDim, kBlock = 16;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist;
+  std::vector<std::uint16_t> keys(n_ctx * kStride), values(n_ctx * kStride);
+  for (auto* cache : {&keys, &values}) {
+    std::vector<float> row(kStride);
+    for (std::size_t j = 0; j < n_ctx; ++j) {
+      for (float& v : row) v = dist(rng);
+      quantize_row(DType::F16, row.data(), reinterpret_cast<std::uint8_t*>(cache->data() + j * kStride), kStride);
+    }
+  }
+  std::vector<const void*> kb, vb;
+  for (std::size_t j = 0; j < n_ctx; j += kBlock) {
+    kb.push_back(keys.data() + j * kStride);
+    vb.push_back(values.data() + j * kStride);
+  }
+  std::vector<std::vector<float>> q(n_q, std::vector<float>(kHeadDim)), out = q;
+  for (auto& v : q)
+    for (float& x : v) x = dist(rng);
+  std::vector<const float*> qp;
+  std::vector<float*> op;
+  std::vector<std::size_t> ctx(n_q, n_ctx);
+  for (std::size_t i = 0; i < n_q; ++i) {
+    qp.push_back(q[i].data());
+    op.push_back(out[i].data());
+  }
+  const KernelTable& kt = kernel_table(best_isa());
+  for (auto _ : state) {
+    kt.attention_tile(qp.data(), ctx.data(), n_q, kb.data(), vb.data(), DType::F16, kBlock, kStride, 0, kHeadDim, 0.125f, op.data());
+    benchmark::DoNotOptimize(out[0].data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * static_cast<double>(n_q * n_ctx * kHeadDim), benchmark::Counter::kIsIterationInvariantRate,
+                                                 benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_AttentionTile)->ArgsProduct({{8, 16, 32}, {2048}})->ArgNames({"queries", "ctx"})->Unit(benchmark::kMicrosecond);
 
 #define PROMPTLY_MATMUL_BENCH(TYPE, ISA)                                                        \
   BENCHMARK_CAPTURE(BM_Matmul, TYPE##_##ISA, DType::TYPE, Isa::ISA)                              \

@@ -89,7 +89,7 @@ struct KernelTable {
   bool token_tile;
 };
 
-constexpr std::size_t kAttentionTile = 16;
+constexpr std::size_t kAttentionTile = 32;
 
 // attention_tile for paths without a tiled kernel: one `attention` call per query.
 template <auto Attention>

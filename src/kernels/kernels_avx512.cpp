@@ -295,33 +295,46 @@ inline __m512 kv_load16(const void* block, std::size_t e) {
   }
 }
 
-// The tiled attention (see KernelTable::attention_tile): one vector lane per query. Keys go in
-// chunks of 16: the chunk's keys and values are converted to floats once, scores for 16 keys x 16
-// queries come from broadcast-FMAs against the transposed queries, the online softmax runs per lane
-// (rescaled once per chunk), and the values are accumulated into the transposed output.
-template <DType T>
+// The tiled attention (see KernelTable::attention_tile): one vector lane per query, V vectors of 16
+// lanes (V = 2 for more than 16 queries). Keys go in chunks of 16: the chunk's keys and values are
+// converted to floats once for all lanes, scores for 8 keys x 16V queries come from broadcast-FMAs
+// against the transposed queries (one broadcast feeds V FMAs), the online softmax runs per lane
+// (rescaled once per chunk), and the values are accumulated into the transposed output. Each lane's
+// operations are the same whatever V and whatever its neighbours, so a query's result does not depend
+// on the tile it shares.
+template <DType T, int V>
 void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
                          const void* const* v_blocks, std::size_t block_tokens, std::size_t stride, std::size_t offset,
                          std::size_t head_dim, float scale, float* const* out) {
   constexpr std::size_t kLanes = 16, kChunk = 16, kMaxDim = 256;
   const std::size_t D = head_dim;
-  alignas(64) float qt[kMaxDim * kLanes];  // qt[d * 16 + i] = scale * q[i][d]
-  alignas(64) float ot[kMaxDim * kLanes];  // ot[d * 16 + i]: query i's running weighted sum of values
-  alignas(64) float kf[kChunk * kMaxDim];  // the chunk's keys as floats, key-major
+  alignas(64) float qt[V][kMaxDim * kLanes];  // qt[v][d * 16 + i] = scale * q[16v + i][d]
+  alignas(64) float ot[V][kMaxDim * kLanes];  // ot[v][d * 16 + i]: query 16v + i's running weighted sum of values
+  alignas(64) float kf[kChunk * kMaxDim];     // the chunk's keys as floats, key-major
   alignas(64) float vf[kChunk * kMaxDim];
-  alignas(64) float s[kChunk * kLanes];    // scores, then probabilities: s[j * 16 + i]
+  alignas(64) float s[V][kChunk * kLanes];    // scores, then probabilities: s[v][j * 16 + i]
   std::size_t max_ctx = 0;
-  alignas(64) std::int32_t ctx_lane[kLanes] = {};
+  alignas(64) std::int32_t ctx_lane[V][kLanes] = {};
   for (std::size_t i = 0; i < n_q; ++i) {
-    ctx_lane[i] = static_cast<std::int32_t>(n_ctx[i]);
+    ctx_lane[i / kLanes][i % kLanes] = static_cast<std::int32_t>(n_ctx[i]);
     max_ctx = std::max(max_ctx, n_ctx[i]);
   }
-  for (std::size_t d = 0; d < D; ++d) {
-    for (std::size_t i = 0; i < kLanes; ++i) qt[d * kLanes + i] = i < n_q ? scale * q[i][d] : 0.0f;
+  for (int v = 0; v < V; ++v) {
+    for (std::size_t d = 0; d < D; ++d) {
+      for (std::size_t i = 0; i < kLanes; ++i) {
+        const std::size_t query = static_cast<std::size_t>(v) * kLanes + i;
+        qt[v][d * kLanes + i] = query < n_q ? scale * q[query][d] : 0.0f;
+      }
+    }
+    std::fill_n(ot[v], D * kLanes, 0.0f);
   }
-  std::fill_n(ot, D * kLanes, 0.0f);
-  const __m512i ctx_v = _mm512_load_si512(ctx_lane);
-  __m512 m = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
+  __m512i ctx_v[V];
+  __m512 m[V], l[V];
+  for (int v = 0; v < V; ++v) {
+    ctx_v[v] = _mm512_load_si512(ctx_lane[v]);
+    m[v] = _mm512_set1_ps(-INFINITY);
+    l[v] = _mm512_setzero_ps();
+  }
 
   for (std::size_t j0 = 0; j0 < max_ctx; j0 += kChunk) {
     const std::size_t nj = std::min(kChunk, max_ctx - j0);
@@ -336,58 +349,92 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
         _mm512_store_ps(vf + j * D + d, kv_load16<T>(vb, e + d));
       }
     }
-    // Scores, 8 keys at a time so that 8 independent FMA chains hide the latency.
-    __m512 chunk_max = _mm512_set1_ps(-INFINITY);
+    // Scores, 8 keys at a time so that 8V independent FMA chains hide the latency.
+    __m512 chunk_max[V];
+    for (int v = 0; v < V; ++v) chunk_max[v] = _mm512_set1_ps(-INFINITY);
     for (std::size_t j = 0; j < nj; j += 8) {
-      __m512 acc[8];
-      for (int u = 0; u < 8; ++u) acc[u] = _mm512_setzero_ps();
+      __m512 acc[V][8];
+      for (int v = 0; v < V; ++v)
+        for (int u = 0; u < 8; ++u) acc[v][u] = _mm512_setzero_ps();
       const std::size_t nu = std::min<std::size_t>(8, nj - j);
       for (std::size_t d = 0; d < D; ++d) {
-        const __m512 qd = _mm512_load_ps(qt + d * kLanes);
+        __m512 qd[V];
+        for (int v = 0; v < V; ++v) qd[v] = _mm512_load_ps(qt[v] + d * kLanes);
 #pragma GCC unroll 8
-        for (int u = 0; u < 8; ++u) acc[u] = _mm512_fmadd_ps(_mm512_set1_ps(kf[(j + static_cast<std::size_t>(u)) * D + d]), qd, acc[u]);
+        for (int u = 0; u < 8; ++u) {
+          const __m512 kd = _mm512_set1_ps(kf[(j + static_cast<std::size_t>(u)) * D + d]);
+          for (int v = 0; v < V; ++v) acc[v][u] = _mm512_fmadd_ps(kd, qd[v], acc[v][u]);
+        }
       }
       for (std::size_t u = 0; u < nu; ++u) {
-        // Positions a query may not see (causality, or a lane without a query) score -inf.
-        const __mmask16 visible = _mm512_cmpgt_epi32_mask(ctx_v, _mm512_set1_epi32(static_cast<std::int32_t>(j0 + j + u)));
-        const __m512 sc = _mm512_mask_blend_ps(visible, _mm512_set1_ps(-INFINITY), acc[u]);
-        _mm512_store_ps(s + (j + u) * kLanes, sc);
-        chunk_max = _mm512_max_ps(chunk_max, sc);
+        for (int v = 0; v < V; ++v) {
+          // Positions a query may not see (causality, or a lane without a query) score -inf.
+          const __mmask16 visible = _mm512_cmpgt_epi32_mask(ctx_v[v], _mm512_set1_epi32(static_cast<std::int32_t>(j0 + j + u)));
+          const __m512 sc = _mm512_mask_blend_ps(visible, _mm512_set1_ps(-INFINITY), acc[v][u]);
+          _mm512_store_ps(s[v] + (j + u) * kLanes, sc);
+          chunk_max[v] = _mm512_max_ps(chunk_max[v], sc);
+        }
       }
     }
-    const __m512 m_new = _mm512_max_ps(m, chunk_max);
-    // Lanes that have seen nothing yet keep max -inf; use 0 there so that exp never sees -inf - -inf.
-    const __mmask16 seen = _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-    const __m512 m_safe = _mm512_maskz_mov_ps(seen, m_new);
-    const __m512 correction = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
-                                                  exp512(_mm512_sub_ps(m, m_safe)));
-    m = m_new;
-    l = _mm512_mul_ps(l, correction);
-    for (std::size_t j = 0; j < nj; ++j) {
-      const __m512 sc = _mm512_load_ps(s + j * kLanes);
-      const __mmask16 finite = _mm512_cmp_ps_mask(sc, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-      const __m512 p = _mm512_maskz_mov_ps(finite, exp512(_mm512_sub_ps(sc, m_safe)));
-      _mm512_store_ps(s + j * kLanes, p);
-      l = _mm512_add_ps(l, p);
+    __m512 correction[V];
+    for (int v = 0; v < V; ++v) {
+      const __m512 m_new = _mm512_max_ps(m[v], chunk_max[v]);
+      // Lanes that have seen nothing yet keep max -inf; use 0 there so that exp never sees -inf - -inf.
+      const __mmask16 seen = _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+      const __m512 m_safe = _mm512_maskz_mov_ps(seen, m_new);
+      correction[v] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m[v], _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
+                                          exp512(_mm512_sub_ps(m[v], m_safe)));
+      m[v] = m_new;
+      l[v] = _mm512_mul_ps(l[v], correction[v]);
+      for (std::size_t j = 0; j < nj; ++j) {
+        const __m512 sc = _mm512_load_ps(s[v] + j * kLanes);
+        const __mmask16 finite = _mm512_cmp_ps_mask(sc, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+        const __m512 p = _mm512_maskz_mov_ps(finite, exp512(_mm512_sub_ps(sc, m_safe)));
+        _mm512_store_ps(s[v] + j * kLanes, p);
+        l[v] = _mm512_add_ps(l[v], p);
+      }
     }
     // ot[d] = ot[d] * correction + sum_j p_j * v_j[d], 8 dimensions at a time in registers.
     for (std::size_t d0 = 0; d0 < D; d0 += 8) {
-      __m512 acc[8];
+      __m512 acc[V][8];
+      for (int v = 0; v < V; ++v) {
 #pragma GCC unroll 8
-      for (int u = 0; u < 8; ++u) acc[u] = _mm512_mul_ps(_mm512_load_ps(ot + (d0 + static_cast<std::size_t>(u)) * kLanes), correction);
-      for (std::size_t j = 0; j < nj; ++j) {
-        const __m512 p = _mm512_load_ps(s + j * kLanes);
-#pragma GCC unroll 8
-        for (int u = 0; u < 8; ++u) acc[u] = _mm512_fmadd_ps(_mm512_set1_ps(vf[j * D + d0 + static_cast<std::size_t>(u)]), p, acc[u]);
+        for (int u = 0; u < 8; ++u) acc[v][u] = _mm512_mul_ps(_mm512_load_ps(ot[v] + (d0 + static_cast<std::size_t>(u)) * kLanes), correction[v]);
       }
+      for (std::size_t j = 0; j < nj; ++j) {
+        __m512 p[V];
+        for (int v = 0; v < V; ++v) p[v] = _mm512_load_ps(s[v] + j * kLanes);
 #pragma GCC unroll 8
-      for (int u = 0; u < 8; ++u) _mm512_store_ps(ot + (d0 + static_cast<std::size_t>(u)) * kLanes, acc[u]);
+        for (int u = 0; u < 8; ++u) {
+          const __m512 vd = _mm512_set1_ps(vf[j * D + d0 + static_cast<std::size_t>(u)]);
+          for (int v = 0; v < V; ++v) acc[v][u] = _mm512_fmadd_ps(vd, p[v], acc[v][u]);
+        }
+      }
+      for (int v = 0; v < V; ++v) {
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u) _mm512_store_ps(ot[v] + (d0 + static_cast<std::size_t>(u)) * kLanes, acc[v][u]);
+      }
     }
   }
-  alignas(64) float inv[kLanes];
-  _mm512_store_ps(inv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), l));
-  for (std::size_t i = 0; i < n_q; ++i) {
-    for (std::size_t d = 0; d < D; ++d) out[i][d] = ot[d * kLanes + i] * inv[i];
+  for (int v = 0; v < V; ++v) {
+    alignas(64) float inv[kLanes];
+    _mm512_store_ps(inv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(l[v], _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), l[v]));
+    for (std::size_t i = 0; i < kLanes; ++i) {
+      const std::size_t query = static_cast<std::size_t>(v) * kLanes + i;
+      if (query >= n_q) break;
+      for (std::size_t d = 0; d < D; ++d) out[query][d] = ot[v][d * kLanes + i] * inv[i];
+    }
+  }
+}
+
+template <int V>
+void attention_tile_v(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
+                      const void* const* v_blocks, DType kv_type, std::size_t block_tokens, std::size_t stride, std::size_t offset,
+                      std::size_t head_dim, float scale, float* const* out) {
+  switch (kv_type) {
+    case DType::F16: attention_tile_impl<DType::F16, V>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
+    case DType::Q8_0: attention_tile_impl<DType::Q8_0, V>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
+    default: attention_tile_impl<DType::F32, V>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
   }
 }
 
@@ -398,10 +445,10 @@ void attention_tile(const float* const* q, const std::size_t* n_ctx, std::size_t
     attention_tile_each<attention>(q, n_ctx, n_q, k_blocks, v_blocks, kv_type, block_tokens, stride, offset, head_dim, scale, out);
     return;
   }
-  switch (kv_type) {
-    case DType::F16: attention_tile_impl<DType::F16>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
-    case DType::Q8_0: attention_tile_impl<DType::Q8_0>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
-    default: attention_tile_impl<DType::F32>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
+  if (n_q <= 16) {
+    attention_tile_v<1>(q, n_ctx, n_q, k_blocks, v_blocks, kv_type, block_tokens, stride, offset, head_dim, scale, out);
+  } else {
+    attention_tile_v<2>(q, n_ctx, n_q, k_blocks, v_blocks, kv_type, block_tokens, stride, offset, head_dim, scale, out);
   }
 }
 

@@ -387,7 +387,7 @@ TEST(Dispatch, AttentionTileMatchesSingleQueries) {
         kb.push_back(kc.data() + j * row_bytes);
         vb.push_back(vc.data() + j * row_bytes);
       }
-      for (std::size_t n_q : {1u, 3u, 8u, 16u}) {
+      for (std::size_t n_q : {1u, 3u, 8u, 16u, 17u, 29u, 32u}) {
         std::vector<std::vector<float>> qs(n_q, std::vector<float>(head_dim));
         std::vector<std::size_t> n_ctx(n_q);
         for (std::size_t i = 0; i < n_q; ++i) {
@@ -404,6 +404,13 @@ TEST(Dispatch, AttentionTileMatchesSingleQueries) {
           kernel_table(isa).attention_tile(qp.data(), n_ctx.data(), n_q, kb.data(), vb.data(), kv, kBlock, stride, offset, head_dim, scale,
                                            op.data());
           for (std::size_t i = 0; i < n_q; ++i) {
+            // Alone in a tile, a query gets bit-for-bit what it gets among others: tiles never change a
+            // result (batch equivalence rests on it).
+            std::vector<float> alone(head_dim);
+            float* alone_out = alone.data();
+            kernel_table(isa).attention_tile(&qp[i], &n_ctx[i], 1, kb.data(), vb.data(), kv, kBlock, stride, offset, head_dim, scale,
+                                             &alone_out);
+            ASSERT_EQ(alone, got[i]) << isa_name(isa) << " " << dtype_name(kv) << " head_dim " << head_dim << " n_q " << n_q << " query " << i;
             kernel_table(Isa::Scalar).attention(qp[i], kb.data(), vb.data(), kv, kBlock, stride, offset, n_ctx[i], head_dim, scale,
                                                 want[i].data());
             for (std::size_t d = 0; d < head_dim; ++d) {
