@@ -314,12 +314,7 @@ json Scenario::throughput() {
     ones.push_back(measure(1));
     manys.push_back(measure(static_cast<std::size_t>(o_.streams)));
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  };
-  const double one = median(ones), many = median(manys);
+  const double one = quantile(ones, 0.5), many = quantile(manys, 0.5);
   return {{"scenario", "throughput"},
           {"streams", o_.streams},
           {"gen_tokens", gen},

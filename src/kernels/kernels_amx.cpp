@@ -20,7 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <memory>
+#include <vector>
 
 #include "kernels/dispatch.h"
 #include "tensor/quant.h"
@@ -29,7 +29,6 @@ namespace promptly::kernels {
 namespace amx {
 namespace {
 
-constexpr std::size_t kTileTokens = kTokenTile;
 constexpr std::size_t kUnpackedBlock = 512;  // one block of 16 rows as a B tile: 8 rows x 64 bytes
 
 // The tile register shapes (palette 1): tiles 0-3 hold 16 x 16 int32 results, 4-5 the activations
@@ -62,6 +61,9 @@ void configure_tiles() {
 
 enum class Format { Q4_0, Q8_0, Q4_K };
 
+// Bytes of one group of 16 rows per 32-element block in the x16 layouts (Q4_K: per 8 blocks).
+constexpr std::size_t kGroupBlockQ4_0 = 16 * sizeof(BlockQ4_0), kGroupBlockQ8_0 = 16 * sizeof(BlockQ8_0);
+
 // One group of 16 rows, blocks [0, nb) of 32 elements, as signed int8 B tiles (row k of a block's
 // tile holds elements 4k..4k+3 of the 16 rows, exactly the stored group order), plus per block the
 // 16 rows' scales as floats and, for Q4_K, their mins. Q4_0: nibble - 8; Q8_0: stored-unsigned back
@@ -92,7 +94,7 @@ void unpack_group(const std::uint8_t* group, std::size_t nb, std::int8_t* quants
     return;
   }
   (void)mins;
-  constexpr std::size_t kGroupBlock = F == Format::Q8_0 ? 16 * 34 : 16 * 18;
+  constexpr std::size_t kGroupBlock = F == Format::Q8_0 ? kGroupBlockQ8_0 : kGroupBlockQ4_0;
   const __m512i eight = _mm512_set1_epi8(8);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (std::size_t b = 0; b < nb; ++b) {
@@ -120,7 +122,7 @@ inline void finish_block(const std::int32_t* dots, const float* scale_block, con
   __m512 minv = _mm512_setzero_ps();
   if constexpr (F == Format::Q4_K) minv = _mm512_loadu_ps(min_block);
 #pragma GCC unroll 16
-  for (std::size_t n = 0; n < kTileTokens; ++n) {
+  for (std::size_t n = 0; n < kTokenTile; ++n) {
     const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(dots + 16 * n)), _mm512_set1_ps(dx[n]));
     acc[n] = _mm512_fmadd_ps(scale, scaled, acc[n]);
     if constexpr (F == Format::Q4_K) acc[n] = _mm512_fnmadd_ps(minv, _mm512_set1_ps(sums[n * nb]), acc[n]);
@@ -154,7 +156,7 @@ inline void finish_block(const std::int32_t* dots, const float* scale_block, con
 template <Format F>
 void tile_16x16(const std::int8_t* quants, const float* scales, const float* mins, std::size_t nb, const std::int8_t* tile_qs,
                 const float* tile_dx, const float* sums, float* y, std::size_t ldy) {
-  __m512 acc[kTileTokens];
+  __m512 acc[kTokenTile];
   for (__m512& a : acc) a = _mm512_setzero_ps();
   alignas(64) std::int32_t dots[4][256];
   for (std::size_t b = 0; b < nb + 2; b += 4) {
@@ -163,7 +165,7 @@ void tile_16x16(const std::int8_t* quants, const float* scales, const float* min
     PROMPTLY_AMX_STEP(2, 4, 6, 0);
     PROMPTLY_AMX_STEP(3, 5, 7, 1);
   }
-  for (std::size_t n = 0; n < kTileTokens; ++n) _mm512_storeu_ps(y + n * ldy, acc[n]);
+  for (std::size_t n = 0; n < kTokenTile; ++n) _mm512_storeu_ps(y + n * ldy, acc[n]);
 }
 #undef PROMPTLY_AMX_STEP
 
@@ -178,33 +180,32 @@ void gemm_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size
               float* y, std::size_t ldy) {
   const KernelTable& avx512 = avx512_kernels();
   const auto vnni = F == Format::Q4_0 ? avx512.gemm_q4_0_x16 : F == Format::Q8_0 ? avx512.gemm_q8_0_x16 : avx512.gemm_q4_k_x16;
-  const std::size_t tiled = x.tiled_qs ? n_tokens / kTileTokens * kTileTokens : 0;
+  const std::size_t tiled = x.tiled_qs ? n_tokens / kTokenTile * kTokenTile : 0;
   if (tiled > 0) {
     const std::size_t nb = cols / 32;
-    const std::size_t group_bytes = F == Format::Q4_K ? nb / 8 * kQ4KGroupBytes : nb * (F == Format::Q8_0 ? 16 * 34 : 16 * 18);
+    const std::size_t group_bytes = F == Format::Q4_K ? nb / 8 * kQ4KGroupBytes : nb * (F == Format::Q8_0 ? kGroupBlockQ8_0 : kGroupBlockQ4_0);
     // Tokens go in panels whose activations (36 bytes per block) stay in L2 (~1 MiB of its 2) while
     // every group of the share passes over them; each group is unpacked once per panel.
-    const std::size_t panel = std::max(kTileTokens, (std::size_t{1} << 20) / (nb * 36) / kTileTokens * kTileTokens);
-    thread_local std::unique_ptr<std::int8_t[]> quants;
-    thread_local std::unique_ptr<float[]> scales, mins;
-    thread_local std::size_t capacity = 0;
-    if (capacity < nb) {
-      quants = std::make_unique<std::int8_t[]>(nb * kUnpackedBlock);
-      scales = std::make_unique<float[]>(nb * 16);
-      mins = std::make_unique<float[]>(nb * 16);
-      capacity = nb;
+    const std::size_t panel = std::max(kTokenTile, (std::size_t{1} << 20) / (nb * 36) / kTokenTile * kTokenTile);
+    // One group unpacked (per thread, kept across calls so that no call allocates).
+    thread_local std::vector<std::int8_t> quants;
+    thread_local std::vector<float> scales, mins;
+    if (quants.size() < nb * kUnpackedBlock) {
+      quants.resize(nb * kUnpackedBlock);
+      scales.resize(nb * 16);
+      mins.resize(nb * 16);
     }
-    std::int8_t* q = quants.get();
-    float* s = scales.get();
-    float* m = mins.get();
+    std::int8_t* q = quants.data();
+    float* s = scales.data();
+    float* m = mins.data();
     configure_tiles();
     for (std::size_t p0 = 0; p0 < tiled; p0 += panel) {
       const std::size_t p1 = std::min(tiled, p0 + panel);
       for (std::size_t r = r0; r < r1; r += 16) {
         unpack_group<F>(w + (r / 16) * group_bytes, nb, q, s, m);
-        for (std::size_t t = p0; t < p1; t += kTileTokens) {
-          const std::size_t tile = t / kTileTokens;
-          tile_16x16<F>(q, s, m, nb, x.tiled_qs + tile * nb * kUnpackedBlock, x.tiled_dx + tile * nb * kTileTokens, x.sums + t * nb,
+        for (std::size_t t = p0; t < p1; t += kTokenTile) {
+          const std::size_t tile = t / kTokenTile;
+          tile_16x16<F>(q, s, m, nb, x.tiled_qs + tile * nb * kUnpackedBlock, x.tiled_dx + tile * nb * kTokenTile, x.sums + t * nb,
                         y + t * ldy + r, ldy);
         }
       }

@@ -65,7 +65,7 @@ class Activations {
   const float* q8_sums() const { return buffers_->sums.data(); }
   const float* q8_half_sums() const { return buffers_->half_sums.data(); }
   QuantizedRows rows(std::size_t n_blocks) const {
-    const bool tiled = !buffers_->tiled_qs.empty() && n_tokens_ >= kTokenTile;
+    const bool tiled = !buffers_->tiled_qs.empty();  // quantize() leaves it empty without a whole tile
     return {buffers_->q8.data(),  buffers_->sums.data(), n_blocks, buffers_->half_sums.data(), buffers_->act.data(),
             tiled ? buffers_->tiled_qs.data() : nullptr, tiled ? buffers_->tiled_dx.data() : nullptr};
   }
