@@ -4,6 +4,8 @@
 //   build/release/promptly_bench_kernels --benchmark_filter=Q4_0
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/matmul.h"
 #include "tensor/quant.h"
+#include "util/huge_pages.h"
 
 namespace promptly::kernels {
 namespace {
@@ -132,6 +135,66 @@ void BM_AttentionTile(benchmark::State& state) {
                                                  benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_AttentionTile)->ArgsProduct({{8, 16, 32}, {2048}})->ArgNames({"queries", "ctx"})->Unit(benchmark::kMicrosecond);
+
+// The same tile reading its keys as the engine does late in a long conversation: from 16-token blocks
+// scattered over a pool far larger than the caches (32 sequences of 4096 positions, 4 KV heads, F16:
+// 256 MB of K and V), one sequence after another, so every iteration's keys come from DRAM. The pool
+// is on huge pages as the engine's is (huge:1), or on 4 KiB pages (huge:0), where nearly every block
+// is also a TLB miss.
+void BM_AttentionTilePaged(benchmark::State& state) {
+  set_isa(best_isa());
+  const std::size_t n_q = static_cast<std::size_t>(state.range(0));
+  const bool huge = state.range(1) != 0;
+  constexpr std::size_t kHeadDim = 64, kStride = 4 * kHeadDim, kBlock = 16, kCtx = 4096, kSeqs = 32;
+  constexpr std::size_t kBlocksPerSeq = kCtx / kBlock, kPoolBlocks = kSeqs * kBlocksPerSeq;
+  constexpr std::size_t kElements = kPoolBlocks * kBlock * kStride;
+  std::mt19937 rng(5);
+  HugePageBuffer huge_pool(huge ? 2 * kElements * sizeof(std::uint16_t) : 0);
+  std::vector<std::uint16_t> small_pool(huge ? 0 : 2 * kElements);
+  auto* keys = huge ? reinterpret_cast<std::uint16_t*>(huge_pool.data()) : small_pool.data();
+  auto* values = keys + kElements;
+  {
+    std::normal_distribution<float> dist;
+    std::vector<float> row(4096);
+    for (std::size_t i = 0; i < 2 * kElements; i += row.size()) {
+      for (float& v : row) v = dist(rng);
+      quantize_row(DType::F16, row.data(), reinterpret_cast<std::uint8_t*>(keys + i), row.size());
+    }
+  }
+  std::vector<std::size_t> order(kPoolBlocks);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<std::vector<const void*>> kb(kSeqs), vb(kSeqs);
+  for (std::size_t s = 0; s < kSeqs; ++s) {
+    for (std::size_t b = 0; b < kBlocksPerSeq; ++b) {
+      const std::size_t block = order[s * kBlocksPerSeq + b];
+      kb[s].push_back(keys + block * kBlock * kStride);
+      vb[s].push_back(values + block * kBlock * kStride);
+    }
+  }
+  std::normal_distribution<float> dist;
+  std::vector<std::vector<float>> q(n_q, std::vector<float>(kHeadDim)), out = q;
+  for (auto& v : q)
+    for (float& x : v) x = dist(rng);
+  std::vector<const float*> qp;
+  std::vector<float*> op;
+  std::vector<std::size_t> ctx(n_q, kCtx);
+  for (std::size_t i = 0; i < n_q; ++i) {
+    qp.push_back(q[i].data());
+    op.push_back(out[i].data());
+  }
+  const KernelTable& kt = kernel_table(best_isa());
+  std::size_t seq = 0;
+  for (auto _ : state) {
+    kt.attention_tile(qp.data(), ctx.data(), n_q, kb[seq].data(), vb[seq].data(), DType::F16, kBlock, kStride, 0, kHeadDim, 0.125f,
+                      op.data());
+    benchmark::DoNotOptimize(out[0].data());
+    seq = (seq + 1) % kSeqs;
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * static_cast<double>(n_q * kCtx * kHeadDim), benchmark::Counter::kIsIterationInvariantRate,
+                                                 benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_AttentionTilePaged)->ArgsProduct({{8, 32}, {0, 1}})->ArgNames({"queries", "huge"})->Unit(benchmark::kMicrosecond);
 
 #define PROMPTLY_MATMUL_BENCH(TYPE, ISA)                                                        \
   BENCHMARK_CAPTURE(BM_Matmul, TYPE##_##ISA, DType::TYPE, Isa::ISA)                              \

@@ -381,14 +381,21 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
       correction[v] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m[v], _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
                                           exp512(_mm512_sub_ps(m[v], m_safe)));
       m[v] = m_new;
-      l[v] = _mm512_mul_ps(l[v], correction[v]);
+      // The chunk's probabilities are summed as even keys + odd keys, the order the key-pair kernel
+      // (attention_pairs_impl) can reproduce exactly.
+      __m512 sum_even = _mm512_setzero_ps(), sum_odd = _mm512_setzero_ps();
       for (std::size_t j = 0; j < nj; ++j) {
         const __m512 sc = _mm512_load_ps(s[v] + j * kLanes);
         const __mmask16 finite = _mm512_cmp_ps_mask(sc, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
         const __m512 p = _mm512_maskz_mov_ps(finite, exp512(_mm512_sub_ps(sc, m_safe)));
         _mm512_store_ps(s[v] + j * kLanes, p);
-        l[v] = _mm512_add_ps(l[v], p);
+        if (j % 2 == 0) {
+          sum_even = _mm512_add_ps(sum_even, p);
+        } else {
+          sum_odd = _mm512_add_ps(sum_odd, p);
+        }
       }
+      l[v] = _mm512_add_ps(_mm512_mul_ps(l[v], correction[v]), _mm512_add_ps(sum_even, sum_odd));
     }
     // ot[d] = ot[d] * correction + sum_j p_j * v_j[d], 8 dimensions at a time in registers.
     for (std::size_t d0 = 0; d0 < D; d0 += 8) {
@@ -423,6 +430,121 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
   }
 }
 
+// The tiled attention for at most 8 queries (one decoding token's GQA group): with one lane per
+// query, half of every vector would idle. Here a lane is (query, key parity) while scoring, so each
+// FMA serves two keys, and (query, dimension parity) while accumulating values, so each FMA serves two
+// dimensions: half the FMAs of attention_tile_impl for the same work. Every (query, key) score, every
+// exp, every probability sum (even keys + odd keys) and every (query, dimension) value accumulation is
+// the same chain of operations in the same order as in attention_tile_impl, so a query's result is
+// bit-identical whichever of the two kernels its tile goes to.
+template <DType T>
+void attention_pairs_impl(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
+                          const void* const* v_blocks, std::size_t block_tokens, std::size_t stride, std::size_t offset,
+                          std::size_t head_dim, float scale, float* const* out) {
+  constexpr std::size_t kLanes = 16, kChunk = 16, kPairs = kChunk / 2, kMaxDim = 256;
+  const std::size_t D = head_dim;
+  alignas(64) float qt[kMaxDim * kLanes];         // qt[d * 16 + 2i + e] = scale * q[i][d]
+  alignas(64) float ot[kMaxDim / 2 * kLanes];     // ot[(d / 2) * 16 + 2i + d % 2]: query i's running sum
+  alignas(64) float kf[kPairs * 2 * kMaxDim];     // kf[p * 2D + 2d + e] = key 2p + e of the chunk, dimension d
+  alignas(64) float vf[kChunk * kMaxDim];         // the chunk's values, key-major
+  alignas(64) float s[kPairs * kLanes];           // scores, then probabilities: s[p * 16 + 2i + e], key 2p + e
+  alignas(64) float pk[kChunk * kLanes];          // pk[j * 16 + 2i + e] = probability of key j for query i
+  alignas(64) std::int32_t ctx_lane[kLanes] = {};
+  std::size_t max_ctx = 0;
+  for (std::size_t i = 0; i < n_q; ++i) {
+    ctx_lane[2 * i] = ctx_lane[2 * i + 1] = static_cast<std::int32_t>(n_ctx[i]);
+    max_ctx = std::max(max_ctx, n_ctx[i]);
+  }
+  for (std::size_t d = 0; d < D; ++d) {
+    for (std::size_t i = 0; i < kLanes / 2; ++i) qt[d * kLanes + 2 * i] = qt[d * kLanes + 2 * i + 1] = i < n_q ? scale * q[i][d] : 0.0f;
+  }
+  std::fill_n(ot, D / 2 * kLanes, 0.0f);
+  const __m512i ctx_v = _mm512_load_si512(ctx_lane);
+  const __m512i parity = _mm512_set_epi32(1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
+  // Interleave two keys' 16 dimensions: (a0 b0 a1 b1 ... a7 b7) and (a8 b8 ... a15 b15).
+  const __m512i interleave_lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i interleave_hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  const auto pair_of = [](const float* p) {  // (p[0], p[1]) in every pair of lanes
+    double bits;
+    std::memcpy(&bits, p, sizeof bits);
+    return _mm512_castpd_ps(_mm512_set1_pd(bits));
+  };
+  __m512 m = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
+
+  for (std::size_t j0 = 0; j0 < max_ctx; j0 += kChunk) {
+    const std::size_t nj = std::min(kChunk, max_ctx - j0);
+    for (std::size_t p = 0; p < kPairs; ++p) {
+      for (std::size_t d = 0; d < D; d += 16) {
+        __m512 key[2];
+        for (std::size_t e = 0; e < 2; ++e) {
+          const std::size_t j = 2 * p + e;
+          if (j < nj) {
+            const std::size_t pos = j0 + j;
+            const std::size_t at = (pos % block_tokens) * stride + offset + d;
+            key[e] = kv_load16<T>(k_blocks[pos / block_tokens], at);
+            _mm512_store_ps(vf + j * D + d, kv_load16<T>(v_blocks[pos / block_tokens], at));
+          } else {
+            key[e] = _mm512_setzero_ps();  // scored (and masked) with the rest of the pair
+          }
+        }
+        _mm512_store_ps(kf + p * 2 * D + 2 * d, _mm512_permutex2var_ps(key[0], interleave_lo, key[1]));
+        _mm512_store_ps(kf + p * 2 * D + 2 * d + 16, _mm512_permutex2var_ps(key[0], interleave_hi, key[1]));
+      }
+    }
+    __m512 acc[kPairs];
+    for (auto& a : acc) a = _mm512_setzero_ps();
+    for (std::size_t d = 0; d < D; ++d) {
+      const __m512 qd = _mm512_load_ps(qt + d * kLanes);
+#pragma GCC unroll 8
+      for (std::size_t p = 0; p < kPairs; ++p) acc[p] = _mm512_fmadd_ps(pair_of(kf + p * 2 * D + 2 * d), qd, acc[p]);
+    }
+    __m512 chunk_max = _mm512_set1_ps(-INFINITY);
+    for (std::size_t p = 0; p < kPairs; ++p) {
+      const __m512i key_pos = _mm512_add_epi32(parity, _mm512_set1_epi32(static_cast<std::int32_t>(j0 + 2 * p)));
+      const __mmask16 visible = _mm512_cmpgt_epi32_mask(ctx_v, key_pos);
+      const __m512 sc = _mm512_mask_blend_ps(visible, _mm512_set1_ps(-INFINITY), acc[p]);
+      _mm512_store_ps(s + p * kLanes, sc);
+      chunk_max = _mm512_max_ps(chunk_max, sc);
+    }
+    chunk_max = _mm512_max_ps(chunk_max, _mm512_permute_ps(chunk_max, 0xB1));  // both keys of each pair
+    const __m512 m_new = _mm512_max_ps(m, chunk_max);
+    const __mmask16 seen = _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    const __m512 m_safe = _mm512_maskz_mov_ps(seen, m_new);
+    const __m512 correction =
+        _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), exp512(_mm512_sub_ps(m, m_safe)));
+    m = m_new;
+    __m512 sum = _mm512_setzero_ps();  // lanes (i, 0): even keys, (i, 1): odd keys
+    for (std::size_t p = 0; p < (nj + 1) / 2; ++p) {
+      const __m512 sc = _mm512_load_ps(s + p * kLanes);
+      const __mmask16 finite = _mm512_cmp_ps_mask(sc, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+      const __m512 prob = _mm512_maskz_mov_ps(finite, exp512(_mm512_sub_ps(sc, m_safe)));
+      // Key j's probabilities in both lanes of each query: the multiplier of its values.
+      _mm512_store_ps(pk + 2 * p * kLanes, _mm512_permute_ps(prob, 0xA0));
+      _mm512_store_ps(pk + (2 * p + 1) * kLanes, _mm512_permute_ps(prob, 0xF5));
+      sum = _mm512_add_ps(sum, prob);
+    }
+    l = _mm512_add_ps(_mm512_mul_ps(l, correction), _mm512_add_ps(sum, _mm512_permute_ps(sum, 0xB1)));
+    // ot = ot * correction + sum_j p_j * v_j, 16 dimensions (8 vectors of pairs) at a time.
+    for (std::size_t d0 = 0; d0 < D; d0 += 16) {
+      __m512 o[8];
+#pragma GCC unroll 8
+      for (std::size_t u = 0; u < 8; ++u) o[u] = _mm512_mul_ps(_mm512_load_ps(ot + (d0 / 2 + u) * kLanes), correction);
+      for (std::size_t j = 0; j < nj; ++j) {
+        const __m512 pj = _mm512_load_ps(pk + j * kLanes);
+#pragma GCC unroll 8
+        for (std::size_t u = 0; u < 8; ++u) o[u] = _mm512_fmadd_ps(pair_of(vf + j * D + d0 + 2 * u), pj, o[u]);
+      }
+#pragma GCC unroll 8
+      for (std::size_t u = 0; u < 8; ++u) _mm512_store_ps(ot + (d0 / 2 + u) * kLanes, o[u]);
+    }
+  }
+  alignas(64) float inv[kLanes];
+  _mm512_store_ps(inv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), l));
+  for (std::size_t i = 0; i < n_q; ++i) {
+    for (std::size_t d = 0; d < D; ++d) out[i][d] = ot[(d / 2) * kLanes + 2 * i + d % 2] * inv[2 * i];
+  }
+}
+
 template <int V>
 void attention_tile_v(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
                       const void* const* v_blocks, DType kv_type, std::size_t block_tokens, std::size_t stride, std::size_t offset,
@@ -441,7 +563,13 @@ void attention_tile(const float* const* q, const std::size_t* n_ctx, std::size_t
     attention_tile_each<attention>(q, n_ctx, n_q, k_blocks, v_blocks, kv_type, block_tokens, stride, offset, head_dim, scale, out);
     return;
   }
-  if (n_q <= 16) {
+  if (n_q <= 8) {
+    switch (kv_type) {
+      case DType::F16: attention_pairs_impl<DType::F16>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
+      case DType::Q8_0: attention_pairs_impl<DType::Q8_0>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
+      default: attention_pairs_impl<DType::F32>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
+    }
+  } else if (n_q <= 16) {
     attention_tile_v<1>(q, n_ctx, n_q, k_blocks, v_blocks, kv_type, block_tokens, stride, offset, head_dim, scale, out);
   } else {
     attention_tile_v<2>(q, n_ctx, n_q, k_blocks, v_blocks, kv_type, block_tokens, stride, offset, head_dim, scale, out);

@@ -52,8 +52,7 @@ std::size_t BlockPool::block_bytes(std::size_t n_layers, std::size_t kv_dim, std
 BlockPool::BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, std::size_t n_blocks, KvType type)
     : n_layers_(n_layers), kv_dim_(kv_dim), block_tokens_(block_tokens), type_(type), row_bytes_(kv_row_bytes(kv_dim, type)), refs_(n_blocks, 0) {
   if (block_tokens == 0 || n_blocks == 0) throw Error("KV pool needs at least one block of at least one token");
-  // new[] without value-initialisation: the pages stay untouched (not resident) until written.
-  storage_.reset(new std::uint8_t[n_blocks * block_bytes(n_layers, kv_dim, block_tokens, type)]);
+  storage_ = HugePageBuffer(n_blocks * block_bytes(n_layers, kv_dim, block_tokens, type));
   free_.reserve(n_blocks);
   for (std::size_t b = n_blocks; b-- > 0;) free_.push_back(static_cast<int>(b));
 }

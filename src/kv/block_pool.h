@@ -2,14 +2,14 @@
 // The paged KV store: one pool of fixed-size token blocks, each holding K and V for every layer.
 // Sequences own lists of blocks (block tables), blocks are reference-counted so that sequences can
 // share a prefix, and the memory is one allocation sized by a budget up front (pages are touched,
-// and so become resident, only as blocks fill).
+// and so become resident, only as blocks fill), backed by huge pages (see util/huge_pages.h).
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "tensor/dtype.h"
+#include "util/huge_pages.h"
 
 namespace promptly {
 
@@ -52,13 +52,13 @@ class BlockPool {
 
  private:
   std::uint8_t* base(int block, std::size_t layer) {
-    return storage_.get() + (static_cast<std::size_t>(block) * n_layers_ + layer) * 2 * block_tokens_ * row_bytes_;
+    return storage_.data() + (static_cast<std::size_t>(block) * n_layers_ + layer) * 2 * block_tokens_ * row_bytes_;
   }
 
   std::size_t n_layers_, kv_dim_, block_tokens_;
   KvType type_;
   std::size_t row_bytes_;
-  std::unique_ptr<std::uint8_t[]> storage_;
+  HugePageBuffer storage_;
   std::vector<int> refs_;
   std::vector<int> free_;  // a stack: the most recently freed block (warm in cache) is reused first
 };

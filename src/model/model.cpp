@@ -1,7 +1,9 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <numeric>
 #include <unordered_map>
 #include <string>
 
@@ -227,6 +229,24 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
       }
     }
   }
+  // Tiles cost in proportion to the keys their queries read, and those differ by orders of magnitude
+  // when a long prompt's chunk shares a step with short decode streams. Equal counts of tiles per
+  // thread would leave one core with all of the long prompt's tiles; instead threads take tiles one
+  // at a time, most expensive first (longest-processing-time order), so they finish together.
+  thread_local std::vector<std::size_t> tile_order_storage;
+  auto& tile_order = tile_order_storage;
+  {
+    thread_local std::vector<std::size_t> tile_cost;
+    tile_cost.assign(tiles.size(), 0);
+    for (std::size_t i = 0; i < tiles.size(); ++i) {
+      for (std::size_t k = 0; k < tiles[i].n; ++k) {
+        tile_cost[i] += static_cast<std::size_t>(batch.positions[tile_queries[tiles[i].first + k].first]) + 1;
+      }
+    }
+    tile_order.resize(tiles.size());
+    std::iota(tile_order.begin(), tile_order.end(), std::size_t{0});
+    std::stable_sort(tile_order.begin(), tile_order.end(), [&](std::size_t a, std::size_t b) { return tile_cost[a] > tile_cost[b]; });
+  }
 
   for (std::size_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = layers_[il];
@@ -261,12 +281,14 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     }
     const std::size_t block_tokens = cache.block_tokens();
     const DType kv_dtype = kv_type_dtype(cache.type());
-    pool.parallel_for(tiles.size(), 1, [&](std::size_t begin, std::size_t end, int) {
+    std::atomic<std::size_t> next_tile{0};
+    const std::size_t n_workers = std::min<std::size_t>(tiles.size(), static_cast<std::size_t>(pool.size()));
+    pool.parallel_for(n_workers, 1, [&](std::size_t, std::size_t, int) {
       const float* qp[kernels::kAttentionTile];
       float* op[kernels::kAttentionTile];
       std::size_t n_ctx[kernels::kAttentionTile];
-      for (std::size_t i = begin; i < end; ++i) {
-        const AttentionTile& tile = tiles[i];
+      for (std::size_t i; (i = next_tile.fetch_add(1, std::memory_order_relaxed)) < tiles.size();) {
+        const AttentionTile& tile = tiles[tile_order[i]];
         for (std::size_t k = 0; k < tile.n; ++k) {
           const auto [t, h] = tile_queries[tile.first + k];
           qp[k] = &q[t * QD + h * HD];

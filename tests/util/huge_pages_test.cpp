@@ -1,0 +1,41 @@
+#include "util/huge_pages.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <utility>
+
+namespace promptly {
+namespace {
+
+TEST(HugePageBuffer, ZeroedWritableAndMovable) {
+  constexpr std::size_t kBytes = (4u << 20) + 123;  // more than two huge pages, not a multiple of any page
+  HugePageBuffer buffer(kBytes);
+  ASSERT_NE(buffer.data(), nullptr);
+  EXPECT_EQ(buffer.size(), kBytes);
+  EXPECT_EQ(buffer.data()[0], 0);
+  EXPECT_EQ(buffer.data()[kBytes - 1], 0);
+  for (std::size_t i = 0; i < kBytes; i += 4096) buffer.data()[i] = static_cast<std::uint8_t>(i >> 12);
+  buffer.data()[kBytes - 1] = 7;
+
+  HugePageBuffer moved(std::move(buffer));
+  EXPECT_EQ(buffer.data(), nullptr);
+  EXPECT_EQ(buffer.size(), 0u);
+  ASSERT_EQ(moved.size(), kBytes);
+  for (std::size_t i = 0; i < kBytes; i += 4096) ASSERT_EQ(moved.data()[i], static_cast<std::uint8_t>(i >> 12));
+  EXPECT_EQ(moved.data()[kBytes - 1], 7);
+
+  HugePageBuffer assigned(4096);
+  assigned = std::move(moved);
+  EXPECT_EQ(assigned.size(), kBytes);
+  EXPECT_EQ(assigned.data()[kBytes - 1], 7);
+}
+
+TEST(HugePageBuffer, EmptyHoldsNothing) {
+  HugePageBuffer empty(0);
+  EXPECT_EQ(empty.data(), nullptr);
+  EXPECT_EQ(empty.size(), 0u);
+}
+
+}  // namespace
+}  // namespace promptly
