@@ -101,8 +101,12 @@ void tile_x16(const std::uint8_t* group, std::size_t nb, const QuantizedRows& x,
 #pragma GCC unroll 8
     for (int j = 0; j < C; ++j) {
       const ActivationBlock& xb = xt[j][b];
+      // The stored-unsigned offset leaves exactly in integers: the first chain starts at
+      // -offset * sum(x) (a broadcast load, no arithmetic). Then one convert, one multiply by d_x
+      // and one FMA with d_w: the fewest float operations per block.
       __m512i dot[A];
-      for (int a = 0; a < A; ++a) dot[a] = _mm512_setzero_si512();
+      dot[0] = _mm512_set1_epi32(-(Q8 ? xb.offset_q8 : xb.offset_q4));
+      for (int a = 1; a < A; ++a) dot[a] = _mm512_setzero_si512();
 #pragma GCC unroll 8
       for (int k = 0; k < 8; ++k) {
         std::int32_t x4;
@@ -110,9 +114,6 @@ void tile_x16(const std::uint8_t* group, std::size_t nb, const QuantizedRows& x,
         dot[k % A] = _mm512_dpbusd_epi32(dot[k % A], q[k], _mm512_set1_epi32(x4));
       }
       for (int a = 1; a < A; ++a) dot[0] = _mm512_add_epi32(dot[0], dot[a]);
-      // The stored-unsigned offset leaves exactly in integers (dot - offset * sum(x)); then one
-      // convert, one multiply by d_x and one FMA with d_w: the fewest float operations per block.
-      dot[0] = _mm512_sub_epi32(dot[0], _mm512_set1_epi32(Q8 ? xb.offset_q8 : xb.offset_q4));
       const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[0]), _mm512_set1_ps(xb.d));
       acc[j] = _mm512_fmadd_ps(dw, scaled, acc[j]);
     }
