@@ -546,14 +546,13 @@ void attention_pairs_impl(const float* const* q, const std::size_t* n_ctx, std::
   }
 }
 
-template <int V>
-void attention_tile_v(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
-                      const void* const* v_blocks, DType kv_type, std::size_t block_tokens, std::size_t stride, std::size_t offset,
-                      std::size_t head_dim, float scale, float* const* out) {
+// Calls kernel.template operator()<T>() with the cache's element type as a template argument.
+template <typename Kernel>
+void with_kv_type(DType kv_type, Kernel&& kernel) {
   switch (kv_type) {
-    case DType::F16: attention_tile_impl<DType::F16, V>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
-    case DType::Q8_0: attention_tile_impl<DType::Q8_0, V>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
-    default: attention_tile_impl<DType::F32, V>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
+    case DType::F16: kernel.template operator()<DType::F16>(); break;
+    case DType::Q8_0: kernel.template operator()<DType::Q8_0>(); break;
+    default: kernel.template operator()<DType::F32>(); break;
   }
 }
 
@@ -564,17 +563,15 @@ void attention_tile(const float* const* q, const std::size_t* n_ctx, std::size_t
     attention_tile_each<attention>(q, n_ctx, n_q, k_blocks, v_blocks, kv_type, block_tokens, stride, offset, head_dim, scale, out);
     return;
   }
-  if (n_q <= 8) {
-    switch (kv_type) {
-      case DType::F16: attention_pairs_impl<DType::F16>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
-      case DType::Q8_0: attention_pairs_impl<DType::Q8_0>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
-      default: attention_pairs_impl<DType::F32>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out); break;
+  with_kv_type(kv_type, [&]<DType T>() {
+    if (n_q <= 8) {
+      attention_pairs_impl<T>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out);
+    } else if (n_q <= 16) {
+      attention_tile_impl<T, 1>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out);
+    } else {
+      attention_tile_impl<T, 2>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out);
     }
-  } else if (n_q <= 16) {
-    attention_tile_v<1>(q, n_ctx, n_q, k_blocks, v_blocks, kv_type, block_tokens, stride, offset, head_dim, scale, out);
-  } else {
-    attention_tile_v<2>(q, n_ctx, n_q, k_blocks, v_blocks, kv_type, block_tokens, stride, offset, head_dim, scale, out);
-  }
+  });
 }
 
 }  // namespace
