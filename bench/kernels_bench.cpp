@@ -95,6 +95,23 @@ BENCHMARK_CAPTURE(BM_MatmulStreaming, Q4_0, DType::Q4_0)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
+// n_q random queries of one KV head, each seeing n_ctx positions, with their output rows.
+struct QueryTile {
+  QueryTile(std::size_t n_q, std::size_t head_dim, std::size_t n_ctx, std::mt19937& rng)
+      : q(n_q, std::vector<float>(head_dim)), out(q), ctx(n_q, n_ctx) {
+    std::normal_distribution<float> dist;
+    for (std::size_t i = 0; i < n_q; ++i) {
+      for (float& x : q[i]) x = dist(rng);
+      qp.push_back(q[i].data());
+      op.push_back(out[i].data());
+    }
+  }
+  std::vector<std::vector<float>> q, out;
+  std::vector<std::size_t> ctx;
+  std::vector<const float*> qp;
+  std::vector<float*> op;
+};
+
 // Attention of one KV head's query tile over a long F16 context (TinyLlama's head_dim 64, 16-token
 // pages, rows of 4 KV heads): what a prefill chunk costs per tile late in a 2048-token prompt.
 void BM_AttentionTile(benchmark::State& state) {
@@ -116,20 +133,12 @@ void BM_AttentionTile(benchmark::State& state) {
     kb.push_back(keys.data() + j * kStride);
     vb.push_back(values.data() + j * kStride);
   }
-  std::vector<std::vector<float>> q(n_q, std::vector<float>(kHeadDim)), out = q;
-  for (auto& v : q)
-    for (float& x : v) x = dist(rng);
-  std::vector<const float*> qp;
-  std::vector<float*> op;
-  std::vector<std::size_t> ctx(n_q, n_ctx);
-  for (std::size_t i = 0; i < n_q; ++i) {
-    qp.push_back(q[i].data());
-    op.push_back(out[i].data());
-  }
+  QueryTile tile(n_q, kHeadDim, n_ctx, rng);
   const KernelTable& kt = kernel_table(best_isa());
   for (auto _ : state) {
-    kt.attention_tile(qp.data(), ctx.data(), n_q, kb.data(), vb.data(), DType::F16, kBlock, kStride, 0, kHeadDim, 0.125f, op.data());
-    benchmark::DoNotOptimize(out[0].data());
+    kt.attention_tile(tile.qp.data(), tile.ctx.data(), n_q, kb.data(), vb.data(), DType::F16, kBlock, kStride, 0, kHeadDim, 0.125f,
+                      tile.op.data());
+    benchmark::DoNotOptimize(tile.out[0].data());
   }
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * static_cast<double>(n_q * n_ctx * kHeadDim), benchmark::Counter::kIsIterationInvariantRate,
                                                  benchmark::Counter::kIs1000);
@@ -172,23 +181,13 @@ void BM_AttentionTilePaged(benchmark::State& state) {
       vb[s].push_back(values + block * kBlock * kStride);
     }
   }
-  std::normal_distribution<float> dist;
-  std::vector<std::vector<float>> q(n_q, std::vector<float>(kHeadDim)), out = q;
-  for (auto& v : q)
-    for (float& x : v) x = dist(rng);
-  std::vector<const float*> qp;
-  std::vector<float*> op;
-  std::vector<std::size_t> ctx(n_q, kCtx);
-  for (std::size_t i = 0; i < n_q; ++i) {
-    qp.push_back(q[i].data());
-    op.push_back(out[i].data());
-  }
+  QueryTile tile(n_q, kHeadDim, kCtx, rng);
   const KernelTable& kt = kernel_table(best_isa());
   std::size_t seq = 0;
   for (auto _ : state) {
-    kt.attention_tile(qp.data(), ctx.data(), n_q, kb[seq].data(), vb[seq].data(), DType::F16, kBlock, kStride, 0, kHeadDim, 0.125f,
-                      op.data());
-    benchmark::DoNotOptimize(out[0].data());
+    kt.attention_tile(tile.qp.data(), tile.ctx.data(), n_q, kb[seq].data(), vb[seq].data(), DType::F16, kBlock, kStride, 0, kHeadDim,
+                      0.125f, tile.op.data());
+    benchmark::DoNotOptimize(tile.out[0].data());
     seq = (seq + 1) % kSeqs;
   }
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * static_cast<double>(n_q * kCtx * kHeadDim), benchmark::Counter::kIsIterationInvariantRate,
