@@ -10,8 +10,10 @@
 
 namespace promptly::kernels {
 
-constexpr std::size_t kQ4KGroupBytes = 2368;  // one super-block of 16 rows in the Q4_Kx16 layout
-constexpr std::size_t kQ6KGroupBytes = 4384;  // ... and in the Q6_Kx16 layout
+constexpr std::size_t kQ4_0GroupBytes = 16 * 18;  // one 32-element block of 16 rows in the Q4_0x16 layout
+constexpr std::size_t kQ8_0GroupBytes = 16 * 34;  // ... and in the Q8_0x16 layout
+constexpr std::size_t kQ4KGroupBytes = 2368;      // one super-block of 16 rows in the Q4_Kx16 layout
+constexpr std::size_t kQ6KGroupBytes = 4384;      // ... and in the Q6_Kx16 layout
 
 // Activations quantized to Q8_0 for integer dot products: per token, n_blocks blocks, plus
 // d * sum(q) per block (Q4_0's -8 offset is applied through it).

@@ -61,9 +61,6 @@ void configure_tiles() {
 
 enum class Format { Q4_0, Q8_0, Q4_K };
 
-// Bytes of one group of 16 rows per 32-element block in the x16 layouts (Q4_K: per 8 blocks).
-constexpr std::size_t kGroupBlockQ4_0 = 16 * sizeof(BlockQ4_0), kGroupBlockQ8_0 = 16 * sizeof(BlockQ8_0);
-
 // One group of 16 rows, blocks [0, nb) of 32 elements, as signed int8 B tiles (row k of a block's
 // tile holds elements 4k..4k+3 of the 16 rows, exactly the stored group order), plus per block the
 // 16 rows' scales as floats and, for Q4_K, their mins. Q4_0: nibble - 8; Q8_0: stored-unsigned back
@@ -94,7 +91,7 @@ void unpack_group(const std::uint8_t* group, std::size_t nb, std::int8_t* quants
     return;
   }
   (void)mins;
-  constexpr std::size_t kGroupBlock = F == Format::Q8_0 ? kGroupBlockQ8_0 : kGroupBlockQ4_0;
+  constexpr std::size_t kGroupBlock = F == Format::Q8_0 ? kQ8_0GroupBytes : kQ4_0GroupBytes;
   const __m512i eight = _mm512_set1_epi8(8);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (std::size_t b = 0; b < nb; ++b) {
@@ -183,7 +180,7 @@ void gemm_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size
   const std::size_t tiled = x.tiled_qs ? n_tokens / kTokenTile * kTokenTile : 0;
   if (tiled > 0) {
     const std::size_t nb = cols / 32;
-    const std::size_t group_bytes = F == Format::Q4_K ? nb / 8 * kQ4KGroupBytes : nb * (F == Format::Q8_0 ? kGroupBlockQ8_0 : kGroupBlockQ4_0);
+    const std::size_t group_bytes = F == Format::Q4_K ? nb / 8 * kQ4KGroupBytes : nb * (F == Format::Q8_0 ? kQ8_0GroupBytes : kQ4_0GroupBytes);
     // Tokens go in panels whose activations (36 bytes per block) stay in L2 (~1 MiB of its 2) while
     // every group of the share passes over them; each group is unpacked once per panel.
     const std::size_t panel = std::max(kTokenTile, (std::size_t{1} << 20) / (nb * 36) / kTokenTile * kTokenTile);

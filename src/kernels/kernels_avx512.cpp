@@ -70,7 +70,7 @@ float Isa::dot_f32(const float* a, const float* b, std::size_t n) {
 // (4 groups of packed nibbles, offset 8).
 template <bool Q8, int C>
 void tile_x16(const std::uint8_t* group, std::size_t nb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
-  constexpr std::size_t kGroupBlock = Q8 ? 16 * 34 : 16 * 18;
+  constexpr std::size_t kGroupBlock = Q8 ? kQ8_0GroupBytes : kQ4_0GroupBytes;
   constexpr int A = C >= 4 ? 2 : 4;
   __m512 acc[C];
   for (int j = 0; j < C; ++j) acc[j] = _mm512_setzero_ps();
@@ -292,6 +292,34 @@ inline __m512 kv_load16(const void* block, std::size_t e) {
   }
 }
 
+// The online-softmax steps both attention kernels share. A query's result must not depend on which
+// kernel its tile goes to, so both take these same operation chains.
+// A score, or -inf where the key lies past what the lane's query may see (causality, or no query).
+inline __m512 visible_score(__m512i ctx, __m512i key_pos, __m512 score) {
+  return _mm512_mask_blend_ps(_mm512_cmpgt_epi32_mask(ctx, key_pos), _mm512_set1_ps(-INFINITY), score);
+}
+struct Rescale {
+  __m512 m_safe;      // the running max, 0 in lanes that have seen nothing (exp never sees -inf - -inf)
+  __m512 correction;  // what earlier sums are multiplied by: exp(old max - new max), 0 where there were none
+};
+// Moves the running max m to include a chunk's max.
+inline Rescale rescale(__m512& m, __m512 chunk_max) {
+  const __m512 m_new = _mm512_max_ps(m, chunk_max);
+  const __m512 m_safe = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m_new, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), m_new);
+  const __m512 correction =
+      _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), exp512(_mm512_sub_ps(m, m_safe)));
+  m = m_new;
+  return {m_safe, correction};
+}
+// exp(score - max), exactly 0 for a masked score.
+inline __m512 probability(__m512 score, __m512 m_safe) {
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(score, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), exp512(_mm512_sub_ps(score, m_safe)));
+}
+// 1 / l, or 0 for a lane that saw no key.
+inline __m512 inverse_or_zero(__m512 l) {
+  return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), l);
+}
+
 // The tiled attention (see KernelTable::attention_tile): one vector lane per query, V vectors of 16
 // lanes (V = 2 for more than 16 queries). Keys go in chunks of 16: the chunk's keys and values are
 // converted to floats once for all lanes, scores for 8 keys x 16V queries come from broadcast-FMAs
@@ -365,9 +393,7 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
       }
       for (std::size_t u = 0; u < nu; ++u) {
         for (int v = 0; v < V; ++v) {
-          // Positions a query may not see (causality, or a lane without a query) score -inf.
-          const __mmask16 visible = _mm512_cmpgt_epi32_mask(ctx_v[v], _mm512_set1_epi32(static_cast<std::int32_t>(j0 + j + u)));
-          const __m512 sc = _mm512_mask_blend_ps(visible, _mm512_set1_ps(-INFINITY), acc[v][u]);
+          const __m512 sc = visible_score(ctx_v[v], _mm512_set1_epi32(static_cast<std::int32_t>(j0 + j + u)), acc[v][u]);
           _mm512_store_ps(s[v] + (j + u) * kLanes, sc);
           chunk_max[v] = _mm512_max_ps(chunk_max[v], sc);
         }
@@ -375,20 +401,13 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
     }
     __m512 correction[V];
     for (int v = 0; v < V; ++v) {
-      const __m512 m_new = _mm512_max_ps(m[v], chunk_max[v]);
-      // Lanes that have seen nothing yet keep max -inf; use 0 there so that exp never sees -inf - -inf.
-      const __mmask16 seen = _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-      const __m512 m_safe = _mm512_maskz_mov_ps(seen, m_new);
-      correction[v] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m[v], _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
-                                          exp512(_mm512_sub_ps(m[v], m_safe)));
-      m[v] = m_new;
+      const auto [m_safe, corr] = rescale(m[v], chunk_max[v]);
+      correction[v] = corr;
       // The chunk's probabilities are summed as even keys + odd keys, the order the key-pair kernel
       // (attention_pairs_impl) can reproduce exactly.
       __m512 sum_even = _mm512_setzero_ps(), sum_odd = _mm512_setzero_ps();
       for (std::size_t j = 0; j < nj; ++j) {
-        const __m512 sc = _mm512_load_ps(s[v] + j * kLanes);
-        const __mmask16 finite = _mm512_cmp_ps_mask(sc, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-        const __m512 p = _mm512_maskz_mov_ps(finite, exp512(_mm512_sub_ps(sc, m_safe)));
+        const __m512 p = probability(_mm512_load_ps(s[v] + j * kLanes), m_safe);
         _mm512_store_ps(s[v] + j * kLanes, p);
         if (j % 2 == 0) {
           sum_even = _mm512_add_ps(sum_even, p);
@@ -422,7 +441,7 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
   }
   for (int v = 0; v < V; ++v) {
     alignas(64) float inv[kLanes];
-    _mm512_store_ps(inv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(l[v], _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), l[v]));
+    _mm512_store_ps(inv, inverse_or_zero(l[v]));
     for (std::size_t i = 0; i < kLanes; ++i) {
       const std::size_t query = static_cast<std::size_t>(v) * kLanes + i;
       if (query >= n_q) break;
@@ -502,23 +521,15 @@ void attention_pairs_impl(const float* const* q, const std::size_t* n_ctx, std::
     __m512 chunk_max = _mm512_set1_ps(-INFINITY);
     for (std::size_t p = 0; p < kPairs; ++p) {
       const __m512i key_pos = _mm512_add_epi32(parity, _mm512_set1_epi32(static_cast<std::int32_t>(j0 + 2 * p)));
-      const __mmask16 visible = _mm512_cmpgt_epi32_mask(ctx_v, key_pos);
-      const __m512 sc = _mm512_mask_blend_ps(visible, _mm512_set1_ps(-INFINITY), acc[p]);
+      const __m512 sc = visible_score(ctx_v, key_pos, acc[p]);
       _mm512_store_ps(s + p * kLanes, sc);
       chunk_max = _mm512_max_ps(chunk_max, sc);
     }
     chunk_max = _mm512_max_ps(chunk_max, _mm512_permute_ps(chunk_max, 0xB1));  // both keys of each pair
-    const __m512 m_new = _mm512_max_ps(m, chunk_max);
-    const __mmask16 seen = _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-    const __m512 m_safe = _mm512_maskz_mov_ps(seen, m_new);
-    const __m512 correction =
-        _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), exp512(_mm512_sub_ps(m, m_safe)));
-    m = m_new;
+    const auto [m_safe, correction] = rescale(m, chunk_max);
     __m512 sum = _mm512_setzero_ps();  // lanes (i, 0): even keys, (i, 1): odd keys
     for (std::size_t p = 0; p < (nj + 1) / 2; ++p) {
-      const __m512 sc = _mm512_load_ps(s + p * kLanes);
-      const __mmask16 finite = _mm512_cmp_ps_mask(sc, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-      const __m512 prob = _mm512_maskz_mov_ps(finite, exp512(_mm512_sub_ps(sc, m_safe)));
+      const __m512 prob = probability(_mm512_load_ps(s + p * kLanes), m_safe);
       // Key j's probabilities in both lanes of each query: the multiplier of its values.
       _mm512_store_ps(pk + 2 * p * kLanes, _mm512_permute_ps(prob, 0xA0));
       _mm512_store_ps(pk + (2 * p + 1) * kLanes, _mm512_permute_ps(prob, 0xF5));
@@ -540,7 +551,7 @@ void attention_pairs_impl(const float* const* q, const std::size_t* n_ctx, std::
     }
   }
   alignas(64) float inv[kLanes];
-  _mm512_store_ps(inv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), l));
+  _mm512_store_ps(inv, inverse_or_zero(l));
   for (std::size_t i = 0; i < n_q; ++i) {
     for (std::size_t d = 0; d < D; ++d) out[i][d] = ot[(d / 2) * kLanes + 2 * i + d % 2] * inv[2 * i];
   }
@@ -580,8 +591,8 @@ void attention_tile(const float* const* q, const std::size_t* n_ctx, std::size_t
 const KernelTable& avx512_kernels() {
   static const KernelTable table{"avx512",         avx512::quantize_q8_0, avx512::gemm_q8_0, avx512::gemm_q4_0,
                                  avx512::gemm_f16, avx512::gemm_f32,      avx512::Isa::dot_f32, avx512::attention,
-                                 avx512::x16_driver<16 * 18, 32, 8, avx512::Q4_0Tile>,
-                                 avx512::x16_driver<16 * 34, 32, 8, avx512::Q8_0Tile>,
+                                 avx512::x16_driver<kQ4_0GroupBytes, 32, 8, avx512::Q4_0Tile>,
+                                 avx512::x16_driver<kQ8_0GroupBytes, 32, 8, avx512::Q8_0Tile>,
                                  avx512::x16_driver<kQ4KGroupBytes, kQK_K, 4, avx512::Q4_KTile>,
                                  avx512::x16_driver<kQ6KGroupBytes, kQK_K, 4, avx512::Q6_KTile>, avx512::gemm_dequant,
                                  avx512::attention_tile, false};

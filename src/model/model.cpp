@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <numeric>
 #include <unordered_map>
 #include <string>
 
@@ -200,6 +199,7 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   struct AttentionTile {
     int seq;
     std::size_t kv_head, first, n;
+    std::size_t cost = 0;  // keys read: the sum of its queries' context lengths
   };
   thread_local std::vector<AttentionTile> tiles_storage;
   thread_local std::vector<std::pair<std::size_t, std::size_t>> tile_queries_storage;  // (token, head)
@@ -233,20 +233,10 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   // when a long prompt's chunk shares a step with short decode streams. Equal counts of tiles per
   // thread would leave one core with all of the long prompt's tiles; instead threads take tiles one
   // at a time, most expensive first (longest-processing-time order), so they finish together.
-  thread_local std::vector<std::size_t> tile_order_storage;
-  auto& tile_order = tile_order_storage;
-  {
-    thread_local std::vector<std::size_t> tile_cost;
-    tile_cost.assign(tiles.size(), 0);
-    for (std::size_t i = 0; i < tiles.size(); ++i) {
-      for (std::size_t k = 0; k < tiles[i].n; ++k) {
-        tile_cost[i] += static_cast<std::size_t>(batch.positions[tile_queries[tiles[i].first + k].first]) + 1;
-      }
-    }
-    tile_order.resize(tiles.size());
-    std::iota(tile_order.begin(), tile_order.end(), std::size_t{0});
-    std::stable_sort(tile_order.begin(), tile_order.end(), [&](std::size_t a, std::size_t b) { return tile_cost[a] > tile_cost[b]; });
+  for (AttentionTile& tile : tiles) {
+    for (std::size_t k = 0; k < tile.n; ++k) tile.cost += static_cast<std::size_t>(batch.positions[tile_queries[tile.first + k].first]) + 1;
   }
+  std::stable_sort(tiles.begin(), tiles.end(), [](const AttentionTile& a, const AttentionTile& b) { return a.cost > b.cost; });
 
   for (std::size_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = layers_[il];
@@ -288,7 +278,7 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
       float* op[kernels::kAttentionTile];
       std::size_t n_ctx[kernels::kAttentionTile];
       for (std::size_t i; (i = next_tile.fetch_add(1, std::memory_order_relaxed)) < tiles.size();) {
-        const AttentionTile& tile = tiles[tile_order[i]];
+        const AttentionTile& tile = tiles[i];
         for (std::size_t k = 0; k < tile.n; ++k) {
           const auto [t, h] = tile_queries[tile.first + k];
           qp[k] = &q[t * QD + h * HD];
