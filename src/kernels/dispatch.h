@@ -31,6 +31,10 @@ struct alignas(16) ActivationBlock {
 
 // Tokens per tile of the tile-ordered copy of activations (KernelTable::token_tile).
 constexpr std::size_t kTokenTile = 16;
+// Fewest tokens for which the tiled kernels are used at all. Unpacking a weight group into tiles
+// costs about as much as one tile's products, so a single tile loses to the VNNI kernel
+// (`bench model -p 16`: 101-116 t/s on AMX against 139-165 on AVX-512); two tiles already win.
+constexpr std::size_t kMinTiledTokens = 2 * kTokenTile;
 
 struct QuantizedRows {
   const BlockQ8_0* blocks;

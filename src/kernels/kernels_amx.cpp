@@ -9,8 +9,8 @@
 // the two paths give bit-identical results: a token's output does not depend on whether it went
 // through a tile of 16 tokens or through the VNNI tail, and batching stays invisible to greedy output.
 //
-// Only prompt-sized batches use the tiles (16 tokens at a time); the remainder and decode-sized
-// batches (memory-bound, where AMX does not help) go to the AVX-512 kernels.
+// Only prompt-sized batches use the tiles (16 tokens at a time, from kMinTiledTokens on); the
+// remainder and decode-sized batches (memory-bound, where AMX does not help) go to the AVX-512 kernels.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -126,25 +126,29 @@ inline void finish_block(const std::int32_t* dots, const float* scale_block, con
   }
 }
 
-// One block: its product goes to result tile C (activations through tile A, weights through B) and
-// is stored to dots[C]; the float work is for the block two steps back, so that it never waits on
-// the product it needs (the tile unit's latency is tens of cycles). Measured on Sapphire Rapids: the
-// product of a block costs ~16 cycles and its float work ~23 alone, but together ~65, because the
-// tile unit and the vector FMA units share issue ports; the float work, not the tile unit, bounds
-// this kernel (it is still ~1.5x the VNNI kernel per block). A macro because GCC's tile intrinsics
-// paste the tile number into the assembly text.
-#define PROMPTLY_AMX_STEP(C, A, B, PREV)                                                    \
-  do {                                                                                      \
-    const std::size_t blk = b + (C);                                                        \
-    if (blk < nb) {                                                                         \
-      _tile_loadd(A, tile_qs + blk * kUnpackedBlock, 32);                                   \
-      _tile_loadd(B, quants + blk * kUnpackedBlock, 64);                                    \
-      _tile_zero(C);                                                                        \
-      _tile_dpbssd(C, A, B);                                                                \
-      _tile_stored(C, dots[C], 64);                                                         \
-    }                                                                                       \
-    if (blk >= 2 && blk - 2 < nb)                                                          \
-      finish_block<F>(dots[PREV], scales + 16 * (blk - 2), mins + 16 * (blk - 2), tile_dx + 16 * (blk - 2), sums + (blk - 2), nb, acc); \
+// The tile unit runs behind the vector units: a product's result can be stored only tens of cycles
+// after it was issued, and a TILESTORED that waits for it stalls everything behind it. So the
+// blocks are software-pipelined three deep: step b issues the product of block b (result tile b % 4),
+// stores the product of block b - 2 (issued a whole step earlier) and does the float work of block
+// b - 3 (stored a step earlier, so its loads hit L1). Four result tiles let the three stages overlap;
+// A and B tiles alternate so that the next block's loads need not wait for the last product to read
+// them. Macros because GCC's tile intrinsics paste the tile number into the assembly text.
+#define PROMPTLY_AMX_PRODUCT(C, A, B, BLK)                               \
+  do {                                                                   \
+    _tile_loadd(A, tile_qs + (BLK) * kUnpackedBlock, 32);                \
+    _tile_loadd(B, quants + (BLK) * kUnpackedBlock, 64);                 \
+    _tile_zero(C);                                                       \
+    _tile_dpbssd(C, A, B);                                               \
+  } while (0)
+#define PROMPTLY_AMX_STEP(C, A, B, STORED)                                                                                   \
+  do {                                                                                                                       \
+    const std::size_t blk = b + (C);                                                                                         \
+    if (blk < nb) PROMPTLY_AMX_PRODUCT(C, A, B, blk);                                                                        \
+    if (blk >= 2 && blk - 2 < nb) _tile_stored(STORED, dots[STORED], 64);                                                   \
+    if (blk >= 3 && blk - 3 < nb) {                                                                                          \
+      const std::size_t done = blk - 3;                                                                                      \
+      finish_block<F>(dots[(C + 1) % 4], scales + 16 * done, mins + 16 * done, tile_dx + 16 * done, sums + done, nb, acc); \
+    }                                                                                                                        \
   } while (0)
 
 // 16 rows x 16 tokens over all nb blocks. The tile's activations are tile-ready: per block, the 16
@@ -153,17 +157,22 @@ inline void finish_block(const std::int32_t* dots, const float* scale_block, con
 template <Format F>
 void tile_16x16(const std::int8_t* quants, const float* scales, const float* mins, std::size_t nb, const std::int8_t* tile_qs,
                 const float* tile_dx, const float* sums, float* y, std::size_t ldy) {
+  // Every loop over acc is unrolled: one indexed at run time would keep the array in memory, and
+  // each block's 16 FMAs would become load-FMA-store through the stack (measured: ~2x slower).
   __m512 acc[kTokenTile];
-  for (__m512& a : acc) a = _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (std::size_t n = 0; n < kTokenTile; ++n) acc[n] = _mm512_setzero_ps();
   alignas(64) std::int32_t dots[4][256];
-  for (std::size_t b = 0; b < nb + 2; b += 4) {
+  for (std::size_t b = 0; b < nb + 3; b += 4) {
     PROMPTLY_AMX_STEP(0, 4, 6, 2);
     PROMPTLY_AMX_STEP(1, 5, 7, 3);
     PROMPTLY_AMX_STEP(2, 4, 6, 0);
     PROMPTLY_AMX_STEP(3, 5, 7, 1);
   }
+#pragma GCC unroll 16
   for (std::size_t n = 0; n < kTokenTile; ++n) _mm512_storeu_ps(y + n * ldy, acc[n]);
 }
+#undef PROMPTLY_AMX_PRODUCT
 #undef PROMPTLY_AMX_STEP
 
 // The same QuantizedRows seen from token t on.
@@ -178,38 +187,43 @@ void gemm_x16(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size
   const KernelTable& avx512 = avx512_kernels();
   const auto vnni = F == Format::Q4_0 ? avx512.gemm_q4_0_x16 : F == Format::Q8_0 ? avx512.gemm_q8_0_x16 : avx512.gemm_q4_k_x16;
   const std::size_t tiled = x.tiled_qs ? n_tokens / kTokenTile * kTokenTile : 0;
-  if (tiled > 0) {
-    const std::size_t nb = cols / 32;
-    const std::size_t group_bytes = F == Format::Q4_K ? nb / 8 * kQ4KGroupBytes : nb * (F == Format::Q8_0 ? kQ8_0GroupBytes : kQ4_0GroupBytes);
-    // Tokens go in panels whose activations (36 bytes per block) stay in L2 (~1 MiB of its 2) while
-    // every group of the share passes over them; each group is unpacked once per panel.
-    const std::size_t panel = std::max(kTokenTile, (std::size_t{1} << 20) / (nb * 36) / kTokenTile * kTokenTile);
-    // One group unpacked (per thread, kept across calls so that no call allocates).
-    thread_local std::vector<std::int8_t> quants;
-    thread_local std::vector<float> scales, mins;
-    if (quants.size() < nb * kUnpackedBlock) {
-      quants.resize(nb * kUnpackedBlock);
-      scales.resize(nb * 16);
-      mins.resize(nb * 16);
-    }
-    std::int8_t* q = quants.data();
-    float* s = scales.data();
-    float* m = mins.data();
-    configure_tiles();
-    for (std::size_t p0 = 0; p0 < tiled; p0 += panel) {
-      const std::size_t p1 = std::min(tiled, p0 + panel);
-      for (std::size_t r = r0; r < r1; r += 16) {
-        unpack_group<F>(w + (r / 16) * group_bytes, nb, q, s, m);
-        for (std::size_t t = p0; t < p1; t += kTokenTile) {
-          const std::size_t tile = t / kTokenTile;
-          tile_16x16<F>(q, s, m, nb, x.tiled_qs + tile * nb * kUnpackedBlock, x.tiled_dx + tile * nb * kTokenTile, x.sums + t * nb,
-                        y + t * ldy + r, ldy);
-        }
-      }
-    }
-    _tile_release();
+  if (tiled == 0) {
+    vnni(w, cols, r0, r1, x, n_tokens, y, ldy);
+    return;
   }
-  if (tiled < n_tokens) vnni(w, cols, r0, r1, from_token(x, tiled), n_tokens - tiled, y + tiled * ldy, ldy);
+  const std::size_t nb = cols / 32;
+  const std::size_t group_bytes = F == Format::Q4_K ? nb / 8 * kQ4KGroupBytes : nb * (F == Format::Q8_0 ? kQ8_0GroupBytes : kQ4_0GroupBytes);
+  // Tokens go in panels whose activations (36 bytes per block) stay in L2 (~1 MiB of its 2) while
+  // every group of the share passes over them; each group is unpacked once per panel.
+  const std::size_t panel = std::max(kTokenTile, (std::size_t{1} << 20) / (nb * 36) / kTokenTile * kTokenTile);
+  // One group unpacked (per thread, kept across calls so that no call allocates).
+  thread_local std::vector<std::int8_t> quants;
+  thread_local std::vector<float> scales, mins;
+  if (quants.size() < nb * kUnpackedBlock) {
+    quants.resize(nb * kUnpackedBlock);
+    scales.resize(nb * 16);
+    mins.resize(nb * 16);
+  }
+  std::int8_t* q = quants.data();
+  float* s = scales.data();
+  float* m = mins.data();
+  const QuantizedRows tail = from_token(x, tiled);
+  configure_tiles();
+  for (std::size_t p0 = 0; p0 < tiled; p0 += panel) {
+    const std::size_t p1 = std::min(tiled, p0 + panel);
+    for (std::size_t r = r0; r < r1; r += 16) {
+      unpack_group<F>(w + (r / 16) * group_bytes, nb, q, s, m);
+      for (std::size_t t = p0; t < p1; t += kTokenTile) {
+        const std::size_t tile = t / kTokenTile;
+        tile_16x16<F>(q, s, m, nb, x.tiled_qs + tile * nb * kUnpackedBlock, x.tiled_dx + tile * nb * kTokenTile, x.sums + t * nb,
+                      y + t * ldy + r, ldy);
+      }
+      // The tokens short of a whole tile go through the VNNI kernel while this group's weights are
+      // still in cache: after all groups they would be streamed from memory a second time.
+      if (p1 == tiled && tiled < n_tokens) vnni(w, cols, r, r + 16, tail, n_tokens - tiled, y + tiled * ldy, ldy);
+    }
+  }
+  _tile_release();
 }
 
 }  // namespace

@@ -48,7 +48,7 @@ void Activations::quantize(ThreadPool& pool) {
   });
   // The tile-ordered copy for kernels that take 16 tokens per step (see QuantizedRows): made here,
   // once per input and split across the pool, rather than by every matmul that reads the input.
-  const std::size_t tiles = kt.token_tile ? n_tokens_ / kTokenTile : 0;
+  const std::size_t tiles = kt.token_tile && n_tokens_ >= kMinTiledTokens ? n_tokens_ / kTokenTile : 0;
   buf.tiled_qs.resize(tiles * nb * kTokenTile * 32);
   buf.tiled_dx.resize(tiles * nb * kTokenTile);
   std::int8_t* tiled_qs = buf.tiled_qs.data();

@@ -199,10 +199,11 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
   EXPECT_FALSE(can_repack_x16({DType::F16, nullptr, 16, 32}));
 }
 
-// The AMX tiles (Q4_0, Q8_0, Q4_K) take prompt-sized batches (16 tokens at a time, the rest through
-// the VNNI kernel) and must give bit-identical results to the AVX-512 path: the integer dot products are exact and
-// the float work per block is the same operations in the same order. Awkward sizes: odd block
-// counts (a lone last block), token counts with a VNNI tail, more tokens than one panel.
+// The AMX tiles (Q4_0, Q8_0, Q4_K) take prompt-sized batches (from kMinTiledTokens on, 16 tokens at a
+// time, the rest through the VNNI kernel group by group) and must give bit-identical results to the
+// AVX-512 path: the integer dot products are exact and the float work per block is the same
+// operations in the same order. Awkward sizes: odd block counts (a lone last block), token counts
+// below the tile threshold, at it and with a VNNI tail, more tokens than one panel.
 TEST(Dispatch, AmxTilesBitIdenticalToAvx512) {
   if (best_isa() != Isa::Amx) GTEST_SKIP() << "this CPU (or OS) offers no AMX int8 tiles";
   IsaGuard guard;
@@ -210,7 +211,7 @@ TEST(Dispatch, AmxTilesBitIdenticalToAvx512) {
   std::normal_distribution<float> dist;
   for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K}) {
     for (std::size_t cols : {32u, 96u, 160u, 256u, 768u, 2048u}) {
-      for (std::size_t tokens : {15u, 16u, 17u, 50u, 700u}) {
+      for (std::size_t tokens : {15u, 16u, 17u, 31u, 32u, 50u, 700u}) {
         if (cols * tokens > 1500000) continue;  // 2048 x 700 stays: more tokens than one panel (336 at 64 blocks)
         if (type == DType::Q4_K && cols % 256 != 0) continue;
         const std::size_t rows = 48;
