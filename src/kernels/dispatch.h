@@ -24,17 +24,20 @@ constexpr std::size_t kQ6KGroupBytes = 4384;      // ... and in the Q6_Kx16 layo
 struct alignas(16) ActivationBlock {
   std::int8_t qs[32];
   float d;
-  std::int32_t offset_q4;  // 8 * sum(qs)
-  std::int32_t offset_q8;  // 128 * sum(qs)
+  std::int32_t offset_q4;  // -8 * sum(qs): negated, so that it starts a VNNI chain as a broadcast load
+  std::int32_t offset_q8;  // -128 * sum(qs)
   std::int32_t unused;
 };
 
 // Tokens per tile of the tile-ordered copy of activations (KernelTable::token_tile).
 constexpr std::size_t kTokenTile = 16;
-// Fewest tokens for which the tiled kernels are used at all. Unpacking a weight group into tiles
-// costs about as much as one tile's products, so a single tile loses to the VNNI kernel
-// (`bench model -p 16`: 101-116 t/s on AMX against 139-165 on AVX-512); two tiles already win.
-constexpr std::size_t kMinTiledTokens = 2 * kTokenTile;
+// Fewest tokens for which the tiled (AMX) kernels are used at all. Unpacking a weight group into
+// tiles costs about as much as one tile's products, and while AMX runs the core clocks down, which
+// slows the float work around it (the per-block scaling, attention): end to end the VNNI kernel
+// keeps up with AMX up to ~128 tokens (`PROMPTLY_ISA=avx512|amx promptly bench model -p N`, Q4_0
+// TinyLlama shape: 189 vs 150 t/s at 48 tokens, 170-230 vs 136-139 at 96, 177-182 vs 155-184 at 128,
+// a draw within this machine's noise at 512).
+constexpr std::size_t kMinTiledTokens = 8 * kTokenTile;
 
 struct QuantizedRows {
   const BlockQ8_0* blocks;

@@ -40,8 +40,8 @@ void Activations::quantize(ThreadPool& pool) {
         ActivationBlock& a = act[i];
         std::memcpy(a.qs, q8[i].qs, sizeof a.qs);
         a.d = d;
-        a.offset_q4 = 8 * (lo + hi);
-        a.offset_q8 = 128 * (lo + hi);
+        a.offset_q4 = -8 * (lo + hi);
+        a.offset_q8 = -128 * (lo + hi);
         a.unused = 0;
       }
     }

@@ -73,7 +73,7 @@ TEST(GenModel, AmxAndAvx512PathsGiveIdenticalLogits) {
     Model model(gguf::File::open(dir.file("m.gguf")));  // repacked for the x16 kernels both paths share
     Tokenizer tok(Vocab::from_gguf(*gguf::File::open(dir.file("m.gguf"))));
     std::vector<std::int32_t> prompt;
-    for (int i = 0; i < 45; ++i) prompt.push_back(static_cast<std::int32_t>(1 + (i * 37) % 200));
+    for (int i = 0; i < 141; ++i) prompt.push_back(static_cast<std::int32_t>(1 + (i * 37) % 200));
     GenerateOptions o;
     o.max_tokens = 6;
     o.sampling.temperature = 0;
