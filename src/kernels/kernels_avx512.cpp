@@ -133,94 +133,112 @@ void tile_x16(const std::uint8_t* group, std::size_t nb, const QuantizedRows& x,
 }
 
 // Q4_Kx16: 16 rows x C tokens. Per 32-element sub-block: 8 VNNI instructions per token, then the
-// sub-block's scale (d * sc) and min (dmin * m, against the activation block's sum).
+// sub-block's scale (d * sc) and min (dmin * m, against the activation block's sum). Issued weight
+// vector by weight vector across the tokens, as in tile_x16 and for the same reason.
 template <int C>
 void tile_q4_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+  constexpr int A = C >= 8 ? 1 : C >= 4 ? 2 : 4;
   __m512 acc[C];
+#pragma GCC unroll 16
   for (int j = 0; j < C; ++j) acc[j] = _mm512_setzero_ps();
   const __m512i mask = _mm512_set1_epi8(0x0f);
   for (std::size_t sb = 0; sb < nsb; ++sb) {
     const std::uint8_t* g = group + sb * kQ4KGroupBytes;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32)));
-    for (int p = 0; p < 4; ++p) {
-      const std::uint8_t* quants = g + 320 + 512 * p;
+    for (int s = 0; s < 8; ++s) {
+      const std::uint8_t* quants = g + 320 + 512 * (s / 2);  // low nibbles: sub-block 2p, high: 2p + 1
       if constexpr (C <= 2) {  // few tokens wait on memory: fetch the next super-block's quants ahead
-        for (int l = 0; l < 8; ++l) _mm_prefetch(reinterpret_cast<const char*>(quants) + kQ4KGroupBytes + 64 * l, _MM_HINT_T0);
+        if (s % 2 == 0) {
+          for (int l = 0; l < 8; ++l) _mm_prefetch(reinterpret_cast<const char*>(quants) + kQ4KGroupBytes + 64 * l, _MM_HINT_T0);
+        }
       }
-      __m512i lo[8], hi[8];
+      const std::size_t k_block = sb * 8 + static_cast<std::size_t>(s);
+      const BlockQ8_0* xb[C];
+      __m512i dot[C][A];
+#pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) {
+        xb[j] = &x.blocks[(t + j) * x.n_blocks + k_block];
+        for (int a = 0; a < A; ++a) dot[j][a] = _mm512_setzero_si512();
+      }
+#pragma GCC unroll 8
       for (int k = 0; k < 8; ++k) {
         const __m512i v = _mm512_loadu_si512(quants + 64 * k);
-        lo[k] = _mm512_and_si512(v, mask);
-        hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
-      }
-      for (int half = 0; half < 2; ++half) {
-        const int s = 2 * p + half;
-        const __m512 scale = _mm512_mul_ps(
-            d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 64 + 32 * s)))));
-        const __m512 minv = _mm512_mul_ps(
-            dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 64 + 32 * s + 16)))));
-        const __m512i* q = half == 0 ? lo : hi;
-        const std::size_t k_block = sb * 8 + static_cast<std::size_t>(s);
+        const __m512i q = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(v, 4) : v, mask);
+#pragma GCC unroll 16
         for (int j = 0; j < C; ++j) {
-          const BlockQ8_0& xb = x.blocks[(t + j) * x.n_blocks + k_block];
-          __m512i dot0 = _mm512_setzero_si512(), dot1 = _mm512_setzero_si512();
-          for (int k = 0; k < 8; k += 2) {
-            std::int32_t x0, x1;
-            std::memcpy(&x0, xb.qs + 4 * k, 4);
-            std::memcpy(&x1, xb.qs + 4 * k + 4, 4);
-            dot0 = _mm512_dpbusd_epi32(dot0, q[k], _mm512_set1_epi32(x0));
-            dot1 = _mm512_dpbusd_epi32(dot1, q[k + 1], _mm512_set1_epi32(x1));
-          }
-          const float dx = x.act[(t + j) * x.n_blocks + k_block].d;
-          const __m512 prod = _mm512_mul_ps(_mm512_set1_ps(dx), _mm512_cvtepi32_ps(_mm512_add_epi32(dot0, dot1)));
-          acc[j] = _mm512_fmadd_ps(scale, prod, acc[j]);
-          acc[j] = _mm512_fnmadd_ps(minv, _mm512_set1_ps(x.sums[(t + j) * x.n_blocks + k_block]), acc[j]);
+          std::int32_t x4;
+          std::memcpy(&x4, xb[j]->qs + 4 * k, 4);
+          dot[j][k % A] = _mm512_dpbusd_epi32(dot[j][k % A], q, _mm512_set1_epi32(x4));
         }
+      }
+      const __m512 scale = _mm512_mul_ps(
+          d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 64 + 32 * s)))));
+      const __m512 minv = _mm512_mul_ps(
+          dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 64 + 32 * s + 16)))));
+#pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) {
+        for (int a = 1; a < A; ++a) dot[j][0] = _mm512_add_epi32(dot[j][0], dot[j][a]);
+        const float dx = x.act[(t + j) * x.n_blocks + k_block].d;
+        const __m512 prod = _mm512_mul_ps(_mm512_set1_ps(dx), _mm512_cvtepi32_ps(dot[j][0]));
+        acc[j] = _mm512_fmadd_ps(scale, prod, acc[j]);
+        acc[j] = _mm512_fnmadd_ps(minv, _mm512_set1_ps(x.sums[(t + j) * x.n_blocks + k_block]), acc[j]);
       }
     }
   }
+#pragma GCC unroll 16
   for (int j = 0; j < C; ++j) _mm512_storeu_ps(y + (t + j) * ldy, acc[j]);
 }
 
 
 // Q6_Kx16: 16 rows x C tokens. Per 16-element sub-block: 4 VNNI instructions per token on the
 // unsigned 6-bit values, the -32 offset through the activation half-block sums, then the sub-block
-// scale (d * sc).
+// scale (d * sc). Issued weight vector by weight vector across the tokens, as in tile_x16.
 template <int C>
 void tile_q6_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+  constexpr int A = C >= 8 ? 1 : C >= 4 ? 2 : 4;
   __m512 acc[C];
+#pragma GCC unroll 16
   for (int j = 0; j < C; ++j) acc[j] = _mm512_setzero_ps();
   for (std::size_t sb = 0; sb < nsb; ++sb) {
     const std::uint8_t* g = group + sb * kQ6KGroupBytes;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
     for (int s = 0; s < 16; ++s) {
-      const __m512 scale =
-          _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 32 + 16 * s)))));
-      __m512i q[4];
       if constexpr (C <= 2) {  // few tokens wait on memory: fetch the next super-block's quants ahead
         for (int l = 0; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(g) + kQ6KGroupBytes + 288 + 64 * (4 * s + l), _MM_HINT_T0);
       }
-      for (int k = 0; k < 4; ++k) q[k] = _mm512_loadu_si512(g + 288 + 64 * (4 * s + k));
       const std::size_t k_block = sb * 8 + static_cast<std::size_t>(s / 2);
       const int half = s % 2;
+      const BlockQ8_0* xb[C];
+      __m512i dot[C][A];
+#pragma GCC unroll 16
       for (int j = 0; j < C; ++j) {
-        const BlockQ8_0& xb = x.blocks[(t + j) * x.n_blocks + k_block];
-        __m512i dot0 = _mm512_setzero_si512(), dot1 = _mm512_setzero_si512();
-        for (int k = 0; k < 4; k += 2) {
-          std::int32_t x0, x1;
-          std::memcpy(&x0, xb.qs + 16 * half + 4 * k, 4);
-          std::memcpy(&x1, xb.qs + 16 * half + 4 * k + 4, 4);
-          dot0 = _mm512_dpbusd_epi32(dot0, q[k], _mm512_set1_epi32(x0));
-          dot1 = _mm512_dpbusd_epi32(dot1, q[k + 1], _mm512_set1_epi32(x1));
+        xb[j] = &x.blocks[(t + j) * x.n_blocks + k_block];
+        for (int a = 0; a < A; ++a) dot[j][a] = _mm512_setzero_si512();
+      }
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const __m512i q = _mm512_loadu_si512(g + 288 + 64 * (4 * s + k));
+#pragma GCC unroll 16
+        for (int j = 0; j < C; ++j) {
+          std::int32_t x4;
+          std::memcpy(&x4, xb[j]->qs + 16 * half + 4 * k, 4);
+          dot[j][k % A] = _mm512_dpbusd_epi32(dot[j][k % A], q, _mm512_set1_epi32(x4));
         }
+      }
+      const __m512 scale =
+          _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 32 + 16 * s)))));
+#pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) {
+        for (int a = 1; a < A; ++a) dot[j][0] = _mm512_add_epi32(dot[j][0], dot[j][a]);
         // d_x * dot - 32 * d_x * sum(x half)
-        const __m512 corrected = _mm512_fmsub_ps(_mm512_set1_ps(x.act[(t + j) * x.n_blocks + k_block].d), _mm512_cvtepi32_ps(_mm512_add_epi32(dot0, dot1)),
+        const __m512 corrected = _mm512_fmsub_ps(_mm512_set1_ps(x.act[(t + j) * x.n_blocks + k_block].d), _mm512_cvtepi32_ps(dot[j][0]),
                                                  _mm512_set1_ps(32.0f * x.half_sums[2 * ((t + j) * x.n_blocks + k_block) + half]));
         acc[j] = _mm512_fmadd_ps(scale, corrected, acc[j]);
       }
     }
   }
+#pragma GCC unroll 16
   for (int j = 0; j < C; ++j) _mm512_storeu_ps(y + (t + j) * ldy, acc[j]);
 }
 
@@ -615,8 +633,8 @@ const KernelTable& avx512_kernels() {
                                  avx512::gemm_f16, avx512::gemm_f32,      avx512::Isa::dot_f32, avx512::attention,
                                  avx512::x16_driver<kQ4_0GroupBytes, 32, 12, avx512::Q4_0Tile>,
                                  avx512::x16_driver<kQ8_0GroupBytes, 32, 12, avx512::Q8_0Tile>,
-                                 avx512::x16_driver<kQ4KGroupBytes, kQK_K, 4, avx512::Q4_KTile>,
-                                 avx512::x16_driver<kQ6KGroupBytes, kQK_K, 4, avx512::Q6_KTile>, avx512::gemm_dequant,
+                                 avx512::x16_driver<kQ4KGroupBytes, kQK_K, 12, avx512::Q4_KTile>,
+                                 avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Q6_KTile>, avx512::gemm_dequant,
                                  avx512::attention_tile, false};
   return table;
 }
