@@ -19,14 +19,15 @@ constexpr std::size_t kQ6KGroupBytes = 4384;      // ... and in the Q6_Kx16 layo
 // d * sum(q) per block (Q4_0's -8 offset is applied through it).
 // One activation block as the 16-row VNNI kernels read it: the quants and, precomputed, what would
 // otherwise cost float work per block and token (the scale as a float, and the offset of the
-// weights' stored-unsigned quants times the block's sum, in integers). One pointer per token keeps
-// an 8-token tile's addresses in registers.
+// weights' stored-unsigned quants times the block's sum, in integers; for Q4_K the sum as a float).
+// Everything a tile needs per token and block in one place, so that one pointer per token keeps a
+// 12-token tile's addresses in registers.
 struct alignas(16) ActivationBlock {
   std::int8_t qs[32];
   float d;
   std::int32_t offset_q4;  // -8 * sum(qs): negated, so that it starts a VNNI chain as a broadcast load
   std::int32_t offset_q8;  // -128 * sum(qs)
-  std::int32_t unused;
+  float sum;               // d * sum(qs), the same value as QuantizedRows::sums
 };
 
 // Tokens per tile of the tile-ordered copy of activations (KernelTable::token_tile).

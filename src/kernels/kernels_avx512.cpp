@@ -142,6 +142,8 @@ void tile_q4_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
 #pragma GCC unroll 16
   for (int j = 0; j < C; ++j) acc[j] = _mm512_setzero_ps();
   const __m512i mask = _mm512_set1_epi8(0x0f);
+  const ActivationBlock* xt[C];
+  for (int j = 0; j < C; ++j) xt[j] = x.act + (t + j) * x.n_blocks;
   for (std::size_t sb = 0; sb < nsb; ++sb) {
     const std::uint8_t* g = group + sb * kQ4KGroupBytes;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
@@ -154,11 +156,9 @@ void tile_q4_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
         }
       }
       const std::size_t k_block = sb * 8 + static_cast<std::size_t>(s);
-      const BlockQ8_0* xb[C];
       __m512i dot[C][A];
 #pragma GCC unroll 16
       for (int j = 0; j < C; ++j) {
-        xb[j] = &x.blocks[(t + j) * x.n_blocks + k_block];
         for (int a = 0; a < A; ++a) dot[j][a] = _mm512_setzero_si512();
       }
 #pragma GCC unroll 8
@@ -168,7 +168,7 @@ void tile_q4_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
 #pragma GCC unroll 16
         for (int j = 0; j < C; ++j) {
           std::int32_t x4;
-          std::memcpy(&x4, xb[j]->qs + 4 * k, 4);
+          std::memcpy(&x4, xt[j][k_block].qs + 4 * k, 4);
           dot[j][k % A] = _mm512_dpbusd_epi32(dot[j][k % A], q, _mm512_set1_epi32(x4));
         }
       }
@@ -179,10 +179,9 @@ void tile_q4_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
 #pragma GCC unroll 16
       for (int j = 0; j < C; ++j) {
         for (int a = 1; a < A; ++a) dot[j][0] = _mm512_add_epi32(dot[j][0], dot[j][a]);
-        const float dx = x.act[(t + j) * x.n_blocks + k_block].d;
-        const __m512 prod = _mm512_mul_ps(_mm512_set1_ps(dx), _mm512_cvtepi32_ps(dot[j][0]));
+        const __m512 prod = _mm512_mul_ps(_mm512_set1_ps(xt[j][k_block].d), _mm512_cvtepi32_ps(dot[j][0]));
         acc[j] = _mm512_fmadd_ps(scale, prod, acc[j]);
-        acc[j] = _mm512_fnmadd_ps(minv, _mm512_set1_ps(x.sums[(t + j) * x.n_blocks + k_block]), acc[j]);
+        acc[j] = _mm512_fnmadd_ps(minv, _mm512_set1_ps(xt[j][k_block].sum), acc[j]);
       }
     }
   }

@@ -42,7 +42,7 @@ void Activations::quantize(ThreadPool& pool) {
         a.d = d;
         a.offset_q4 = -8 * (lo + hi);
         a.offset_q8 = -128 * (lo + hi);
-        a.unused = 0;
+        a.sum = sums[i];
       }
     }
   });
