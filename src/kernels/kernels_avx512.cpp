@@ -596,6 +596,122 @@ void attention_pairs_impl(const float* const* q, const std::size_t* n_ctx, std::
   }
 }
 
+// r[i] = column i of the 16 x 16 matrix whose rows were r[0..15].
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < 4; ++i) {
+      t[8 * h + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0x88);
+      t[8 * h + 4 + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0xDD);
+    }
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xDD);
+  }
+}
+
+// The tiled attention for a single query: a decoding token of a model with one query head per KV
+// head (no GQA), where the key-pair kernel would fill 2 of 16 lanes. Here a lane is a key while
+// scoring (the chunk's keys are transposed, 16 x 16 at a time) and a dimension while accumulating
+// values. A key's score is one chain of head_dim dependent FMAs, so four chunks are scored with their
+// chains interleaved, then taken through the online softmax one chunk at a time as before. Every
+// score, exp, probability sum (even keys + odd keys) and value accumulation is the same chain of
+// operations in the same order as in attention_tile_impl: bit-identical results.
+template <DType T>
+void attention_single_impl(const float* q, std::size_t n_ctx, const void* const* k_blocks, const void* const* v_blocks,
+                           std::size_t block_tokens, std::size_t stride, std::size_t offset, std::size_t head_dim, float scale,
+                           float* out) {
+  constexpr std::size_t kLanes = 16, kChunk = 16, kGroup = 4, kMaxDim = 256;
+  const std::size_t D = head_dim;
+  alignas(64) float qs[kMaxDim];
+  alignas(64) float ot[kMaxDim] = {};
+  alignas(64) float kt[kGroup][kMaxDim * kLanes];  // kt[c][d * 16 + j]: chunk c's key j, dimension d
+  alignas(64) float vf[kGroup][kChunk * kMaxDim];  // values, key-major
+  alignas(64) float p[kLanes];
+  for (std::size_t d = 0; d < D; ++d) qs[d] = scale * q[d];
+  const __m512i ctx = _mm512_set1_epi32(static_cast<std::int32_t>(n_ctx));
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  __m512 m = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
+  for (std::size_t g0 = 0; g0 < n_ctx; g0 += kGroup * kChunk) {
+    const std::size_t n_chunks = std::min(kGroup, (n_ctx - g0 + kChunk - 1) / kChunk);
+    for (std::size_t c = 0; c < n_chunks; ++c) {
+      const std::size_t j0 = g0 + c * kChunk, nj = std::min(kChunk, n_ctx - j0);
+      // Where each key's row starts, walking the block table without a division per key.
+      const void* kp[kChunk];
+      const void* vp[kChunk];
+      std::size_t at[kChunk];
+      for (std::size_t j = 0, blk = j0 / block_tokens, in = j0 % block_tokens; j < nj; ++j) {
+        kp[j] = k_blocks[blk];
+        vp[j] = v_blocks[blk];
+        at[j] = in * stride + offset;
+        if (++in == block_tokens) {
+          in = 0;
+          ++blk;
+        }
+      }
+      for (std::size_t d0 = 0; d0 < D; d0 += kLanes) {
+        __m512 rows[kLanes];
+        for (std::size_t j = 0; j < kChunk; ++j) {
+          if (j < nj) {
+            rows[j] = kv_load16<T>(kp[j], at[j] + d0);
+            _mm512_store_ps(vf[c] + j * D + d0, kv_load16<T>(vp[j], at[j] + d0));
+          } else {
+            rows[j] = _mm512_setzero_ps();  // scored and masked with the rest of the chunk
+          }
+        }
+        transpose16(rows);
+        for (std::size_t i = 0; i < kLanes; ++i) _mm512_store_ps(kt[c] + (d0 + i) * kLanes, rows[i]);
+      }
+    }
+    __m512 score[kGroup];
+    for (auto& sc : score) sc = _mm512_setzero_ps();
+    if (n_chunks == kGroup) {
+      for (std::size_t d = 0; d < D; ++d) {
+        const __m512 qd = _mm512_set1_ps(qs[d]);
+#pragma GCC unroll 4
+        for (std::size_t c = 0; c < kGroup; ++c) score[c] = _mm512_fmadd_ps(_mm512_load_ps(kt[c] + d * kLanes), qd, score[c]);
+      }
+    } else {  // the context's last few chunks
+      for (std::size_t c = 0; c < n_chunks; ++c) {
+        for (std::size_t d = 0; d < D; ++d) score[c] = _mm512_fmadd_ps(_mm512_load_ps(kt[c] + d * kLanes), _mm512_set1_ps(qs[d]), score[c]);
+      }
+    }
+    for (std::size_t c = 0; c < n_chunks; ++c) {
+      const std::size_t j0 = g0 + c * kChunk, nj = std::min(kChunk, n_ctx - j0);
+      const __m512 sc = visible_score(ctx, _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<std::int32_t>(j0))), score[c]);
+      const auto [m_safe, correction] = rescale(m, _mm512_set1_ps(_mm512_reduce_max_ps(sc)));
+      _mm512_store_ps(p, probability(sc, m_safe));
+      __m512 sum_even = _mm512_setzero_ps(), sum_odd = _mm512_setzero_ps();
+      for (std::size_t j = 0; j < nj; ++j) {
+        if (j % 2 == 0) {
+          sum_even = _mm512_add_ps(sum_even, _mm512_set1_ps(p[j]));
+        } else {
+          sum_odd = _mm512_add_ps(sum_odd, _mm512_set1_ps(p[j]));
+        }
+      }
+      l = _mm512_add_ps(_mm512_mul_ps(l, correction), _mm512_add_ps(sum_even, sum_odd));
+      for (std::size_t d0 = 0; d0 < D; d0 += kLanes) {
+        __m512 o = _mm512_mul_ps(_mm512_load_ps(ot + d0), correction);
+        for (std::size_t j = 0; j < nj; ++j) o = _mm512_fmadd_ps(_mm512_load_ps(vf[c] + j * D + d0), _mm512_set1_ps(p[j]), o);
+        _mm512_store_ps(ot + d0, o);
+      }
+    }
+  }
+  const __m512 inv = inverse_or_zero(l);
+  for (std::size_t d0 = 0; d0 < D; d0 += kLanes) _mm512_storeu_ps(out + d0, _mm512_mul_ps(_mm512_load_ps(ot + d0), inv));
+}
+
 // Calls kernel.template operator()<T>() with the cache's element type as a template argument.
 template <typename Kernel>
 void with_kv_type(DType kv_type, Kernel&& kernel) {
@@ -614,7 +730,9 @@ void attention_tile(const float* const* q, const std::size_t* n_ctx, std::size_t
     return;
   }
   with_kv_type(kv_type, [&]<DType T>() {
-    if (n_q <= 8) {
+    if (n_q == 1) {
+      attention_single_impl<T>(q[0], n_ctx[0], k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out[0]);
+    } else if (n_q <= 8) {
       attention_pairs_impl<T>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out);
     } else if (n_q <= 16) {
       attention_tile_impl<T, 1>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out);
