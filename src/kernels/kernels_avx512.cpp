@@ -331,6 +331,28 @@ inline __m512 kv_load16(const void* block, std::size_t e) {
   }
 }
 
+// Where each of a chunk's (up to 16) keys and values starts in the paged cache: the block table
+// walked once per chunk, without a division per key and dimension group.
+struct ChunkRows {
+  const void* k[16];
+  const void* v[16];
+  std::size_t at[16];  // element offset in the block
+};
+inline ChunkRows chunk_rows(const void* const* k_blocks, const void* const* v_blocks, std::size_t block_tokens, std::size_t stride,
+                            std::size_t offset, std::size_t j0, std::size_t nj) {
+  ChunkRows r;
+  for (std::size_t j = 0, blk = j0 / block_tokens, in = j0 % block_tokens; j < nj; ++j) {
+    r.k[j] = k_blocks[blk];
+    r.v[j] = v_blocks[blk];
+    r.at[j] = in * stride + offset;
+    if (++in == block_tokens) {
+      in = 0;
+      ++blk;
+    }
+  }
+  return r;
+}
+
 // The online-softmax steps both attention kernels share. A query's result must not depend on which
 // kernel its tile goes to, so both take these same operation chains.
 // A score, or -inf where the key lies past what the lane's query may see (causality, or no query).
@@ -532,16 +554,15 @@ void attention_pairs_impl(const float* const* q, const std::size_t* n_ctx, std::
 
   for (std::size_t j0 = 0; j0 < max_ctx; j0 += kChunk) {
     const std::size_t nj = std::min(kChunk, max_ctx - j0);
+    const ChunkRows where = chunk_rows(k_blocks, v_blocks, block_tokens, stride, offset, j0, nj);
     for (std::size_t p = 0; p < kPairs; ++p) {
       for (std::size_t d = 0; d < D; d += 16) {
         __m512 key[2];
         for (std::size_t e = 0; e < 2; ++e) {
           const std::size_t j = 2 * p + e;
           if (j < nj) {
-            const std::size_t pos = j0 + j;
-            const std::size_t at = (pos % block_tokens) * stride + offset + d;
-            key[e] = kv_load16<T>(k_blocks[pos / block_tokens], at);
-            _mm512_store_ps(vf + j * D + d, kv_load16<T>(v_blocks[pos / block_tokens], at));
+            key[e] = kv_load16<T>(where.k[j], where.at[j] + d);
+            _mm512_store_ps(vf + j * D + d, kv_load16<T>(where.v[j], where.at[j] + d));
           } else {
             key[e] = _mm512_setzero_ps();  // scored (and masked) with the rest of the pair
           }
@@ -647,25 +668,13 @@ void attention_single_impl(const float* q, std::size_t n_ctx, const void* const*
     const std::size_t n_chunks = std::min(kGroup, (n_ctx - g0 + kChunk - 1) / kChunk);
     for (std::size_t c = 0; c < n_chunks; ++c) {
       const std::size_t j0 = g0 + c * kChunk, nj = std::min(kChunk, n_ctx - j0);
-      // Where each key's row starts, walking the block table without a division per key.
-      const void* kp[kChunk];
-      const void* vp[kChunk];
-      std::size_t at[kChunk];
-      for (std::size_t j = 0, blk = j0 / block_tokens, in = j0 % block_tokens; j < nj; ++j) {
-        kp[j] = k_blocks[blk];
-        vp[j] = v_blocks[blk];
-        at[j] = in * stride + offset;
-        if (++in == block_tokens) {
-          in = 0;
-          ++blk;
-        }
-      }
+      const ChunkRows where = chunk_rows(k_blocks, v_blocks, block_tokens, stride, offset, j0, nj);
       for (std::size_t d0 = 0; d0 < D; d0 += kLanes) {
         __m512 rows[kLanes];
         for (std::size_t j = 0; j < kChunk; ++j) {
           if (j < nj) {
-            rows[j] = kv_load16<T>(kp[j], at[j] + d0);
-            _mm512_store_ps(vf[c] + j * D + d0, kv_load16<T>(vp[j], at[j] + d0));
+            rows[j] = kv_load16<T>(where.k[j], where.at[j] + d0);
+            _mm512_store_ps(vf[c] + j * D + d0, kv_load16<T>(where.v[j], where.at[j] + d0));
           } else {
             rows[j] = _mm512_setzero_ps();  // scored and masked with the rest of the chunk
           }
