@@ -425,14 +425,11 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
   for (std::size_t j0 = 0; j0 < max_ctx; j0 += kChunk) {
     const std::size_t nj = std::min(kChunk, max_ctx - j0);
     if (nj < kChunk) std::fill(kf + nj * D, kf + kChunk * D, 0.0f);  // the score loop reads whole groups of 8
+    const ChunkRows where = chunk_rows(k_blocks, v_blocks, block_tokens, stride, offset, j0, nj);
     for (std::size_t j = 0; j < nj; ++j) {
-      const std::size_t pos = j0 + j;
-      const void* kb = k_blocks[pos / block_tokens];
-      const void* vb = v_blocks[pos / block_tokens];
-      const std::size_t e = (pos % block_tokens) * stride + offset;
       for (std::size_t d = 0; d < D; d += 16) {
-        _mm512_store_ps(kf + j * D + d, kv_load16<T>(kb, e + d));
-        _mm512_store_ps(vf + j * D + d, kv_load16<T>(vb, e + d));
+        _mm512_store_ps(kf + j * D + d, kv_load16<T>(where.k[j], where.at[j] + d));
+        _mm512_store_ps(vf + j * D + d, kv_load16<T>(where.v[j], where.at[j] + d));
       }
     }
     // Scores, 8 keys at a time so that 8V independent FMA chains hide the latency.
