@@ -127,12 +127,14 @@ inline void finish_block(const std::int32_t* dots, const float* scale_block, con
 }
 
 // The tile unit runs behind the vector units: a product's result can be stored only tens of cycles
-// after it was issued, and a TILESTORED that waits for it stalls everything behind it. So the
-// blocks are software-pipelined three deep: step b issues the product of block b (result tile b % 4),
-// stores the product of block b - 2 (issued a whole step earlier) and does the float work of block
-// b - 3 (stored a step earlier, so its loads hit L1). Four result tiles let the three stages overlap;
-// A and B tiles alternate so that the next block's loads need not wait for the last product to read
-// them. Macros because GCC's tile intrinsics paste the tile number into the assembly text.
+// after it was issued. So the blocks are software-pipelined three deep: step b issues the product of
+// block b (result tile b % 4), stores the product of block b - 2 (issued a whole step earlier) and
+// does the float work of block b - 3 (stored a step earlier, so its loads hit L1); A and B tiles
+// alternate so that the next block's loads need not wait for the last product to read them.
+// Measured, this is no faster than storing each product at once and working two blocks behind: the
+// float work bounds the kernel, and it runs slower while tile instructions are in flight (the core
+// clocks down for AMX; see README, Performance). Macros because GCC's tile intrinsics paste the tile
+// number into the assembly text.
 #define PROMPTLY_AMX_PRODUCT(C, A, B, BLK)                               \
   do {                                                                   \
     _tile_loadd(A, tile_qs + (BLK) * kUnpackedBlock, 32);                \
@@ -157,8 +159,8 @@ inline void finish_block(const std::int32_t* dots, const float* scale_block, con
 template <Format F>
 void tile_16x16(const std::int8_t* quants, const float* scales, const float* mins, std::size_t nb, const std::int8_t* tile_qs,
                 const float* tile_dx, const float* sums, float* y, std::size_t ldy) {
-  // Every loop over acc is unrolled: one indexed at run time would keep the array in memory, and
-  // each block's 16 FMAs would become load-FMA-store through the stack (measured: ~2x slower).
+  // Every loop over acc is unrolled: one indexed at run time keeps the array in memory, and each
+  // block's 16 FMAs become load-FMA-store through the stack (64 extra stores per block).
   __m512 acc[kTokenTile];
 #pragma GCC unroll 16
   for (std::size_t n = 0; n < kTokenTile; ++n) acc[n] = _mm512_setzero_ps();
