@@ -199,6 +199,12 @@ void tile_q6_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
   __m512 acc[C];
 #pragma GCC unroll 16
   for (int j = 0; j < C; ++j) acc[j] = _mm512_setzero_ps();
+  const ActivationBlock* xt[C];
+  const float* half_sums[C];
+  for (int j = 0; j < C; ++j) {
+    xt[j] = x.act + (t + j) * x.n_blocks;
+    half_sums[j] = x.half_sums + 2 * (t + j) * x.n_blocks;
+  }
   for (std::size_t sb = 0; sb < nsb; ++sb) {
     const std::uint8_t* g = group + sb * kQ6KGroupBytes;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
@@ -208,11 +214,9 @@ void tile_q6_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
       }
       const std::size_t k_block = sb * 8 + static_cast<std::size_t>(s / 2);
       const int half = s % 2;
-      const BlockQ8_0* xb[C];
       __m512i dot[C][A];
 #pragma GCC unroll 16
       for (int j = 0; j < C; ++j) {
-        xb[j] = &x.blocks[(t + j) * x.n_blocks + k_block];
         for (int a = 0; a < A; ++a) dot[j][a] = _mm512_setzero_si512();
       }
 #pragma GCC unroll 4
@@ -221,7 +225,7 @@ void tile_q6_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
 #pragma GCC unroll 16
         for (int j = 0; j < C; ++j) {
           std::int32_t x4;
-          std::memcpy(&x4, xb[j]->qs + 16 * half + 4 * k, 4);
+          std::memcpy(&x4, xt[j][k_block].qs + 16 * half + 4 * k, 4);
           dot[j][k % A] = _mm512_dpbusd_epi32(dot[j][k % A], q, _mm512_set1_epi32(x4));
         }
       }
@@ -231,8 +235,8 @@ void tile_q6_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
       for (int j = 0; j < C; ++j) {
         for (int a = 1; a < A; ++a) dot[j][0] = _mm512_add_epi32(dot[j][0], dot[j][a]);
         // d_x * dot - 32 * d_x * sum(x half)
-        const __m512 corrected = _mm512_fmsub_ps(_mm512_set1_ps(x.act[(t + j) * x.n_blocks + k_block].d), _mm512_cvtepi32_ps(dot[j][0]),
-                                                 _mm512_set1_ps(32.0f * x.half_sums[2 * ((t + j) * x.n_blocks + k_block) + half]));
+        const __m512 corrected = _mm512_fmsub_ps(_mm512_set1_ps(xt[j][k_block].d), _mm512_cvtepi32_ps(dot[j][0]),
+                                                 _mm512_set1_ps(32.0f * half_sums[j][2 * k_block + half]));
         acc[j] = _mm512_fmadd_ps(scale, corrected, acc[j]);
       }
     }
@@ -255,11 +259,11 @@ void x16_driver(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::si
     return std::array<TileFn, sizeof...(I)>{&Tile<I + 1>::run...};
   }(std::make_integer_sequence<int, kMax>{});
   const std::size_t n = cols / kElemsPer;  // blocks (or super-blocks) per row
-  // Prompts go in panels of tokens whose activations (~48 bytes per block and token) stay in L2
+  // Prompts go in panels of tokens whose activations (an ActivationBlock per block and token) stay in L2
   // while every group of the share passes over them; a whole 512-token chunk of a 5632-column
   // matrix (4.3 MB) would come from L3 again for every 16 rows. Each panel reads the weights once
   // more, which costs little where there are this many tokens per weight.
-  const std::size_t panel = std::max<std::size_t>(4 * kMax, (std::size_t{768} << 10) / (cols / 32 * 48));
+  const std::size_t panel = std::max<std::size_t>(4 * kMax, (std::size_t{768} << 10) / (cols / 32 * sizeof(ActivationBlock)));
   for (std::size_t p0 = 0; p0 < n_tokens; p0 += panel) {
     const std::size_t count = std::min(panel, n_tokens - p0);
     const std::size_t tiles = (count + kMax - 1) / kMax, base = count / tiles, larger = count % tiles;
@@ -353,8 +357,8 @@ inline ChunkRows chunk_rows(const void* const* k_blocks, const void* const* v_bl
   return r;
 }
 
-// The online-softmax steps both attention kernels share. A query's result must not depend on which
-// kernel its tile goes to, so both take these same operation chains.
+// The online-softmax steps every attention kernel shares. A query's result must not depend on which
+// kernel its tile goes to, so all take these same operation chains.
 // A score, or -inf where the key lies past what the lane's query may see (causality, or no query).
 inline __m512 visible_score(__m512i ctx, __m512i key_pos, __m512 score) {
   return _mm512_mask_blend_ps(_mm512_cmpgt_epi32_mask(ctx, key_pos), _mm512_set1_ps(-INFINITY), score);
