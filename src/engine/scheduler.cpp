@@ -66,6 +66,10 @@ void Scheduler::offer_blocks(Sequence& s) {
 
 void Scheduler::release_kv(Sequence& s) {
   offer_blocks(s);  // what it computed stays cached for a follow-up turn or its own resumption
+  const std::size_t bt = cache_.block_tokens(), full = s.n_computed / bt;
+  if (options_.prefix_cache && s.n_computed % bt != 0 && cache_.blocks(s.seq_id).size() > full) {
+    tree_.insert_partial(std::span<const std::int32_t>(s.tokens).first(s.n_computed), cache_.blocks(s.seq_id)[full]);
+  }
   cache_.erase(s.seq_id);
   s.n_computed = 0;
   s.inserted_blocks = 0;

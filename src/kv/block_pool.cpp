@@ -1,5 +1,6 @@
 #include "kv/block_pool.h"
 
+#include <cstring>
 #include <string>
 
 #include "util/error.h"
@@ -74,6 +75,14 @@ void BlockPool::release(int block) {
   int& r = refs_[static_cast<std::size_t>(block)];
   if (r <= 0) throw Error("internal: releasing free KV block " + std::to_string(block));
   if (--r == 0) free_.push_back(block);
+}
+
+void BlockPool::copy_rows(int from, int to, std::size_t n_rows) {
+  if (n_rows > block_tokens_) throw Error("internal: copying more rows than a KV block holds");
+  for (std::size_t layer = 0; layer < n_layers_; ++layer) {
+    std::memcpy(keys(to, layer), keys(from, layer), n_rows * row_bytes_);
+    std::memcpy(values(to, layer), values(from, layer), n_rows * row_bytes_);
+  }
 }
 
 }  // namespace promptly

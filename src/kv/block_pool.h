@@ -38,6 +38,8 @@ class BlockPool {
   // Drops one reference; the block is free again at zero.
   void release(int block);
   int refs(int block) const { return refs_[static_cast<std::size_t>(block)]; }
+  // Copies the first n_rows positions (K and V, every layer) of block `from` into block `to`.
+  void copy_rows(int from, int to, std::size_t n_rows);
 
   std::size_t n_blocks() const { return refs_.size(); }
   std::size_t n_free() const { return free_.size(); }

@@ -35,8 +35,79 @@ std::size_t PrefixTree::match(const std::vector<std::int32_t>& tokens, std::vect
     blocks.push_back(node->block);
     matched += bt;
   }
+  if (matched < n) {
+    // Copy-on-read: the most rows the rest of `tokens` shares with one of this node's children.
+    const std::span<const std::int32_t> rest(tokens.data() + matched, std::min(bt, n - matched));
+    Node* source = nullptr;
+    std::size_t shared = 0;
+    for (auto it = node->children.lower_bound({rest[0]}); it != node->children.end() && it->first[0] == rest[0]; ++it) {
+      const std::vector<std::int32_t>& key = it->first;
+      const std::size_t limit_rows = std::min(key.size(), rest.size());
+      const std::size_t common =
+          static_cast<std::size_t>(std::mismatch(key.begin(), key.begin() + static_cast<long>(limit_rows), rest.begin()).first - key.begin());
+      if (common > shared) shared = common, source = it->second.get();
+    }
+    if (source) {
+      if (const int copy = pool_.allocate(); copy >= 0) {
+        pool_.copy_rows(source->block, copy, shared);
+        source->last_used = ++clock_;
+        blocks.push_back(copy);
+        matched += shared;
+      }
+    }
+  }
   if (count) hit_tokens_ += matched;
   return matched;
+}
+
+PrefixTree::Node* PrefixTree::find_path(std::span<const std::int32_t> tokens) {
+  const std::size_t bt = pool_.block_tokens();
+  Node* node = &root_;
+  for (std::size_t at = 0; at + bt <= tokens.size(); at += bt) {
+    auto it = node->children.find(std::vector<std::int32_t>(tokens.begin() + static_cast<long>(at), tokens.begin() + static_cast<long>(at + bt)));
+    if (it == node->children.end()) return nullptr;
+    node = it->second.get();
+  }
+  return node;
+}
+
+void PrefixTree::drop_partials_covered_by(Node& node, std::span<const std::int32_t> key) {
+  for (auto it = node.children.lower_bound({key[0]}); it != node.children.end() && it->first[0] == key[0];) {
+    const std::vector<std::int32_t>& k = it->first;
+    if (k.size() < key.size() && it->second->children.empty() && std::equal(k.begin(), k.end(), key.begin())) {
+      pool_.release(it->second->block);
+      it = node.children.erase(it);
+      --n_nodes_;
+    } else {
+      ++it;
+    }
+  }
+}
+
+void PrefixTree::insert_partial(std::span<const std::int32_t> tokens, int block) {
+  const std::size_t bt = pool_.block_tokens();
+  const std::size_t full = tokens.size() / bt * bt;
+  if (full == tokens.size()) return;
+  Node* node = find_path(tokens.first(full));
+  if (!node) return;
+  const std::span<const std::int32_t> rows = tokens.subspan(full);
+  for (auto it = node->children.lower_bound({rows[0]}); it != node->children.end() && it->first[0] == rows[0]; ++it) {
+    const std::vector<std::int32_t>& k = it->first;
+    if (k.size() >= rows.size() && std::equal(rows.begin(), rows.end(), k.begin())) {
+      it->second->last_used = ++clock_;  // a cached block already holds these rows
+      return;
+    }
+  }
+  drop_partials_covered_by(*node, rows);
+  auto child = std::make_unique<Node>();
+  child->block = block;
+  child->parent = node;
+  child->key.assign(rows.begin(), rows.end());
+  child->last_used = ++clock_;
+  pool_.retain(block);
+  ++n_nodes_;
+  std::vector<std::int32_t> key = child->key;
+  node->children.emplace(std::move(key), std::move(child));
 }
 
 void PrefixTree::insert(std::span<const std::int32_t> tokens, const std::vector<int>& blocks) {
@@ -53,6 +124,7 @@ void PrefixTree::insert(std::span<const std::int32_t> tokens, const std::vector<
       child->key = key;
       pool_.retain(blocks[i]);
       ++n_nodes_;
+      drop_partials_covered_by(*node, key);
       it = node->children.emplace(std::move(key), std::move(child)).first;
     }
     node = it->second.get();

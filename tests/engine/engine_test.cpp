@@ -184,7 +184,8 @@ TEST(Engine, FollowUpTurnComputesOnlyItsNewTokens) {
   EXPECT_EQ(r1.end.usage.cached_tokens, 0u);
 
   // Turn 2 = history + answer + a new message. The first turn's K/V covers 119 positions (its last
-  // token was sampled, never fed back): 7 full blocks of 16 = 112 tokens are reused.
+  // token was sampled, never fed back): 7 full blocks of 16 = 112 tokens are reused, and the 7 rows
+  // of the partly filled 8th block are copied.
   auto turn2 = turn1;
   turn2.insert(turn2.end(), r1.tokens.begin(), r1.tokens.end());
   const auto message = random_prompt(rng, 11);
@@ -194,12 +195,12 @@ TEST(Engine, FollowUpTurnComputesOnlyItsNewTokens) {
   const auto r2 = c.wait(engine.submit(greedy_request(turn2, 5, c)));
   expect_all_memory_released(engine);
   const EngineStats after = engine.stats();
-  EXPECT_EQ(r2.end.usage.cached_tokens, 112u);
+  EXPECT_EQ(r2.end.usage.cached_tokens, 119u);
   EXPECT_EQ(r2.end.usage.prompt_tokens, 130u);
-  // Computed: the 18 uncached prompt tokens, then 4 decode steps (the 5th token is never fed).
-  EXPECT_EQ(after.tokens_computed - before.tokens_computed, 18u + 4u);
+  // Computed: the 11 uncached prompt tokens, then 4 decode steps (the 5th token is never fed).
+  EXPECT_EQ(after.tokens_computed - before.tokens_computed, 11u + 4u);
   EXPECT_EQ(after.prefix_cache_queries - before.prefix_cache_queries, 130u);
-  EXPECT_EQ(after.prefix_cache_hits - before.prefix_cache_hits, 112u);
+  EXPECT_EQ(after.prefix_cache_hits - before.prefix_cache_hits, 119u);
   EXPECT_EQ(r2.tokens, solo(turn2, 5, KvType::F16));
 }
 

@@ -16,7 +16,7 @@ std::vector<std::int32_t> iota(std::size_t n, std::int32_t from) {
 TEST(PrefixTree, FollowUpTurnReusesTheHistory) {
   BlockPool pool(1, 4, 4, 16);
   PrefixTree tree(pool);
-  // Turn 1: 10 tokens -> 2 full blocks (+2 tokens in a partial block the tree does not take).
+  // Turn 1: 10 tokens -> 2 full blocks (+2 tokens in a partial block `insert` does not take).
   const auto turn1 = iota(10, 100);
   std::vector<int> seq_blocks = {pool.allocate(), pool.allocate(), pool.allocate()};
   tree.insert(turn1, seq_blocks);
@@ -75,6 +75,87 @@ TEST(PrefixTree, EvictsLeastRecentlyUsedUnreferencedLeavesOnly) {
   for (int b : held) pool.release(b);
   EXPECT_EQ(tree.evict(10), 2u);  // the leaf first, then its parent
   EXPECT_EQ(tree.cached_blocks(), 0u);
+  EXPECT_EQ(pool.n_free(), pool.n_blocks());
+}
+
+// A finished sequence's partly filled last block is cached too; a request whose prompt goes on
+// through those rows gets a private copy of them instead of recomputing them.
+TEST(PrefixTree, PartialLastBlockIsCopiedOnRead) {
+  BlockPool pool(2, 4, 4, 16, KvType::F32);
+  PrefixTree tree(pool);
+  const auto turn1 = iota(10, 100);  // 2 full blocks + 2 rows
+  std::vector<int> seq_blocks = {pool.allocate(), pool.allocate(), pool.allocate()};
+  for (std::size_t layer = 0; layer < 2; ++layer) {
+    for (std::size_t i = 0; i < 4 * 4; ++i) {
+      reinterpret_cast<float*>(pool.keys(seq_blocks[2], layer))[i] = static_cast<float>(layer * 100 + i);
+      reinterpret_cast<float*>(pool.values(seq_blocks[2], layer))[i] = -static_cast<float>(layer * 100 + i);
+    }
+  }
+  tree.insert(turn1, seq_blocks);
+  tree.insert_partial(turn1, seq_blocks[2]);
+  EXPECT_EQ(tree.cached_blocks(), 3u);
+  for (int b : seq_blocks) pool.release(b);
+  EXPECT_EQ(pool.refs(seq_blocks[2]), 1);  // the tree's
+
+  auto turn2 = turn1;
+  for (std::int32_t t : iota(9, 500)) turn2.push_back(t);
+  std::vector<int> reused;
+  EXPECT_EQ(tree.match(turn2, reused), 10u);
+  ASSERT_EQ(reused.size(), 3u);
+  EXPECT_EQ(reused[1], seq_blocks[1]);
+  const int copy = reused[2];
+  EXPECT_NE(copy, seq_blocks[2]);
+  EXPECT_EQ(pool.refs(copy), 1);  // the caller's alone: it will write after the copied rows
+  for (std::size_t layer = 0; layer < 2; ++layer) {
+    for (std::size_t i = 0; i < 2 * 4; ++i) {  // 2 rows of 4
+      EXPECT_EQ(reinterpret_cast<float*>(pool.keys(copy, layer))[i], static_cast<float>(layer * 100 + i));
+      EXPECT_EQ(reinterpret_cast<float*>(pool.values(copy, layer))[i], -static_cast<float>(layer * 100 + i));
+    }
+  }
+  for (int b : reused) pool.release(b);
+
+  // A prompt that leaves the partial rows after one of them, or a limit inside them, copies fewer.
+  auto diverging = iota(9, 100);
+  diverging.push_back(7);
+  reused.clear();
+  EXPECT_EQ(tree.match(diverging, reused), 9u);
+  for (int b : reused) pool.release(b);
+  reused.clear();
+  EXPECT_EQ(tree.match(turn2, reused, 9), 9u);
+  for (int b : reused) pool.release(b);
+  // Rows shared with a full cached block are copied too (a prompt ending inside that block).
+  reused.clear();
+  EXPECT_EQ(tree.match(iota(6, 100), reused), 6u);
+  EXPECT_EQ(reused.size(), 2u);
+  for (int b : reused) pool.release(b);
+
+  // No free block: the rows are left to be recomputed rather than shared.
+  std::vector<int> hog;
+  while (pool.n_free() > 0) hog.push_back(pool.allocate());
+  reused.clear();
+  EXPECT_EQ(tree.match(turn2, reused), 8u);
+  for (int b : reused) pool.release(b);
+  for (int b : hog) pool.release(b);
+
+  // A longer partial block (the next turn stopped one token later) replaces the shorter one, and a
+  // full block over the same rows replaces any partial one.
+  std::vector<int> longer = {seq_blocks[0], seq_blocks[1], pool.allocate()};
+  const auto turn1b = iota(11, 100);
+  tree.insert_partial(turn1b, longer[2]);
+  pool.release(longer[2]);
+  EXPECT_EQ(tree.cached_blocks(), 3u);
+  EXPECT_EQ(pool.refs(seq_blocks[2]), 0);  // the shorter one went back to the pool
+  const int spare = pool.allocate();
+  tree.insert_partial(turn1, spare);  // rows already cached: not adopted
+  EXPECT_EQ(tree.cached_blocks(), 3u);
+  EXPECT_EQ(pool.refs(spare), 1);
+  pool.release(spare);
+  const int full = pool.allocate();
+  tree.insert(iota(12, 100), {seq_blocks[0], seq_blocks[1], full});
+  pool.release(full);
+  EXPECT_EQ(tree.cached_blocks(), 3u);
+  EXPECT_EQ(pool.refs(longer[2]), 0);
+  EXPECT_EQ(tree.evict(10), 3u);
   EXPECT_EQ(pool.n_free(), pool.n_blocks());
 }
 
