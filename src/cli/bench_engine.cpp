@@ -133,6 +133,7 @@ json Scenario::multiturn() {
   struct Turn {
     std::size_t history;
     double ttft_ms;
+    double queue_ms;  // of the TTFT: waiting for the step in flight to end (arrival -> scheduled)
     std::size_t cached;
   };
   std::mutex turns_mutex;
@@ -158,7 +159,7 @@ json Scenario::multiturn() {
         const auto r = client.wait(client.submit(engine, request(history, static_cast<int>(answer_tokens))));
         {
           std::lock_guard lock(turns_mutex);
-          turns.push_back({before, r.end.times.ttft_seconds() * 1000.0, r.end.usage.cached_tokens});
+          turns.push_back({before, r.end.times.ttft_seconds() * 1000.0, r.end.times.queue_seconds() * 1000.0, r.end.usage.cached_tokens});
         }
         history.insert(history.end(), r.tokens.begin(), r.tokens.end());
         if (history.size() >= o_.history) break;
@@ -174,14 +175,17 @@ json Scenario::multiturn() {
   const std::size_t cold_len = o_.history;
   const auto cold = client.wait(client.submit(engine, request(tokens(cold_len), 1)));
 
-  std::vector<double> follow_ttft, late_ttft;
+  std::vector<double> follow_ttft, late_ttft, late_queue;
   std::size_t follow_prompt = 0, follow_cached = 0;
   for (const Turn& t : turns) {
     if (t.history <= user_tokens) continue;  // first turns
     follow_ttft.push_back(t.ttft_ms);
     follow_prompt += t.history;
     follow_cached += t.cached;
-    if (t.history + 2 * (user_tokens + answer_tokens) >= o_.history) late_ttft.push_back(t.ttft_ms);
+    if (t.history + 2 * (user_tokens + answer_tokens) >= o_.history) {
+      late_ttft.push_back(t.ttft_ms);
+      late_queue.push_back(t.queue_ms);
+    }
   }
   const EngineStats st = engine.stats();
   note(engine);
@@ -192,6 +196,7 @@ json Scenario::multiturn() {
           {"think_ms_mean", o_.think_ms},
           {"followup_ttft_ms", {{"p50", quantile(follow_ttft, 0.5)}, {"p99", quantile(follow_ttft, 0.99)}, {"n", follow_ttft.size()}}},
           {"late_followup_ttft_ms", {{"p50", quantile(late_ttft, 0.5)}, {"p99", quantile(late_ttft, 0.99)}, {"n", late_ttft.size()}}},
+          {"late_followup_queue_ms", {{"p50", quantile(late_queue, 0.5)}, {"p99", quantile(late_queue, 0.99)}}},
           {"followup_cached_fraction", follow_prompt ? static_cast<double>(follow_cached) / static_cast<double>(follow_prompt) : 0.0},
           {"cold_prefill_ttft_ms", cold.end.times.ttft_seconds() * 1000.0},
           {"cold_prefill_tokens", cold_len},
@@ -387,6 +392,8 @@ int bench_engine(const BenchEngineOptions& o) {
                   r["followup_ttft_ms"]["p50"].get<double>(), r["followup_ttft_ms"]["p99"].get<double>());
       std::printf("| multiturn | follow-up TTFT p50 / p99 at ~%zu history | %.0f / %.0f ms |\n", o.history,
                   r["late_followup_ttft_ms"]["p50"].get<double>(), r["late_followup_ttft_ms"]["p99"].get<double>());
+      std::printf("| multiturn | of which waiting for the step in flight, p50 / p99 | %.0f / %.0f ms |\n",
+                  r["late_followup_queue_ms"]["p50"].get<double>(), r["late_followup_queue_ms"]["p99"].get<double>());
       std::printf("| multiturn | prompt tokens served from cache | %.1f%% |\n", 100 * r["followup_cached_fraction"].get<double>());
       std::printf("| multiturn | TTFT re-prefilling %zu tokens (no cache) | %.0f ms |\n", o.history, r["cold_prefill_ttft_ms"].get<double>());
     } else if (n == "shared-prefix") {
