@@ -138,6 +138,7 @@ json Scenario::multiturn() {
   };
   std::mutex turns_mutex;
   std::vector<Turn> turns;
+  std::vector<double> itl;  // every answer's gaps between tokens: what follow-ups cost those decoding
   std::vector<std::thread> users;
   std::vector<std::vector<std::int32_t>> first_messages;
   for (std::size_t c = 0; c < n_conv; ++c) {
@@ -160,6 +161,7 @@ json Scenario::multiturn() {
         {
           std::lock_guard lock(turns_mutex);
           turns.push_back({before, r.end.times.ttft_seconds() * 1000.0, r.end.times.queue_seconds() * 1000.0, r.end.usage.cached_tokens});
+          for (std::size_t i = 1; i < r.token_times.size(); ++i) itl.push_back(ms(r.token_times[i] - r.token_times[i - 1]));
         }
         history.insert(history.end(), r.tokens.begin(), r.tokens.end());
         if (history.size() >= o_.history) break;
@@ -197,6 +199,7 @@ json Scenario::multiturn() {
           {"followup_ttft_ms", {{"p50", quantile(follow_ttft, 0.5)}, {"p99", quantile(follow_ttft, 0.99)}, {"n", follow_ttft.size()}}},
           {"late_followup_ttft_ms", {{"p50", quantile(late_ttft, 0.5)}, {"p99", quantile(late_ttft, 0.99)}, {"n", late_ttft.size()}}},
           {"late_followup_queue_ms", {{"p50", quantile(late_queue, 0.5)}, {"p99", quantile(late_queue, 0.99)}}},
+          {"itl_ms", {{"p50", quantile(itl, 0.5)}, {"p99", quantile(itl, 0.99)}, {"n", itl.size()}}},
           {"followup_cached_fraction", follow_prompt ? static_cast<double>(follow_cached) / static_cast<double>(follow_prompt) : 0.0},
           {"cold_prefill_ttft_ms", cold.end.times.ttft_seconds() * 1000.0},
           {"cold_prefill_tokens", cold_len},
@@ -394,6 +397,8 @@ int bench_engine(const BenchEngineOptions& o) {
                   r["late_followup_ttft_ms"]["p50"].get<double>(), r["late_followup_ttft_ms"]["p99"].get<double>());
       std::printf("| multiturn | of which waiting for the step in flight, p50 / p99 | %.0f / %.0f ms |\n",
                   r["late_followup_queue_ms"]["p50"].get<double>(), r["late_followup_queue_ms"]["p99"].get<double>());
+      std::printf("| multiturn | answers' inter-token latency p50 / p99 | %.0f / %.0f ms |\n", r["itl_ms"]["p50"].get<double>(),
+                  r["itl_ms"]["p99"].get<double>());
       std::printf("| multiturn | prompt tokens served from cache | %.1f%% |\n", 100 * r["followup_cached_fraction"].get<double>());
       std::printf("| multiturn | TTFT re-prefilling %zu tokens (no cache) | %.0f ms |\n", o.history, r["cold_prefill_ttft_ms"].get<double>());
     } else if (n == "shared-prefix") {
