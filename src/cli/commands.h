@@ -103,7 +103,7 @@ struct EngineFlags {
 struct BenchEngineOptions {
   std::string model;
   std::string scenario = "all";
-  EngineFlags engine;              // head-of-line's chunked run uses --itl-target-ms 120 when unset
+  EngineFlags engine;              // head-of-line's chunked run uses --itl-target-ms 140 when unset
   int conversations = 8;           // multiturn
   std::size_t history = 2000;      // multiturn: conversations end past this many tokens
   double think_ms = 2000;          // multiturn: mean of the exponential think time

@@ -17,7 +17,7 @@ void add_engine_flags(CLI::App* cmd, promptly::cli::EngineFlags& f) {
   cmd->add_option("--kv-memory", f.kv_memory, "KV cache budget, e.g. 4GiB or 25% (default: 8 contexts, at most half the free RAM)");
   cmd->add_option("--max-batch-tokens", f.max_batch_tokens, "Tokens per engine step")->capture_default_str();
   cmd->add_option("--itl-target-ms", f.itl_target_ms,
-                  "While streams decode, size steps to keep their inter-token latency near this (bench engine's head-of-line: 120 when unset)");
+                  "While streams decode, size steps to keep their inter-token latency near this (bench engine's head-of-line: 140 when unset)");
 }
 
 }  // namespace
