@@ -36,17 +36,8 @@ std::size_t PrefixTree::match(const std::vector<std::int32_t>& tokens, std::vect
     matched += bt;
   }
   if (matched < n) {
-    // Copy-on-read: the most rows the rest of `tokens` shares with one of this node's children.
-    const std::span<const std::int32_t> rest(tokens.data() + matched, std::min(bt, n - matched));
-    Node* source = nullptr;
-    std::size_t shared = 0;
-    for (auto it = node->children.lower_bound({rest[0]}); it != node->children.end() && it->first[0] == rest[0]; ++it) {
-      const std::vector<std::int32_t>& key = it->first;
-      const std::size_t limit_rows = std::min(key.size(), rest.size());
-      const std::size_t common =
-          static_cast<std::size_t>(std::mismatch(key.begin(), key.begin() + static_cast<long>(limit_rows), rest.begin()).first - key.begin());
-      if (common > shared) shared = common, source = it->second.get();
-    }
+    // Copy-on-read of the rows the rest of `tokens` shares with a child.
+    const auto [source, shared] = most_shared_rows(*node, std::span<const std::int32_t>(tokens).subspan(matched, std::min(bt, n - matched)));
     if (source) {
       if (const int copy = pool_.allocate(); copy >= 0) {
         pool_.copy_rows(source->block, copy, shared);
@@ -58,6 +49,17 @@ std::size_t PrefixTree::match(const std::vector<std::int32_t>& tokens, std::vect
   }
   if (count) hit_tokens_ += matched;
   return matched;
+}
+
+PrefixTree::SharedRows PrefixTree::most_shared_rows(Node& node, std::span<const std::int32_t> rows) {
+  SharedRows best;
+  for (auto it = node.children.lower_bound({rows[0]}); it != node.children.end() && it->first[0] == rows[0]; ++it) {
+    const std::vector<std::int32_t>& key = it->first;
+    const std::size_t limit = std::min(key.size(), rows.size());
+    const auto common = static_cast<std::size_t>(std::mismatch(key.begin(), key.begin() + static_cast<long>(limit), rows.begin()).first - key.begin());
+    if (common > best.rows) best = {it->second.get(), common};
+  }
+  return best;
 }
 
 PrefixTree::Node* PrefixTree::find_path(std::span<const std::int32_t> tokens) {
@@ -91,12 +93,9 @@ void PrefixTree::insert_partial(std::span<const std::int32_t> tokens, int block)
   Node* node = find_path(tokens.first(full));
   if (!node) return;
   const std::span<const std::int32_t> rows = tokens.subspan(full);
-  for (auto it = node->children.lower_bound({rows[0]}); it != node->children.end() && it->first[0] == rows[0]; ++it) {
-    const std::vector<std::int32_t>& k = it->first;
-    if (k.size() >= rows.size() && std::equal(rows.begin(), rows.end(), k.begin())) {
-      it->second->last_used = ++clock_;  // a cached block already holds these rows
-      return;
-    }
+  if (const SharedRows cached = most_shared_rows(*node, rows); cached.rows == rows.size()) {
+    cached.node->last_used = ++clock_;  // a cached block already holds these rows
+    return;
   }
   drop_partials_covered_by(*node, rows);
   auto child = std::make_unique<Node>();

@@ -65,6 +65,12 @@ class PrefixTree {
     std::map<std::vector<std::int32_t>, std::unique_ptr<Node>> children;
   };
 
+  // The child of `node` whose key shares the most leading tokens with `rows` (null and 0 if none).
+  struct SharedRows {
+    Node* node = nullptr;
+    std::size_t rows = 0;
+  };
+  SharedRows most_shared_rows(Node& node, std::span<const std::int32_t> rows);
   // The node of the cached block-aligned prefix `tokens` (whole blocks), or null when not cached.
   Node* find_path(std::span<const std::int32_t> tokens);
   // Releases `node`'s partial children whose rows are a strict prefix of `key` (now redundant).
