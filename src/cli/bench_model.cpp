@@ -100,23 +100,37 @@ int bench_model(const BenchModelOptions& o) {
   std::uniform_int_distribution<std::int32_t> tok(3, static_cast<std::int32_t>(c.n_vocab) - 1);
   std::vector<double> pp_tps, tg_tps;
   std::vector<float> logits;
-  const std::size_t ctx = static_cast<std::size_t>(o.n_prompt + o.n_gen + 8);
+  // With a depth, the context is prefilled once (in chunks, as the engine would) and every
+  // measurement starts from it: the cache is cut back to `depth` positions, and what a measurement
+  // writes past them is overwritten by the next.
+  const std::size_t depth = static_cast<std::size_t>(o.depth);
+  KvCache cache = model.make_cache(depth + static_cast<std::size_t>(std::max(o.n_prompt, o.n_gen)) + 8);
+  constexpr std::size_t kDepthChunk = 512;
+  for (std::size_t p0 = 0; p0 < depth; p0 += kDepthChunk) {
+    Batch batch;
+    for (std::size_t p = p0; p < std::min(depth, p0 + kDepthChunk); ++p) batch.add(tok(rng), static_cast<std::int32_t>(p), 0, false);
+    model.forward(batch, cache, pool, logits);
+  }
+  const auto restart = [&] {
+    if (cache.n_sequences() > 0) cache.set_length(0, depth);
+  };
+  const auto at = [&](int i) { return static_cast<std::int32_t>(depth) + i; };
   for (int rep = 0; rep < std::max(1, o.repetitions); ++rep) {
     if (o.n_prompt > 0) {
-      KvCache cache = model.make_cache(ctx);
+      restart();
       Batch batch;
-      for (int i = 0; i < o.n_prompt; ++i) batch.add(tok(rng), i, 0, i + 1 == o.n_prompt);
+      for (int i = 0; i < o.n_prompt; ++i) batch.add(tok(rng), at(i), 0, i + 1 == o.n_prompt);
       const auto t0 = SteadyClock::now();
       model.forward(batch, cache, pool, logits);
       pp_tps.push_back(o.n_prompt / seconds_since(t0));
     }
     if (o.n_gen > 0) {
-      KvCache cache = model.make_cache(ctx);
+      restart();
       Batch batch;
       const auto t0 = SteadyClock::now();
       for (int i = 0; i < o.n_gen; ++i) {
         batch.clear();
-        batch.add(tok(rng), i, 0, true);
+        batch.add(tok(rng), at(i), 0, true);
         model.forward(batch, cache, pool, logits);
       }
       tg_tps.push_back(o.n_gen / seconds_since(t0));
@@ -132,7 +146,7 @@ int bench_model(const BenchModelOptions& o) {
 
   nlohmann::json j = {
       {"model", o.model}, {"type", type}, {"file_mb", file_mb}, {"params_m", static_cast<double>(params) / 1e6},
-      {"threads", threads}, {"isa", kernels::isa_name(kernels::active_isa())}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen},
+      {"threads", threads}, {"isa", kernels::isa_name(kernels::active_isa())}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"depth", o.depth},
       {"repetitions", o.repetitions}, {"pp_tps", {{"mean", pp.mean}, {"stddev", pp.stddev}, {"median", pp.median}}},
       {"tg_tps", {{"mean", tg.mean}, {"stddev", tg.stddev}, {"median", tg.median}}},
       {"read_bandwidth_gbs", bandwidth}, {"weight_bytes_per_token", weight_bytes}, {"tg_floor_tps", tg_floor},
@@ -142,8 +156,9 @@ int bench_model(const BenchModelOptions& o) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("| model | type | size MB | threads | isa | pp%d t/s | tg%d t/s | read GB/s | tg floor t/s | tg / floor | pp / int8 peak | peak RSS MB |\n",
-              o.n_prompt, o.n_gen);
+  const std::string at_depth = o.depth > 0 ? " @ d" + std::to_string(o.depth) : "";
+  std::printf("| model | type | size MB | threads | isa | pp%d%s t/s | tg%d%s t/s | read GB/s | tg floor t/s | tg / floor | pp / int8 peak | peak RSS MB |\n",
+              o.n_prompt, at_depth.c_str(), o.n_gen, at_depth.c_str());
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::printf("| %s | %s | %.0f | %d | %s | %.1f ± %.1f | %.1f ± %.1f | %.1f | %.1f | %.0f%% | %.1f%% | %.0f |\n", o.model.c_str(),
               type.c_str(), file_mb, threads, kernels::isa_name(kernels::active_isa()), pp.mean, pp.stddev, tg.mean, tg.stddev, bandwidth,

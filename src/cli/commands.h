@@ -74,6 +74,7 @@ struct BenchModelOptions {
   std::string model;
   int n_prompt = 512;
   int n_gen = 128;
+  int depth = 0;  // context already cached before each measurement (llama-bench's -d)
   int repetitions = 5;
   int threads = 0;
   double int8_peak_tops = 1.9;  // this machine's int8 VNNI peak (2 cores), the prefill reference

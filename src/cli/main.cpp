@@ -103,6 +103,9 @@ int main(int argc, char** argv) {
   bmod_cmd->add_option("-m,--model", bmod.model, "GGUF model")->required();
   bmod_cmd->add_option("-p,--n-prompt", bmod.n_prompt, "Prompt tokens (one batch)")->capture_default_str();
   bmod_cmd->add_option("-n,--n-gen", bmod.n_gen, "Generated tokens (one at a time)")->capture_default_str();
+  bmod_cmd->add_option("-d,--depth", bmod.depth, "Tokens already in the KV cache when prompt processing and generation start")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   bmod_cmd->add_option("-r,--repetitions", bmod.repetitions, "Repetitions")->capture_default_str();
   bmod_cmd->add_option("-t,--threads", bmod.threads, "Threads (default: all cores)");
   bmod_cmd->add_option("--int8-peak-tops", bmod.int8_peak_tops, "int8 peak of this machine, for the prefill fraction")->capture_default_str();

@@ -69,6 +69,20 @@ TEST(Cli, InfoDescribesTheModel) {
   }
 }
 
+// llama-bench's -d: speeds measured with context already in the cache, as late in a conversation.
+TEST(Cli, BenchModelMeasuresAtADepth) {
+  const Result r = promptly("bench model -m " + stories() + " -p 16 -n 4 -d 100 -r 2 -t 2 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["depth"].get<int>(), 100);
+  EXPECT_GT(j["pp_tps"]["median"].get<double>(), 0.0);
+  EXPECT_GT(j["tg_tps"]["median"].get<double>(), 0.0);
+  const Result table = promptly("bench model -m " + stories() + " -p 16 -n 4 -d 40 -r 1 -t 1");
+  ASSERT_EQ(table.status, 0) << table.out;
+  EXPECT_NE(table.out.find("| pp16 @ d40 t/s | tg4 @ d40 t/s |"), std::string::npos) << table.out;
+  EXPECT_NE(promptly("bench model -m " + stories() + " -d -5").status, 0);
+}
+
 TEST(Cli, GenModelQuantizeRunRoundTrip) {
   test::TempDir dir;
   ASSERT_EQ(promptly("gen-model --preset tiny --dtype Q4_0 -o " + dir.file("t.gguf")).status, 0);
