@@ -47,15 +47,22 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
+// Shares are claimed, not assigned: on a shared machine one core is often slower than the other for
+// a while (another tenant, an interrupt), and with fixed equal shares every operation would wait for
+// the slowest. Claims shrink as the job drains (a quarter of what is left per claim with 2 threads,
+// guided self-scheduling), so a job of ~100 chunks takes ~10-20 claims in all, each an atomic on one
+// shared cache line, rather than one per chunk.
 void ThreadPool::run_share(int index) {
   const std::size_t chunks = (job_n_ + job_grain_ - 1) / job_grain_;
-  const std::size_t per = chunks / static_cast<std::size_t>(n_threads_), extra = chunks % static_cast<std::size_t>(n_threads_);
-  const std::size_t i = static_cast<std::size_t>(index);
-  const std::size_t first = i * per + std::min(i, extra);
-  const std::size_t count = per + (i < extra ? 1 : 0);
-  const std::size_t begin = std::min(job_n_, first * job_grain_);
-  const std::size_t end = std::min(job_n_, (first + count) * job_grain_);
-  if (begin < end) (*job_)(begin, end, index);
+  const std::size_t divisor = 2 * static_cast<std::size_t>(n_threads_);
+  std::size_t first = next_chunk_.load(std::memory_order_relaxed);
+  while (first < chunks) {
+    const std::size_t take = std::max<std::size_t>(1, (chunks - first) / divisor);
+    if (!next_chunk_.compare_exchange_weak(first, first + take, std::memory_order_relaxed)) continue;
+    const std::size_t begin = first * job_grain_, end = std::min(job_n_, (first + take) * job_grain_);
+    (*job_)(begin, end, index);
+    first = next_chunk_.load(std::memory_order_relaxed);
+  }
 }
 
 void ThreadPool::parallel_for(std::size_t n, std::size_t grain, const RangeFn& fn) {
@@ -68,6 +75,7 @@ void ThreadPool::parallel_for(std::size_t n, std::size_t grain, const RangeFn& f
   job_ = &fn;
   job_n_ = n;
   job_grain_ = grain;
+  next_chunk_.store(0, std::memory_order_relaxed);
   pending_.store(n_threads_ - 1);
   generation_.fetch_add(1);  // publishes the job to spinning workers
   if (sleepers_.load() > 0) {

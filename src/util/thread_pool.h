@@ -27,8 +27,10 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
-  // Splits [0, n) into one contiguous range per thread (each a multiple of `grain` items except
-  // the last) and waits for all of them. Not reentrant: one job at a time.
+  // Calls fn on contiguous ranges covering [0, n) exactly once, each a whole number of `grain`
+  // items (the last range may be short), on whichever threads claim them first, and waits for all
+  // of them. A thread may get several ranges of one job, one after another. Not reentrant: one job
+  // at a time.
   void parallel_for(std::size_t n, std::size_t grain, const RangeFn& fn);
 
  private:
@@ -44,6 +46,7 @@ class ThreadPool {
   std::size_t job_n_ = 0;
   std::size_t job_grain_ = 1;
   std::atomic<std::size_t> generation_{0};
+  std::atomic<std::size_t> next_chunk_{0};  // the first chunk of the job not yet claimed
   std::atomic<int> pending_{0};
   std::atomic<int> sleepers_{0};
   std::atomic<bool> stopping_{false};

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 namespace promptly {
@@ -14,12 +16,33 @@ TEST(ThreadPool, CoversEveryItemExactlyOnce) {
       for (std::size_t grain : {1u, 4u, 16u}) {
         std::vector<std::atomic<int>> hits(n);
         pool.parallel_for(n, grain, [&](std::size_t b, std::size_t e, int) {
+          EXPECT_EQ(b % grain, 0u);  // ranges are whole chunks of `grain` items, but for the last
+          EXPECT_TRUE((e - b) % grain == 0 || e == n);
           for (std::size_t i = b; i < e; ++i) hits[i]++;
         });
         for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "threads " << threads << " n " << n << " i " << i;
       }
     }
   }
+}
+
+// Work is claimed rather than split in fixed shares, so when one thread is slow (here the caller
+// sleeps 5 ms per item, as a core shared with another tenant might stall) the other takes over the
+// rest of the job instead of leaving half of it waiting.
+TEST(ThreadPool, FastThreadTakesOverFromSlowOne) {
+  ThreadPool pool(2);
+  constexpr std::size_t kItems = 40;
+  std::atomic<std::size_t> by_caller{0}, by_worker{0};
+  pool.parallel_for(kItems, 1, [&](std::size_t b, std::size_t e, int thread) {
+    if (thread == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5) * (e - b));
+      by_caller += e - b;
+    } else {
+      by_worker += e - b;
+    }
+  });
+  EXPECT_EQ(by_caller + by_worker, kItems);
+  EXPECT_GE(by_worker.load(), 3 * kItems / 4) << "the caller did " << by_caller.load() << " of " << kItems;
 }
 
 TEST(ThreadPool, ReusableManyTimes) {
