@@ -70,7 +70,7 @@ KvCache make_engine_cache(const Model& model, const EngineOptions& o, std::size_
     throw Error("KV memory budget of " + std::to_string(budget) + " bytes holds fewer than 2 blocks of " +
                 std::to_string(o.block_tokens) + " tokens (" + std::to_string(block_bytes) + " bytes each); raise --kv-memory");
   }
-  return KvCache::with_blocks(c.n_layer, c.kv_dim(), n_blocks, ctx, o.kv_type, o.block_tokens);
+  return KvCache::with_blocks(c.n_layer, c.kv_dim(), n_blocks, ctx, o.kv_type, o.block_tokens, c.head_dim);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "tensor/quant.h"
 #include "util/error.h"
 
 namespace promptly {
@@ -50,8 +51,27 @@ std::size_t BlockPool::block_bytes(std::size_t n_layers, std::size_t kv_dim, std
   return n_layers * 2 * block_tokens * kv_row_bytes(kv_dim, type);
 }
 
-BlockPool::BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, std::size_t n_blocks, KvType type)
-    : n_layers_(n_layers), kv_dim_(kv_dim), block_tokens_(block_tokens), type_(type), row_bytes_(kv_row_bytes(kv_dim, type)), refs_(n_blocks, 0) {
+namespace {
+
+// Heads as segments where they divide the row and fit the type's blocks; else whole rows.
+std::size_t pick_segment_dim(std::size_t kv_dim, std::size_t head_dim, KvType type) {
+  if (head_dim == 0 || kv_dim % head_dim != 0) return kv_dim;
+  if (type == KvType::Q8_0 && head_dim % kQK8_0 != 0) return kv_dim;
+  return head_dim;
+}
+
+}  // namespace
+
+BlockPool::BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, std::size_t n_blocks, KvType type,
+                     std::size_t head_dim)
+    : n_layers_(n_layers),
+      kv_dim_(kv_dim),
+      block_tokens_(block_tokens),
+      type_(type),
+      row_bytes_(kv_row_bytes(kv_dim, type)),
+      segment_dim_(pick_segment_dim(kv_dim, head_dim, type)),
+      segment_bytes_(kv_row_bytes(segment_dim_, type)),
+      refs_(n_blocks, 0) {
   if (block_tokens == 0 || n_blocks == 0) throw Error("KV pool needs at least one block of at least one token");
   storage_ = HugePageBuffer(n_blocks * block_bytes(n_layers, kv_dim, block_tokens, type));
   free_.reserve(n_blocks);
@@ -80,9 +100,22 @@ void BlockPool::release(int block) {
 void BlockPool::copy_rows(int from, int to, std::size_t n_rows) {
   if (n_rows > block_tokens_) throw Error("internal: copying more rows than a KV block holds");
   for (std::size_t layer = 0; layer < n_layers_; ++layer) {
-    std::memcpy(keys(to, layer), keys(from, layer), n_rows * row_bytes_);
-    std::memcpy(values(to, layer), values(from, layer), n_rows * row_bytes_);
+    for (std::size_t e = 0; e < kv_dim_; e += segment_dim_) {
+      const std::size_t at = offset_of(0, e);
+      std::memcpy(keys(to, layer) + at, keys(from, layer) + at, n_rows * segment_bytes_);
+      std::memcpy(values(to, layer) + at, values(from, layer) + at, n_rows * segment_bytes_);
+    }
   }
+}
+
+void BlockPool::store(const float* row, std::uint8_t* dst, std::size_t slot) const {
+  const DType t = kv_type_dtype(type_);
+  for (std::size_t e = 0; e < kv_dim_; e += segment_dim_) quantize_row(t, row + e, dst + offset_of(slot, e), segment_dim_);
+}
+
+void BlockPool::load(const std::uint8_t* src, std::size_t slot, float* row) const {
+  const DType t = kv_type_dtype(type_);
+  for (std::size_t e = 0; e < kv_dim_; e += segment_dim_) dequantize_row(t, src + offset_of(slot, e), row + e, segment_dim_);
 }
 
 }  // namespace promptly

@@ -9,18 +9,18 @@
 namespace promptly {
 
 KvCache::KvCache(std::size_t n_layers, std::size_t kv_dim, std::size_t max_positions, std::size_t max_sequences, KvType type,
-                 std::size_t block_tokens)
+                 std::size_t block_tokens, std::size_t head_dim)
     : pool_(n_layers, kv_dim, block_tokens, ((max_positions + block_tokens - 1) / block_tokens) * std::max<std::size_t>(1, max_sequences),
-            type),
+            type, head_dim),
       max_positions_(max_positions) {}
 
 KvCache::KvCache(WithBlocks, std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
-                 std::size_t block_tokens)
-    : pool_(n_layers, kv_dim, block_tokens, n_blocks, type), max_positions_(max_positions) {}
+                 std::size_t block_tokens, std::size_t head_dim)
+    : pool_(n_layers, kv_dim, block_tokens, n_blocks, type, head_dim), max_positions_(max_positions) {}
 
 KvCache KvCache::with_blocks(std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
-                             std::size_t block_tokens) {
-  return KvCache(WithBlocks{}, n_layers, kv_dim, n_blocks, max_positions, type, block_tokens);
+                             std::size_t block_tokens, std::size_t head_dim) {
+  return KvCache(WithBlocks{}, n_layers, kv_dim, n_blocks, max_positions, type, block_tokens, head_dim);
 }
 
 KvCache::Sequence& KvCache::get(int seq) {
@@ -66,19 +66,17 @@ const std::vector<int>& KvCache::blocks(int seq) const {
 void KvCache::write(std::size_t layer, int seq, std::size_t pos, const float* key, const float* value) {
   const Sequence& s = get(seq);
   const int block = s.blocks[pos / pool_.block_tokens()];
-  const std::size_t at = (pos % pool_.block_tokens()) * pool_.row_bytes();
-  const DType t = kv_type_dtype(pool_.type());
-  quantize_row(t, key, pool_.keys(block, layer) + at, pool_.kv_dim());
-  quantize_row(t, value, pool_.values(block, layer) + at, pool_.kv_dim());
+  const std::size_t slot = pos % pool_.block_tokens();
+  pool_.store(key, pool_.keys(block, layer), slot);
+  pool_.store(value, pool_.values(block, layer), slot);
 }
 
 void KvCache::read(std::size_t layer, int seq, std::size_t pos, float* key, float* value) {
   const Sequence& s = get(seq);
   const int block = s.blocks[pos / pool_.block_tokens()];
-  const std::size_t at = (pos % pool_.block_tokens()) * pool_.row_bytes();
-  const DType t = kv_type_dtype(pool_.type());
-  dequantize_row(t, pool_.keys(block, layer) + at, key, pool_.kv_dim());
-  dequantize_row(t, pool_.values(block, layer) + at, value, pool_.kv_dim());
+  const std::size_t slot = pos % pool_.block_tokens();
+  pool_.load(pool_.keys(block, layer), slot, key);
+  pool_.load(pool_.values(block, layer), slot, value);
 }
 
 void KvCache::block_pointers(std::size_t layer, int seq, std::vector<const void*>& keys, std::vector<const void*>& values) {

@@ -16,13 +16,14 @@ class KvCache {
  public:
   static constexpr std::size_t kDefaultBlockTokens = 16;
 
-  // Room for max_sequences sequences of up to max_positions positions each.
+  // Room for max_sequences sequences of up to max_positions positions each. head_dim: the blocks'
+  // rows are stored head by head (see BlockPool); 0 keeps whole rows together.
   KvCache(std::size_t n_layers, std::size_t kv_dim, std::size_t max_positions, std::size_t max_sequences = 1,
-          KvType type = KvType::F16, std::size_t block_tokens = kDefaultBlockTokens);
+          KvType type = KvType::F16, std::size_t block_tokens = kDefaultBlockTokens, std::size_t head_dim = 0);
 
   // A pool of exactly n_blocks blocks shared by any number of sequences (the engine's budgeted cache).
   static KvCache with_blocks(std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
-                             std::size_t block_tokens = kDefaultBlockTokens);
+                             std::size_t block_tokens = kDefaultBlockTokens, std::size_t head_dim = 0);
 
   // Makes room for positions [0, n_positions) of `seq`; throws Error past max_positions or when the
   // pool has no free block left (with the numbers, so the caller can size the cache).
@@ -39,7 +40,8 @@ class KvCache {
   void write(std::size_t layer, int seq, std::size_t pos, const float* key, const float* value);
   // Reads them back as floats (tests, debugging).
   void read(std::size_t layer, int seq, std::size_t pos, float* key, float* value);
-  // Block base pointers of `seq` for `layer` (keys and values, elements of type()), for attention.
+  // Block base pointers of `seq` for `layer` (keys and values, elements of type()), for attention;
+  // pool().rows_of says where a head's rows lie from them.
   void block_pointers(std::size_t layer, int seq, std::vector<const void*>& keys, std::vector<const void*>& values);
   // Positions [0, length) of `seq` hold valid entries.
   std::size_t length(int seq) const;
@@ -63,7 +65,7 @@ class KvCache {
   Sequence& get(int seq);
   struct WithBlocks {};
   KvCache(WithBlocks, std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
-          std::size_t block_tokens);
+          std::size_t block_tokens, std::size_t head_dim);
 
   BlockPool pool_;
   std::size_t max_positions_;

@@ -135,7 +135,7 @@ void Model::repack_for_kernels() {
 }
 
 KvCache Model::make_cache(std::size_t max_positions, KvType type, std::size_t max_sequences) const {
-  return KvCache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type);
+  return KvCache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type, KvCache::kDefaultBlockTokens, config_.head_dim);
 }
 
 void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits) const {
@@ -286,7 +286,8 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
           n_ctx[k] = static_cast<std::size_t>(batch.positions[t]) + 1;
         }
         const auto& [keys, values] = tables.at(tile.seq);
-        kt.attention_tile(qp, n_ctx, tile.n, keys.data(), values.data(), kv_dtype, block_tokens, KVD, tile.kv_head * HD, HD,
+        const BlockPool::Rows rows = cache.pool().rows_of(tile.kv_head * HD);
+        kt.attention_tile(qp, n_ctx, tile.n, keys.data(), values.data(), kv_dtype, block_tokens, rows.stride, rows.offset, HD,
                           attn_scale, op);
       }
     });

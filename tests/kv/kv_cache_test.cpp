@@ -97,5 +97,80 @@ TEST(KvCache, Q8_0RowsHoldAlmostTwiceTheTokensOfF16) {
   }
 }
 
+// With a head dimension the rows are stored head by head: a head's rows are one contiguous run in the
+// block, which rows_of locates, write/read and copy_rows see the same positions as before.
+TEST(BlockPool, HeadMajorLayout) {
+  BlockPool pool(2, 8, 4, 3, KvType::F32, 4);  // 2 heads of 4, blocks of 4 positions
+  EXPECT_EQ(pool.segment_dim(), 4u);
+  const int a = pool.allocate(), b = pool.allocate();
+  for (std::size_t layer = 0; layer < 2; ++layer) {
+    for (std::size_t slot = 0; slot < 4; ++slot) {
+      float k[8], v[8];
+      for (std::size_t e = 0; e < 8; ++e) {
+        k[e] = static_cast<float>(1000 * layer + 10 * slot + e);
+        v[e] = -k[e];
+      }
+      pool.store(k, pool.keys(a, layer), slot);
+      pool.store(v, pool.values(a, layer), slot);
+    }
+  }
+  // Head 1 (elements 4..7): positions 0..3 one after another, from element 16 of the layer's keys.
+  const BlockPool::Rows head1 = pool.rows_of(4);
+  EXPECT_EQ(head1.offset, 16u);
+  EXPECT_EQ(head1.stride, 4u);
+  const auto* keys1 = reinterpret_cast<const float*>(pool.keys(a, 1));
+  for (std::size_t slot = 0; slot < 4; ++slot) {
+    for (std::size_t d = 0; d < 4; ++d) EXPECT_EQ(keys1[head1.offset + slot * head1.stride + d], 1000.0f + 10 * slot + 4 + d);
+  }
+  EXPECT_EQ(pool.rows_of(2).offset, 2u);  // inside head 0
+  // copy_rows: the first 3 positions of every head and layer, not the 4th.
+  float zero[8] = {};
+  for (std::size_t layer = 0; layer < 2; ++layer) pool.store(zero, pool.keys(b, layer), 3);
+  pool.copy_rows(a, b, 3);
+  for (std::size_t layer = 0; layer < 2; ++layer) {
+    float k[8], v[8];
+    for (std::size_t slot = 0; slot < 4; ++slot) {
+      pool.load(pool.keys(b, layer), slot, k);
+      pool.load(pool.values(b, layer), slot, v);
+      for (std::size_t e = 0; e < 8; ++e) {
+        const float want = slot < 3 ? static_cast<float>(1000 * layer + 10 * slot + e) : 0.0f;
+        EXPECT_EQ(k[e], want) << "layer " << layer << " slot " << slot << " element " << e;
+        if (slot < 3) {
+          EXPECT_EQ(v[e], -want);
+        }
+      }
+    }
+  }
+  // Whole rows where the head does not fit Q8_0's 32-value blocks, or does not divide the row.
+  EXPECT_EQ(BlockPool(1, 64, 4, 1, KvType::Q8_0, 16).segment_dim(), 64u);
+  EXPECT_EQ(BlockPool(1, 64, 4, 1, KvType::Q8_0, 32).segment_dim(), 32u);
+  EXPECT_EQ(BlockPool(1, 64, 4, 1, KvType::F16, 24).segment_dim(), 64u);
+  EXPECT_EQ(BlockPool(1, 64, 4, 1, KvType::F16).segment_dim(), 64u);
+  // Same bytes either way.
+  EXPECT_EQ(BlockPool(1, 64, 4, 1, KvType::Q8_0, 32).row_bytes(), kv_row_bytes(64, KvType::Q8_0));
+}
+
+TEST(KvCache, HeadMajorRowsRoundTripInEveryType) {
+  for (KvType type : {KvType::F32, KvType::F16, KvType::Q8_0}) {
+    KvCache cache(2, 128, 40, 1, type, 16, 64);
+    EXPECT_EQ(cache.pool().segment_dim(), 64u);
+    cache.reserve(0, 40);
+    std::vector<float> k(128), v(128), k2(128), v2(128);
+    for (std::size_t pos = 0; pos < 40; ++pos) {
+      for (std::size_t i = 0; i < 128; ++i) {
+        k[i] = std::sin(static_cast<float>(pos * 5 + i));
+        v[i] = std::cos(static_cast<float>(pos + 2 * i));
+      }
+      cache.write(1, 0, pos, k.data(), v.data());
+      cache.read(1, 0, pos, k2.data(), v2.data());
+      const double tol = type == KvType::F32 ? 0.0 : type == KvType::F16 ? 1e-3 : 0.6 / 127;
+      for (std::size_t i = 0; i < 128; ++i) {
+        ASSERT_NEAR(k2[i], k[i], tol) << kv_type_name(type) << " pos " << pos << " i " << i;
+        ASSERT_NEAR(v2[i], v[i], tol) << kv_type_name(type) << " pos " << pos << " i " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace promptly
