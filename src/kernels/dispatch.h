@@ -99,7 +99,7 @@ struct KernelTable {
   bool token_tile;
 };
 
-constexpr std::size_t kAttentionTile = 32;
+constexpr std::size_t kAttentionTile = 64;
 
 // attention_tile for paths without a tiled kernel: one `attention` call per query.
 template <auto Attention>

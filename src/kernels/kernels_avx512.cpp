@@ -386,7 +386,7 @@ inline __m512 inverse_or_zero(__m512 l) {
 }
 
 // The tiled attention (see KernelTable::attention_tile): one vector lane per query, V vectors of 16
-// lanes (V = 2 for more than 16 queries). Keys go in chunks of 16: the chunk's keys and values are
+// lanes (V = 2 for more than 16 queries, 4 for more than 32). Keys go in chunks of 16: the chunk's keys and values are
 // converted to floats once for all lanes, scores for 8 keys x 16V queries come from broadcast-FMAs
 // against the transposed queries (one broadcast feeds V FMAs), the online softmax runs per lane
 // (rescaled once per chunk), and the values are accumulated into the transposed output. Each lane's
@@ -397,6 +397,9 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
                          const void* const* v_blocks, std::size_t block_tokens, std::size_t stride, std::size_t offset,
                          std::size_t head_dim, float scale, float* const* out) {
   constexpr std::size_t kLanes = 16, kChunk = 16, kMaxDim = 256;
+  // Keys scored, and dimensions accumulated, per step: 8 x V accumulators for V <= 2, 4 x 4 for
+  // V = 4, within the 32 vector registers.
+  constexpr int kKeys = V <= 2 ? 8 : 4, kDims = V <= 2 ? 8 : 4;
   const std::size_t D = head_dim;
   alignas(64) float qt[V][kMaxDim * kLanes];  // qt[v][d * 16 + i] = scale * q[16v + i][d]
   alignas(64) float ot[V][kMaxDim * kLanes];  // ot[v][d * 16 + i]: query 16v + i's running weighted sum of values
@@ -428,7 +431,7 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
 
   for (std::size_t j0 = 0; j0 < max_ctx; j0 += kChunk) {
     const std::size_t nj = std::min(kChunk, max_ctx - j0);
-    if (nj < kChunk) std::fill(kf + nj * D, kf + kChunk * D, 0.0f);  // the score loop reads whole groups of 8
+    if (nj < kChunk) std::fill(kf + nj * D, kf + kChunk * D, 0.0f);  // the score loop reads whole groups of kKeys
     const ChunkRows where = chunk_rows(k_blocks, v_blocks, block_tokens, stride, offset, j0, nj);
     for (std::size_t j = 0; j < nj; ++j) {
       for (std::size_t d = 0; d < D; d += 16) {
@@ -436,19 +439,19 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
         _mm512_store_ps(vf + j * D + d, kv_load16<T>(where.v[j], where.at[j] + d));
       }
     }
-    // Scores, 8 keys at a time so that 8V independent FMA chains hide the latency.
+    // Scores, kKeys keys at a time so that kKeys x V independent FMA chains hide the latency.
     __m512 chunk_max[V];
     for (int v = 0; v < V; ++v) chunk_max[v] = _mm512_set1_ps(-INFINITY);
-    for (std::size_t j = 0; j < nj; j += 8) {
-      __m512 acc[V][8];
+    for (std::size_t j = 0; j < nj; j += kKeys) {
+      __m512 acc[V][kKeys];
       for (int v = 0; v < V; ++v)
-        for (int u = 0; u < 8; ++u) acc[v][u] = _mm512_setzero_ps();
-      const std::size_t nu = std::min<std::size_t>(8, nj - j);
+        for (int u = 0; u < kKeys; ++u) acc[v][u] = _mm512_setzero_ps();
+      const std::size_t nu = std::min<std::size_t>(kKeys, nj - j);
       for (std::size_t d = 0; d < D; ++d) {
         __m512 qd[V];
         for (int v = 0; v < V; ++v) qd[v] = _mm512_load_ps(qt[v] + d * kLanes);
 #pragma GCC unroll 8
-        for (int u = 0; u < 8; ++u) {
+        for (int u = 0; u < kKeys; ++u) {
           const __m512 kd = _mm512_set1_ps(kf[(j + static_cast<std::size_t>(u)) * D + d]);
           for (int v = 0; v < V; ++v) acc[v][u] = _mm512_fmadd_ps(kd, qd[v], acc[v][u]);
         }
@@ -479,25 +482,25 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
       }
       l[v] = _mm512_add_ps(_mm512_mul_ps(l[v], correction[v]), _mm512_add_ps(sum_even, sum_odd));
     }
-    // ot[d] = ot[d] * correction + sum_j p_j * v_j[d], 8 dimensions at a time in registers.
-    for (std::size_t d0 = 0; d0 < D; d0 += 8) {
-      __m512 acc[V][8];
+    // ot[d] = ot[d] * correction + sum_j p_j * v_j[d], kDims dimensions at a time in registers.
+    for (std::size_t d0 = 0; d0 < D; d0 += kDims) {
+      __m512 acc[V][kDims];
       for (int v = 0; v < V; ++v) {
 #pragma GCC unroll 8
-        for (int u = 0; u < 8; ++u) acc[v][u] = _mm512_mul_ps(_mm512_load_ps(ot[v] + (d0 + static_cast<std::size_t>(u)) * kLanes), correction[v]);
+        for (int u = 0; u < kDims; ++u) acc[v][u] = _mm512_mul_ps(_mm512_load_ps(ot[v] + (d0 + static_cast<std::size_t>(u)) * kLanes), correction[v]);
       }
       for (std::size_t j = 0; j < nj; ++j) {
         __m512 p[V];
         for (int v = 0; v < V; ++v) p[v] = _mm512_load_ps(s[v] + j * kLanes);
 #pragma GCC unroll 8
-        for (int u = 0; u < 8; ++u) {
+        for (int u = 0; u < kDims; ++u) {
           const __m512 vd = _mm512_set1_ps(vf[j * D + d0 + static_cast<std::size_t>(u)]);
           for (int v = 0; v < V; ++v) acc[v][u] = _mm512_fmadd_ps(vd, p[v], acc[v][u]);
         }
       }
       for (int v = 0; v < V; ++v) {
 #pragma GCC unroll 8
-        for (int u = 0; u < 8; ++u) _mm512_store_ps(ot[v] + (d0 + static_cast<std::size_t>(u)) * kLanes, acc[v][u]);
+        for (int u = 0; u < kDims; ++u) _mm512_store_ps(ot[v] + (d0 + static_cast<std::size_t>(u)) * kLanes, acc[v][u]);
       }
     }
   }
@@ -746,8 +749,10 @@ void attention_tile(const float* const* q, const std::size_t* n_ctx, std::size_t
       attention_pairs_impl<T>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out);
     } else if (n_q <= 16) {
       attention_tile_impl<T, 1>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out);
-    } else {
+    } else if (n_q <= 32) {
       attention_tile_impl<T, 2>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out);
+    } else {
+      attention_tile_impl<T, 4>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out);
     }
   });
 }
