@@ -147,9 +147,10 @@ BENCHMARK(BM_AttentionTile)->ArgsProduct({{1, 8, 16, 32, 64}, {2048}})->ArgNames
 
 // The same tile reading its keys as the engine does late in a long conversation: from 16-token blocks
 // scattered over a pool far larger than the caches (32 sequences of 4096 positions, 4 KV heads, F16:
-// 256 MB of K and V), one sequence after another, so every iteration's keys come from DRAM. The pool
-// is on huge pages as the engine's is (huge:1), or on 4 KiB pages (huge:0), where nearly every block
-// is also a TLB miss.
+// 256 MB of K and V), one sequence after another, so every iteration's keys come from DRAM. Within a
+// block the rows are stored head by head as the engine's are (head 0's 16 rows first, stride 64).
+// The pool is on huge pages as the engine's is (huge:1), or on 4 KiB pages (huge:0), where nearly
+// every block is also a TLB miss.
 void BM_AttentionTilePaged(benchmark::State& state) {
   set_isa(best_isa());
   const std::size_t n_q = static_cast<std::size_t>(state.range(0));
@@ -185,7 +186,7 @@ void BM_AttentionTilePaged(benchmark::State& state) {
   const KernelTable& kt = kernel_table(best_isa());
   std::size_t seq = 0;
   for (auto _ : state) {
-    kt.attention_tile(tile.qp.data(), tile.ctx.data(), n_q, kb[seq].data(), vb[seq].data(), DType::F16, kBlock, kStride, 0, kHeadDim,
+    kt.attention_tile(tile.qp.data(), tile.ctx.data(), n_q, kb[seq].data(), vb[seq].data(), DType::F16, kBlock, kHeadDim, 0, kHeadDim,
                       0.125f, tile.op.data());
     benchmark::DoNotOptimize(tile.out[0].data());
     seq = (seq + 1) % kSeqs;
