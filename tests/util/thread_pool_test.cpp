@@ -27,15 +27,16 @@ TEST(ThreadPool, CoversEveryItemExactlyOnce) {
 }
 
 // Work is claimed rather than split in fixed shares, so when one thread is slow (here the caller
-// sleeps 5 ms per item, as a core shared with another tenant might stall) the other takes over the
-// rest of the job instead of leaving half of it waiting.
+// sleeps 20 ms per item, as a core shared with another tenant might stall) the other takes over the
+// rest of the job: the caller's first claim is a quarter of it, and the worker has 200 ms to wake
+// and take the other three quarters. Fixed shares gave each thread half.
 TEST(ThreadPool, FastThreadTakesOverFromSlowOne) {
   ThreadPool pool(2);
   constexpr std::size_t kItems = 40;
   std::atomic<std::size_t> by_caller{0}, by_worker{0};
   pool.parallel_for(kItems, 1, [&](std::size_t b, std::size_t e, int thread) {
     if (thread == 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5) * (e - b));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20) * (e - b));
       by_caller += e - b;
     } else {
       by_worker += e - b;
