@@ -60,11 +60,8 @@ class BlockPool {
   // of segment_dim() elements of type().
   std::uint8_t* keys(int block, std::size_t layer) { return base(block, layer); }
   std::uint8_t* values(int block, std::size_t layer) { return base(block, layer) + block_tokens_ * row_bytes_; }
-  const std::uint8_t* keys(int block, std::size_t layer) const { return const_cast<BlockPool*>(this)->keys(block, layer); }
-  const std::uint8_t* values(int block, std::size_t layer) const { return const_cast<BlockPool*>(this)->values(block, layer); }
   // Bytes of one position's keys (values) of one layer, all segments together.
   std::size_t row_bytes() const { return row_bytes_; }
-  std::size_t segment_bytes() const { return segment_bytes_; }
   // Byte offset, from keys() or values(), of row `slot`'s elements starting at `element` (a multiple
   // of segment_dim(); to the end of that segment).
   std::size_t offset_of(std::size_t slot, std::size_t element) const {
