@@ -86,6 +86,13 @@ Model::Model(std::shared_ptr<const gguf::File> file) : file_(std::move(file)), c
   // Tied embeddings: models without output.weight reuse the token embedding matrix.
   output_ = load.optional_matrix("output.weight", c.n_embd, c.n_vocab).value_or(token_embd_);
 
+  // block_count is read from metadata; a corrupt value must not size an allocation before the tensors
+  // vouch for it. Every block has at least its nine required tensors.
+  constexpr std::size_t kRequiredTensorsPerBlock = 9;
+  if (c.n_layer > file_->tensors().size() / kRequiredTensorsPerBlock) {
+    throw Error("model '" + file_->path() + "': block_count is " + std::to_string(c.n_layer) + " but the file holds only " +
+                std::to_string(file_->tensors().size()) + " tensors, too few for that many blocks");
+  }
   layers_.resize(c.n_layer);
   for (std::uint32_t i = 0; i < c.n_layer; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";

@@ -168,6 +168,10 @@ TEST(Model, ClearErrorsForModelsItCannotRun) {
                     "has shape [256, 129], expected [256, 128]");
   expect_load_error(rewrite(base, dir.file("meta.gguf"), {[](gguf::Writer& w) { w.set_string("llama.block_count", "two"); }, {}}),
                     "'llama.block_count' has type string, expected an integer");
+  // A corrupt block count must be refused before it sizes anything (the fuzzer found 2^30 blocks
+  // asking for 50 GB).
+  expect_load_error(rewrite(base, dir.file("blocks.gguf"), {[](gguf::Writer& w) { w.set_u32("llama.block_count", 1u << 30); }, {}}),
+                    "block_count is 1073741824 but the file holds only");
 }
 
 // Llama 3.1-style frequency factors (rope_freqs.weight) and linear position scaling, against the
