@@ -67,53 +67,76 @@ void Activations::quantize(ThreadPool& pool) {
   quantized_ = true;
 }
 
-void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
-  const KernelTable& kt = kernel_table(active_isa());
-  const std::size_t n_tokens = x.n_tokens();
-  // Waking a thread costs microseconds, so each share gets at least ~64K multiply-adds; small
-  // matrices (tiny models, single tokens) run on the calling thread alone. Shares are whole 4-row tiles.
-  constexpr std::size_t kMinMacsPerShare = 1 << 16;
-  std::size_t grain = std::max<std::size_t>(16, kMinMacsPerShare / std::max<std::size_t>(1, w.cols * n_tokens));
-  grain = (grain + 3) / 4 * 4;
-  const std::size_t stride = w.row_stride(), ldy = w.rows;
+namespace {
 
+bool reads_quantized_input(const WeightMatrix& w) {
+  return w.layout != Layout::Plain || w.type == DType::Q8_0 || w.type == DType::Q4_0;
+}
+
+// y's rows [b, e) of one matrix (y holds all w.rows of every token). The input is already quantized
+// if the matrix reads it so; for the x16 layouts b and e are multiples of 16.
+void matmul_rows(const KernelTable& kt, const WeightMatrix& w, const Activations& x, float* y, std::size_t b, std::size_t e) {
+  const std::size_t n_tokens = x.n_tokens(), stride = w.row_stride(), ldy = w.rows;
   if (w.layout != Layout::Plain) {
-    x.quantize(pool);
-    const QuantizedRows q = x.rows(w.cols / kQK8_0);
-    const std::size_t groups = w.rows / 16;
-    const std::size_t group_grain = std::max<std::size_t>(1, grain / 16);
     const auto gemm = w.layout == Layout::Q4_0x16   ? kt.gemm_q4_0_x16
                       : w.layout == Layout::Q8_0x16 ? kt.gemm_q8_0_x16
                       : w.layout == Layout::Q4_Kx16 ? kt.gemm_q4_k_x16
                                                     : kt.gemm_q6_k_x16;
-    pool.parallel_for(groups, group_grain, [&](std::size_t b, std::size_t e, int) {
-      gemm(w.data, w.cols, b * 16, e * 16, q, n_tokens, y, ldy);
-    });
+    gemm(w.data, w.cols, b, e, x.rows(w.cols / kQK8_0), n_tokens, y, ldy);
     return;
   }
   switch (w.type) {
     case DType::Q8_0:
-    case DType::Q4_0: {
-      x.quantize(pool);
-      const QuantizedRows q = x.rows(w.cols / kQK8_0);
-      const auto gemm = w.type == DType::Q8_0 ? kt.gemm_q8_0 : kt.gemm_q4_0;
-      pool.parallel_for(w.rows, grain, [&](std::size_t b, std::size_t e, int) { gemm(w.data, stride, b, e, q, n_tokens, y, ldy); });
+    case DType::Q4_0:
+      (w.type == DType::Q8_0 ? kt.gemm_q8_0 : kt.gemm_q4_0)(w.data, stride, b, e, x.rows(w.cols / kQK8_0), n_tokens, y, ldy);
       return;
-    }
     case DType::F16:
-    case DType::F32: {
-      const auto gemm = w.type == DType::F16 ? kt.gemm_f16 : kt.gemm_f32;
-      pool.parallel_for(w.rows, grain, [&](std::size_t b, std::size_t e, int) {
-        gemm(w.data, stride, b, e, x.data(), w.cols, n_tokens, y, ldy);
-      });
+    case DType::F32:
+      (w.type == DType::F16 ? kt.gemm_f16 : kt.gemm_f32)(w.data, stride, b, e, x.data(), w.cols, n_tokens, y, ldy);
       return;
-    }
     default:
-      pool.parallel_for(w.rows, grain, [&](std::size_t b, std::size_t e, int) {
-        kt.gemm_dequant(w.type, w.data, stride, w.cols, b, e, x.data(), n_tokens, y, ldy);
-      });
+      kt.gemm_dequant(w.type, w.data, stride, w.cols, b, e, x.data(), n_tokens, y, ldy);
       return;
   }
+}
+
+}  // namespace
+
+void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
+  const WeightMatrix* ws[] = {&w};
+  float* ys[] = {y};
+  matmul_fused(ws, x, ys, pool);
+}
+
+void matmul_fused(std::span<const WeightMatrix* const> ws, Activations& x, std::span<float* const> ys, ThreadPool& pool) {
+  const KernelTable& kt = kernel_table(active_isa());
+  const std::size_t n_tokens = x.n_tokens();
+  // Shares are whole tiles: 16 rows for the x16 layouts, and for fused matrices, so that every
+  // matrix boundary (a multiple of 16) falls between tiles; 4 rows otherwise.
+  bool tiles_of_16 = ws.size() > 1;
+  std::size_t total_rows = 0;
+  for (const WeightMatrix* w : ws) {
+    if (reads_quantized_input(*w)) x.quantize(pool);
+    tiles_of_16 = tiles_of_16 || w->layout != Layout::Plain;
+    total_rows += w->rows;
+  }
+  if (ws.size() > 1 && std::any_of(ws.begin(), ws.end(), [](const WeightMatrix* w) { return w->rows % 16 != 0; })) {
+    for (std::size_t i = 0; i < ws.size(); ++i) matmul(*ws[i], x, ys[i], pool);  // tiny models: no shared tiling
+    return;
+  }
+  // Waking a thread costs microseconds, so each share gets at least ~64K multiply-adds; small
+  // matrices (tiny models, single tokens) run on the calling thread alone.
+  constexpr std::size_t kMinMacsPerShare = 1 << 16;
+  const std::size_t unit = tiles_of_16 ? 16 : 4;
+  std::size_t grain = std::max<std::size_t>(16, kMinMacsPerShare / std::max<std::size_t>(1, ws[0]->cols * n_tokens));
+  grain = (grain + unit - 1) / unit * unit;
+  pool.parallel_for(total_rows, grain, [&](std::size_t b, std::size_t e, int) {
+    std::size_t first_row = 0;  // of matrix i within the fused rows
+    for (std::size_t i = 0; i < ws.size() && first_row < e; first_row += ws[i]->rows, ++i) {
+      const std::size_t lo = std::max(b, first_row), hi = std::min(e, first_row + ws[i]->rows);
+      if (lo < hi) matmul_rows(kt, *ws[i], x, ys[i], lo - first_row, hi - first_row);
+    }
+  });
 }
 
 bool can_repack_x16(const WeightMatrix& w) {

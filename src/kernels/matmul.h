@@ -3,6 +3,7 @@
 // `rows` output features, each a contiguous row of `cols` input features.
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kernels/dispatch.h"
@@ -83,6 +84,11 @@ class Activations {
 // whatever the number of tokens: a batch of sequences or a prefill chunk costs one pass over the
 // weights. Uses the kernel path of kernels::active_isa().
 void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool);
+
+// The same for several matrices that read the same input (q/k/v, gate/up), as one parallel job over
+// all of their rows: one wake-up and one barrier instead of one per matrix, which at a single token
+// is a sizable part of a small model's step. Every matrix has x.k() columns; ys[i] gets ws[i]'s rows.
+void matmul_fused(std::span<const WeightMatrix* const> ws, Activations& x, std::span<float* const> ys, ThreadPool& pool);
 
 // Convenience for a one-off input.
 void matmul(const WeightMatrix& w, const float* x, std::size_t n_tokens, float* y, ThreadPool& pool);

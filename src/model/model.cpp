@@ -250,9 +250,9 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
 
     per_token([&](std::size_t t) { kernels::rmsnorm(&x[t * D], L.attn_norm, D, c.rms_eps, &xn[t * D]); });
     kernels::Activations attn_in(xn.data(), T, D, attn_act);  // quantized once for q, k and v
-    kernels::matmul(L.wq, attn_in, q.data(), pool);
-    kernels::matmul(L.wk, attn_in, k.data(), pool);
-    kernels::matmul(L.wv, attn_in, v.data(), pool);
+    const kernels::WeightMatrix* qkv[] = {&L.wq, &L.wk, &L.wv};
+    float* const qkv_out[] = {q.data(), k.data(), v.data()};
+    kernels::matmul_fused(qkv, attn_in, qkv_out, pool);
 
     per_token([&](std::size_t t) {
       if (L.bq) for (std::size_t i = 0; i < QD; ++i) q[t * QD + i] += L.bq[i];
@@ -305,8 +305,9 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
       kernels::rmsnorm(&x[t * D], L.ffn_norm, D, c.rms_eps, &xn[t * D]);
     });
     kernels::Activations ffn_in(xn.data(), T, D, ffn_act);  // quantized once for gate and up
-    kernels::matmul(L.w_gate, ffn_in, gate.data(), pool);
-    kernels::matmul(L.w_up, ffn_in, up.data(), pool);
+    const kernels::WeightMatrix* gate_up[] = {&L.w_gate, &L.w_up};
+    float* const gate_up_out[] = {gate.data(), up.data()};
+    kernels::matmul_fused(gate_up, ffn_in, gate_up_out, pool);
     per_token([&](std::size_t t) { kernels::silu_mul(&gate[t * F], &up[t * F], F); });
     kernels::matmul(L.w_down, gate.data(), T, tmp.data(), pool);
     per_token([&](std::size_t t) {

@@ -94,5 +94,66 @@ TEST(Matmul, MatchesDequantizedReference) {
   }
 }
 
+// One parallel job over several matrices' rows gives each matrix exactly what its own call gives,
+// whatever the mix of types and layouts and however the threads split the rows.
+TEST(Matmul, FusedMatchesSeparateCalls) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist;
+  const std::size_t cols = 1024;
+  struct Spec {
+    DType type;
+    std::size_t rows;
+    bool repack;
+  };
+  // The second set has a matrix whose rows are not whole 16-row tiles (the fallback).
+  for (const std::vector<Spec>& specs : {std::vector<Spec>{{DType::Q4_0, 96, true}, {DType::Q8_0, 32, false}, {DType::F16, 48, false}},
+                                         std::vector<Spec>{{DType::Q8_0, 64, true}, {DType::F32, 20, false}}}) {
+    std::vector<std::vector<std::uint8_t>> storage;
+    std::vector<WeightMatrix> ws;
+    for (const Spec& spec : specs) {
+      std::vector<float> wf(spec.rows * cols);
+      for (float& v : wf) v = dist(rng);
+      const std::size_t stride = row_bytes(spec.type, cols);
+      std::vector<std::uint8_t> plain(spec.rows * stride);
+      for (std::size_t r = 0; r < spec.rows; ++r) quantize_row(spec.type, &wf[r * cols], &plain[r * stride], cols);
+      WeightMatrix w{spec.type, plain.data(), spec.rows, cols};
+      if (spec.repack) {
+        std::vector<std::uint8_t> packed(repacked_bytes(w));
+        w.layout = repack_x16(w, packed.data());
+        storage.push_back(std::move(packed));
+      } else {
+        storage.push_back(std::move(plain));
+      }
+      w.data = storage.back().data();
+      ws.push_back(w);
+    }
+    for (std::size_t n_tokens : {1u, 5u, 130u}) {
+      std::vector<float> x(n_tokens * cols);
+      for (float& v : x) v = dist(rng);
+      for (int threads : {1, 2}) {
+        ThreadPool pool(threads);
+        std::vector<std::vector<float>> separate, fused;
+        std::vector<const WeightMatrix*> w_ptrs;
+        std::vector<float*> y_ptrs;
+        for (const WeightMatrix& w : ws) {
+          separate.emplace_back(n_tokens * w.rows);
+          matmul(w, x.data(), n_tokens, separate.back().data(), pool);
+          fused.emplace_back(n_tokens * w.rows, -1.0f);
+        }
+        for (std::size_t i = 0; i < ws.size(); ++i) {
+          w_ptrs.push_back(&ws[i]);
+          y_ptrs.push_back(fused[i].data());
+        }
+        Activations a(x.data(), n_tokens, cols);
+        matmul_fused(w_ptrs, a, y_ptrs, pool);
+        for (std::size_t i = 0; i < ws.size(); ++i) {
+          EXPECT_EQ(separate[i], fused[i]) << "matrix " << i << " (" << dtype_name(ws[i].type) << "), " << n_tokens << " tokens, "
+                                           << threads << " threads";
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace promptly::kernels
