@@ -66,14 +66,17 @@ void BM_Matmul(benchmark::State& state, DType type, Isa isa) {
   set_isa(best_isa());
 }
 
-// Decode as the model sees it: weights that are not in any cache. 32 copies of one 2048 x 5632
-// matrix (~200 MB in Q4_0, twice the L3) taken in turn, so each call streams its weights from DRAM;
+// Decode as the model sees it: weights that are not in any cache. 32 copies of one matrix of ~11.5M
+// weights (~200 MB in Q4_0, twice the L3) taken in turn, so each call streams its weights from DRAM;
 // weight_GB/s against the machine's read bandwidth says how close a decode step is to its floor.
+// Rows of 5632 weights (TinyLlama's ffn_down) or of 768 (the 125m shape), where a row is only a
+// few cache lines and hardware prefetchers see short streams.
 void BM_MatmulStreaming(benchmark::State& state, DType type) {
   set_isa(best_isa());
   const std::size_t tokens = static_cast<std::size_t>(state.range(0)), threads = static_cast<std::size_t>(state.range(1));
+  const std::size_t cols = static_cast<std::size_t>(state.range(2)), rows = 2048 * 5632 / cols / 16 * 16;
   constexpr std::size_t kCopies = 32;
-  Fixture f(type, 2048, 5632, tokens);
+  Fixture f(type, rows, cols, tokens);
   f.layout_for(best_isa());
   const std::vector<std::uint8_t>& one = f.packed.empty() ? f.w : f.packed;
   std::vector<std::uint8_t> copies(kCopies * one.size());
@@ -90,8 +93,18 @@ void BM_MatmulStreaming(benchmark::State& state, DType type) {
       benchmark::Counter(static_cast<double>(one.size()), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK_CAPTURE(BM_MatmulStreaming, Q4_0, DType::Q4_0)
-    ->ArgsProduct({{1, 8}, {1, 2}})
-    ->ArgNames({"tokens", "threads"})
+    ->ArgsProduct({{1, 8}, {1, 2}, {5632, 768}})
+    ->ArgNames({"tokens", "threads", "cols"})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_MatmulStreaming, Q8_0, DType::Q8_0)
+    ->ArgsProduct({{1, 8}, {1, 2}, {5632, 768}})
+    ->ArgNames({"tokens", "threads", "cols"})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_MatmulStreaming, F16, DType::F16)
+    ->ArgsProduct({{1, 8}, {1, 2}, {5632, 768}})
+    ->ArgNames({"tokens", "threads", "cols"})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
