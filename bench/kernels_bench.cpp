@@ -156,7 +156,7 @@ void BM_AttentionTile(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * static_cast<double>(n_q * n_ctx * kHeadDim), benchmark::Counter::kIsIterationInvariantRate,
                                                  benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_AttentionTile)->ArgsProduct({{1, 8, 16, 32, 64}, {2048}})->ArgNames({"queries", "ctx"})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AttentionTile)->ArgsProduct({{1, 8, 16, 32, 64}, {128, 2048}})->ArgNames({"queries", "ctx"})->Unit(benchmark::kMicrosecond);
 
 // The same tile reading its keys as the engine does late in a long conversation: from 16-token blocks
 // scattered over a pool far larger than the caches (32 sequences of 4096 positions, 4 KV heads, F16:

@@ -661,52 +661,43 @@ void attention_single_impl(const float* q, std::size_t n_ctx, const void* const*
   const std::size_t D = head_dim;
   alignas(64) float qs[kMaxDim];
   alignas(64) float ot[kMaxDim] = {};
-  alignas(64) float kt[kGroup][kMaxDim * kLanes];  // kt[c][d * 16 + j]: chunk c's key j, dimension d
-  alignas(64) float vf[kGroup][kChunk * kMaxDim];  // values, key-major
   alignas(64) float p[kLanes];
   for (std::size_t d = 0; d < D; ++d) qs[d] = scale * q[d];
   const __m512i ctx = _mm512_set1_epi32(static_cast<std::int32_t>(n_ctx));
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   __m512 m = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
+  ChunkRows where[kGroup];
   for (std::size_t g0 = 0; g0 < n_ctx; g0 += kGroup * kChunk) {
     const std::size_t n_chunks = std::min(kGroup, (n_ctx - g0 + kChunk - 1) / kChunk);
+    std::size_t nj[kGroup];
     for (std::size_t c = 0; c < n_chunks; ++c) {
-      const std::size_t j0 = g0 + c * kChunk, nj = std::min(kChunk, n_ctx - j0);
-      const ChunkRows where = chunk_rows(k_blocks, v_blocks, block_tokens, stride, offset, j0, nj);
-      for (std::size_t d0 = 0; d0 < D; d0 += kLanes) {
-        __m512 rows[kLanes];
-        for (std::size_t j = 0; j < kChunk; ++j) {
-          if (j < nj) {
-            rows[j] = kv_load16<T>(where.k[j], where.at[j] + d0);
-            _mm512_store_ps(vf[c] + j * D + d0, kv_load16<T>(where.v[j], where.at[j] + d0));
-          } else {
-            rows[j] = _mm512_setzero_ps();  // scored and masked with the rest of the chunk
-          }
-        }
-        transpose16(rows);
-        for (std::size_t i = 0; i < kLanes; ++i) _mm512_store_ps(kt[c] + (d0 + i) * kLanes, rows[i]);
-      }
+      nj[c] = std::min(kChunk, n_ctx - g0 - c * kChunk);
+      where[c] = chunk_rows(k_blocks, v_blocks, block_tokens, stride, offset, g0 + c * kChunk, nj[c]);
     }
+    // Each chunk's 16 x 16 slices of keys are transposed in registers and go straight into its
+    // score chain (dimension by dimension, as every kernel does); the chunks take turns, so one's
+    // transposes overlap the others' FMA latency. Nothing is written to memory on the way.
     __m512 score[kGroup];
     for (auto& sc : score) sc = _mm512_setzero_ps();
-    if (n_chunks == kGroup) {
-      for (std::size_t d = 0; d < D; ++d) {
-        const __m512 qd = _mm512_set1_ps(qs[d]);
-#pragma GCC unroll 4
-        for (std::size_t c = 0; c < kGroup; ++c) score[c] = _mm512_fmadd_ps(_mm512_load_ps(kt[c] + d * kLanes), qd, score[c]);
-      }
-    } else {  // the context's last few chunks
+    for (std::size_t d0 = 0; d0 < D; d0 += kLanes) {
       for (std::size_t c = 0; c < n_chunks; ++c) {
-        for (std::size_t d = 0; d < D; ++d) score[c] = _mm512_fmadd_ps(_mm512_load_ps(kt[c] + d * kLanes), _mm512_set1_ps(qs[d]), score[c]);
+        __m512 rows[kLanes];
+#pragma GCC unroll 16
+        for (std::size_t j = 0; j < kChunk; ++j) {
+          rows[j] = j < nj[c] ? kv_load16<T>(where[c].k[j], where[c].at[j] + d0) : _mm512_setzero_ps();  // padding: masked below
+        }
+        transpose16(rows);
+#pragma GCC unroll 16
+        for (std::size_t i = 0; i < kLanes; ++i) score[c] = _mm512_fmadd_ps(rows[i], _mm512_set1_ps(qs[d0 + i]), score[c]);
       }
     }
     for (std::size_t c = 0; c < n_chunks; ++c) {
-      const std::size_t j0 = g0 + c * kChunk, nj = std::min(kChunk, n_ctx - j0);
+      const std::size_t j0 = g0 + c * kChunk;
       const __m512 sc = visible_score(ctx, _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<std::int32_t>(j0))), score[c]);
       const auto [m_safe, correction] = rescale(m, _mm512_set1_ps(_mm512_reduce_max_ps(sc)));
       _mm512_store_ps(p, probability(sc, m_safe));
       __m512 sum_even = _mm512_setzero_ps(), sum_odd = _mm512_setzero_ps();
-      for (std::size_t j = 0; j < nj; ++j) {
+      for (std::size_t j = 0; j < nj[c]; ++j) {
         if (j % 2 == 0) {
           sum_even = _mm512_add_ps(sum_even, _mm512_set1_ps(p[j]));
         } else {
@@ -714,9 +705,10 @@ void attention_single_impl(const float* q, std::size_t n_ctx, const void* const*
         }
       }
       l = _mm512_add_ps(_mm512_mul_ps(l, correction), _mm512_add_ps(sum_even, sum_odd));
+      // Values straight from the cache (the same conversion as anywhere else).
       for (std::size_t d0 = 0; d0 < D; d0 += kLanes) {
         __m512 o = _mm512_mul_ps(_mm512_load_ps(ot + d0), correction);
-        for (std::size_t j = 0; j < nj; ++j) o = _mm512_fmadd_ps(_mm512_load_ps(vf[c] + j * D + d0), _mm512_set1_ps(p[j]), o);
+        for (std::size_t j = 0; j < nj[c]; ++j) o = _mm512_fmadd_ps(kv_load16<T>(where[c].v[j], where[c].at[j] + d0), _mm512_set1_ps(p[j]), o);
         _mm512_store_ps(ot + d0, o);
       }
     }
