@@ -9,8 +9,43 @@
 #include "util/fp16.h"
 #include "tensor/quant-inl.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace promptly {
 namespace {
+
+// F16 rows through F16C, 8 values per instruction, where the CPU has it (every x86-64 of the last
+// decade; this file is built for the baseline, so the functions carry their own target). Every key
+// and value the model computes enters the KV cache through quantize_row, on the thread that runs
+// the step while the others wait: converted one bit-twiddled value at a time it cost ~4% of a 125m
+// model's decode step. Same rounding (to nearest even) and the same results for every finite value
+// and infinity; a NaN stays a NaN.
+#if defined(__x86_64__)
+bool has_f16c() {
+  static const bool yes = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  return yes;
+}
+
+__attribute__((target("avx,f16c"))) void fp32_to_fp16_row(const float* src, std::uint16_t* dst, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
+}
+
+__attribute__((target("avx,f16c"))) void fp16_to_fp32_row(const std::uint16_t* src, float* dst, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
+}
+#else
+bool has_f16c() { return false; }
+void fp32_to_fp16_row(const float*, std::uint16_t*, std::size_t) {}
+void fp16_to_fp32_row(const std::uint16_t*, float*, std::size_t) {}
+#endif
 
 int nearest_int(float v) { return static_cast<int>(std::lrintf(v)); }
 
@@ -233,6 +268,10 @@ void dequantize_row(DType type, const void* src, float* dst, std::size_t n) {
     case DType::F32: std::memcpy(dst, src, n * sizeof(float)); return;
     case DType::F16: {
       const auto* h = static_cast<const std::uint16_t*>(src);
+      if (has_f16c()) {
+        fp16_to_fp32_row(h, dst, n);
+        return;
+      }
       for (std::size_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
       return;
     }
@@ -266,6 +305,10 @@ void quantize_row(DType type, const float* src, void* dst, std::size_t n) {
     case DType::F32: std::memcpy(dst, src, n * sizeof(float)); return;
     case DType::F16: {
       auto* h = static_cast<std::uint16_t*>(dst);
+      if (has_f16c()) {
+        fp32_to_fp16_row(src, h, n);
+        return;
+      }
       for (std::size_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(src[i]);
       return;
     }

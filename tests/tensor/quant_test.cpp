@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -98,6 +99,41 @@ TEST(Dequantize, HalfTypes) {
   y = dequant(DType::BF16, bf16, 2);
   EXPECT_EQ(y[0], 1.0f);
   EXPECT_EQ(y[1], -2.5f);
+}
+
+// F16 rows convert with vector instructions where the CPU has them; every finite value, infinity,
+// subnormal and tie must come out as the scalar conversion gives it, in both directions.
+TEST(Quantize, F16RowsMatchScalarConversion) {
+  std::mt19937 rng(5);
+  std::vector<float> src;
+  for (float v : {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 1e6f, -1e6f, 5.9604645e-08f, 2.9802322e-08f, 1e-9f, 1.0f + 1.0f / 2048,
+                  1.0f + 3.0f / 2048, INFINITY, -INFINITY}) {
+    src.push_back(v);
+  }
+  std::uniform_int_distribution<std::uint32_t> bits;
+  while (src.size() < 4099) {  // random bit patterns over all exponents, not a multiple of 8
+    const float f = std::bit_cast<float>(bits(rng));
+    if (!std::isnan(f)) src.push_back(f);
+  }
+  std::vector<std::uint16_t> h(src.size());
+  quantize_row(DType::F16, src.data(), h.data(), src.size());
+  for (std::size_t i = 0; i < src.size(); ++i) ASSERT_EQ(h[i], fp32_to_fp16(src[i])) << "value " << src[i];
+  std::vector<std::uint16_t> all(1 << 16);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint16_t>(i);
+  std::vector<float> back(all.size());
+  dequantize_row(DType::F16, all.data(), back.data(), all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const float want = fp16_to_fp32(all[i]);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(back[i])) << "bits " << i;
+    } else {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(back[i]), std::bit_cast<std::uint32_t>(want)) << "bits " << i;
+    }
+  }
+  const float nan = NAN;
+  std::uint16_t h_nan;
+  quantize_row(DType::F16, &nan, &h_nan, 1);
+  EXPECT_TRUE(std::isnan(fp16_to_fp32(h_nan)));
 }
 
 TEST(Quantize, Q8_0MatchesGgmlReference) {
