@@ -1,7 +1,7 @@
 #include "kernels/ops.h"
 
-#include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace promptly::kernels {
 
@@ -12,17 +12,29 @@ void rmsnorm(const float* x, const float* weight, std::size_t n, float eps, floa
   for (std::size_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 
-void rope(float* x, std::size_t n_rot, const float* inv_freq, float position, bool neox) {
+void rope_angles(std::size_t n_rot, const float* inv_freq, float position, float* cos, float* sin) {
+  for (std::size_t i = 0; i < n_rot / 2; ++i) {
+    const float theta = position * inv_freq[i];
+    cos[i] = std::cos(theta);
+    sin[i] = std::sin(theta);
+  }
+}
+
+void rope(float* x, std::size_t n_rot, const float* cos, const float* sin, bool neox) {
   const std::size_t half = n_rot / 2;
   for (std::size_t i = 0; i < half; ++i) {
-    const float theta = position * inv_freq[i];
-    const float c = std::cos(theta), s = std::sin(theta);
     const std::size_t a = neox ? i : 2 * i;
     const std::size_t b = neox ? i + half : 2 * i + 1;
     const float x0 = x[a], x1 = x[b];
-    x[a] = x0 * c - x1 * s;
-    x[b] = x0 * s + x1 * c;
+    x[a] = x0 * cos[i] - x1 * sin[i];
+    x[b] = x0 * sin[i] + x1 * cos[i];
   }
+}
+
+void rope(float* x, std::size_t n_rot, const float* inv_freq, float position, bool neox) {
+  std::vector<float> cos(n_rot / 2), sin(n_rot / 2);
+  rope_angles(n_rot, inv_freq, position, cos.data(), sin.data());
+  rope(x, n_rot, cos.data(), sin.data(), neox);
 }
 
 void silu_mul(float* gate, const float* up, std::size_t n) {

@@ -12,6 +12,12 @@ void rmsnorm(const float* x, const float* weight, std::size_t n, float eps, floa
 // Normal ordering rotates adjacent pairs (x[2i], x[2i+1]); NeoX ordering rotates (x[i], x[i + n_rot/2]).
 void rope(float* x, std::size_t n_rot, const float* inv_freq, float position, bool neox);
 
+// The same in two steps, for a forward pass that rotates every head of every layer at the same
+// positions: cos and sin of each pair's angle at `position` (n_rot / 2 each), computed once per
+// token, then applied to each head vector. Bit-identical to rope().
+void rope_angles(std::size_t n_rot, const float* inv_freq, float position, float* cos, float* sin);
+void rope(float* x, std::size_t n_rot, const float* cos, const float* sin, bool neox);
+
 // gate = silu(gate) * up
 void silu_mul(float* gate, const float* up, std::size_t n);
 

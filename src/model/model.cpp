@@ -165,7 +165,7 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   // (References, not the thread_locals themselves, are what the worker lambdas below may use: a
   // thread_local named inside a lambda is the running thread's own instance.)
   struct Scratch {
-    std::vector<float> x, xn, q, k, v, attn, tmp, gate, up;
+    std::vector<float> x, xn, q, k, v, attn, tmp, gate, up, rope_cos, rope_sin;
     kernels::ActivationBuffers attn_act, ffn_act;  // the quantized inputs of q/k/v and gate/up
   };
   thread_local Scratch scratch;
@@ -178,6 +178,8 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   auto& tmp = scratch.tmp;
   auto& gate = scratch.gate;
   auto& up = scratch.up;
+  auto& rope_cos = scratch.rope_cos;  // each token's rotation, the same for every head and layer
+  auto& rope_sin = scratch.rope_sin;
   auto& attn_act = scratch.attn_act;
   auto& ffn_act = scratch.ffn_act;
   // The per-token work between matmuls (norms, RoPE, cache writes, SwiGLU) is split across the pool
@@ -189,9 +191,13 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     });
   };
   for (auto [buf, n] : {std::pair{&x, T * D}, {&xn, T * D}, {&q, T * QD}, {&k, T * KVD}, {&v, T * KVD}, {&attn, T * QD},
-                        {&tmp, T * D}, {&gate, T * F}, {&up, T * F}}) {
+                        {&tmp, T * D}, {&gate, T * F}, {&up, T * F}, {&rope_cos, T * (c.n_rot / 2)}, {&rope_sin, T * (c.n_rot / 2)}}) {
     buf->resize(n);
   }
+  per_token([&](std::size_t t) {
+    kernels::rope_angles(c.n_rot, inv_freq_.data(), static_cast<float>(batch.positions[t]), &rope_cos[t * (c.n_rot / 2)],
+                         &rope_sin[t * (c.n_rot / 2)]);
+  });
 
   for (std::size_t t = 0; t < T; ++t) {
     dequantize_row(token_embd_.type, token_embd_.row(static_cast<std::size_t>(batch.tokens[t])), &x[t * D], D);
@@ -258,9 +264,10 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
       if (L.bq) for (std::size_t i = 0; i < QD; ++i) q[t * QD + i] += L.bq[i];
       if (L.bk) for (std::size_t i = 0; i < KVD; ++i) k[t * KVD + i] += L.bk[i];
       if (L.bv) for (std::size_t i = 0; i < KVD; ++i) v[t * KVD + i] += L.bv[i];
-      const auto pos = static_cast<float>(batch.positions[t]);
-      for (std::size_t h = 0; h < c.n_head; ++h) kernels::rope(&q[t * QD + h * HD], c.n_rot, inv_freq_.data(), pos, c.rope_neox);
-      for (std::size_t h = 0; h < c.n_head_kv; ++h) kernels::rope(&k[t * KVD + h * HD], c.n_rot, inv_freq_.data(), pos, c.rope_neox);
+      const float* cos = &rope_cos[t * (c.n_rot / 2)];
+      const float* sin = &rope_sin[t * (c.n_rot / 2)];
+      for (std::size_t h = 0; h < c.n_head; ++h) kernels::rope(&q[t * QD + h * HD], c.n_rot, cos, sin, c.rope_neox);
+      for (std::size_t h = 0; h < c.n_head_kv; ++h) kernels::rope(&k[t * KVD + h * HD], c.n_rot, cos, sin, c.rope_neox);
       cache.write(il, batch.seq_ids[t], static_cast<std::size_t>(batch.positions[t]), &k[t * KVD], &v[t * KVD]);
     });
 
