@@ -97,6 +97,8 @@ struct KernelTable {
                          std::size_t head_dim, float scale, float* const* out);
   // Whether the matrix kernels want the tile-ordered activations of QuantizedRows.
   bool token_tile;
+  // gate[i] = silu(gate[i]) * up[i].
+  void (*silu_mul)(float* gate, const float* up, std::size_t n);
 };
 
 constexpr std::size_t kAttentionTile = 64;
@@ -112,6 +114,8 @@ void attention_tile_each(const float* const* q, const std::size_t* n_ctx, std::s
 }
 
 // The scalar reference of the interleaved layout, shared by paths without a kernel of their own.
+// silu(g) * u as g / (1 + exp(-g)) * u with the C library's exp.
+void silu_mul_reference(float* gate, const float* up, std::size_t n);
 void gemm_q4_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                              std::size_t n_tokens, float* y, std::size_t ldy);
 void gemm_q4_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,

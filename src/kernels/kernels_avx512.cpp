@@ -735,6 +735,26 @@ void attention_single_impl(const float* q, std::size_t n_ctx, const void* const*
   for (std::size_t d0 = 0; d0 < D; d0 += kLanes) _mm512_storeu_ps(out + d0, _mm512_mul_ps(_mm512_load_ps(ot + d0), inv));
 }
 
+// silu(g) * u, 16 at a time, as g * sigmoid(g) * u with sigmoid from e = exp(-|g|) (exp512's
+// domain, so nothing overflows): 1 / (1 + e) for g >= 0, e / (1 + e) below. Within a few ulp of
+// silu_mul_reference; the C library's exp, one value at a time, was 6-8% of a prompt's time. The
+// last partial vector goes through the same operations under a mask, so an element's result does
+// not depend on where it sits.
+void silu_mul(float* gate, const float* up, std::size_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+  for (std::size_t i = 0; i < n; i += 16) {
+    const __mmask16 live = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 g = _mm512_maskz_loadu_ps(live, gate + i);
+    const __m512 magnitude = _mm512_abs_ps(g);
+    // exp512 stops at -87; beyond, e is taken as 0 (silu(g) is g above 87 and -0 below -87).
+    const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(magnitude, _mm512_set1_ps(87.0f), _CMP_LE_OQ),
+                                         exp512(_mm512_sub_ps(zero, magnitude)));
+    const __m512 inv = _mm512_div_ps(one, _mm512_add_ps(one, e));
+    const __m512 sigmoid = _mm512_mask_mul_ps(inv, _mm512_cmp_ps_mask(g, zero, _CMP_LT_OQ), e, inv);
+    _mm512_mask_storeu_ps(gate + i, live, _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), _mm512_maskz_loadu_ps(live, up + i)));
+  }
+}
+
 // Calls kernel.template operator()<T>() with the cache's element type as a template argument.
 template <typename Kernel>
 void with_kv_type(DType kv_type, Kernel&& kernel) {
@@ -777,7 +797,7 @@ const KernelTable& avx512_kernels() {
                                  avx512::x16_driver<kQ8_0GroupBytes, 32, 12, avx512::Q8_0Tile>,
                                  avx512::x16_driver<kQ4KGroupBytes, kQK_K, 12, avx512::Q4_KTile>,
                                  avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Q6_KTile>, avx512::gemm_dequant,
-                                 avx512::attention_tile, false};
+                                 avx512::attention_tile, false, avx512::silu_mul};
   return table;
 }
 

@@ -179,6 +179,13 @@ void gemm_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0,
 
 }  // namespace
 
+void silu_mul_reference(float* gate, const float* up, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
 void gemm_q4_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                              std::size_t n_tokens, float* y, std::size_t ldy) {
   gemm_x16_reference<false>(w, cols, r0, r1, x, n_tokens, y, ldy);
@@ -266,7 +273,7 @@ const KernelTable& scalar_kernels() {
   static const KernelTable table{"scalar", quantize_q8_0, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32, attention,
                                  gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
                                  gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, gemm_dequant,
-                                 attention_tile_each<attention>, false};
+                                 attention_tile_each<attention>, false, silu_mul_reference};
   return table;
 }
 

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu.h"
+#include "kernels/dispatch.h"
+
 namespace promptly::kernels {
 
 void rmsnorm(const float* x, const float* weight, std::size_t n, float eps, float* out) {
@@ -37,11 +40,6 @@ void rope(float* x, std::size_t n_rot, const float* inv_freq, float position, bo
   rope(x, n_rot, cos.data(), sin.data(), neox);
 }
 
-void silu_mul(float* gate, const float* up, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
-}
+void silu_mul(float* gate, const float* up, std::size_t n) { kernel_table(active_isa()).silu_mul(gate, up, n); }
 
 }  // namespace promptly::kernels

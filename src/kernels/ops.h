@@ -18,7 +18,7 @@ void rope(float* x, std::size_t n_rot, const float* inv_freq, float position, bo
 void rope_angles(std::size_t n_rot, const float* inv_freq, float position, float* cos, float* sin);
 void rope(float* x, std::size_t n_rot, const float* cos, const float* sin, bool neox);
 
-// gate = silu(gate) * up
+// gate = silu(gate) * up, on the active kernel path (see dispatch.h).
 void silu_mul(float* gate, const float* up, std::size_t n);
 
 }  // namespace promptly::kernels

@@ -110,6 +110,27 @@ TEST(Dispatch, DotF32OddLengths) {
   }
 }
 
+TEST(Dispatch, SiluMulMatchesReference) {
+  std::mt19937 rng(4);
+  std::normal_distribution<float> dist(0.0f, 4.0f);
+  for (Isa isa : fast_paths()) {
+    for (std::size_t n : {1u, 15u, 16u, 17u, 33u, 5635u}) {
+      std::vector<float> gate(n), up(n);
+      for (float& v : gate) v = dist(rng);
+      for (float& v : up) v = dist(rng);
+      const float extremes[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 20.0f, -20.0f, 88.0f, -88.0f, 100.0f, -100.0f, 1e30f, -1e30f};
+      for (std::size_t i = 0; i < std::size(extremes) && i < n; ++i) gate[i] = extremes[i];
+      std::vector<float> got = gate, want = gate;
+      kernel_table(isa).silu_mul(got.data(), up.data(), n);
+      silu_mul_reference(want.data(), up.data(), n);
+      for (std::size_t i = 0; i < n; ++i) {
+        // Absolute slack for gates below -87, where silu is under 1e-35 and the fast exp stops.
+        ASSERT_NEAR(got[i], want[i], 1e-6f * std::fabs(want[i]) + 1e-30f) << isa_name(isa) << " n " << n << " gate " << gate[i];
+      }
+    }
+  }
+}
+
 // No accuracy regression: the trained model's greedy reference holds on every path.
 TEST(Dispatch, StoriesGreedyReferenceOnEveryPath) {
   IsaGuard guard;
