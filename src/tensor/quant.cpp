@@ -10,6 +10,7 @@
 #include "tensor/quant-inl.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -24,7 +25,12 @@ namespace {
 // and infinity; a NaN stays a NaN.
 #if defined(__x86_64__)
 bool has_f16c() {
-  static const bool yes = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool yes = [] {
+    unsigned a, b, c, d;
+    // CPUID for F16C (not every compiler's __builtin_cpu_supports knows it); "avx" also means the
+    // OS saves the YMM registers.
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) && __builtin_cpu_supports("avx");
+  }();
   return yes;
 }
 
