@@ -92,21 +92,16 @@ void BM_MatmulStreaming(benchmark::State& state, DType type) {
   state.counters["weight_GB/s"] =
       benchmark::Counter(static_cast<double>(one.size()), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK_CAPTURE(BM_MatmulStreaming, Q4_0, DType::Q4_0)
-    ->ArgsProduct({{1, 8}, {1, 2}, {5632, 768}})
-    ->ArgNames({"tokens", "threads", "cols"})
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_MatmulStreaming, Q8_0, DType::Q8_0)
-    ->ArgsProduct({{1, 8}, {1, 2}, {5632, 768}})
-    ->ArgNames({"tokens", "threads", "cols"})
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_MatmulStreaming, F16, DType::F16)
-    ->ArgsProduct({{1, 8}, {1, 2}, {5632, 768}})
-    ->ArgNames({"tokens", "threads", "cols"})
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
+#define PROMPTLY_STREAMING_BENCH(TYPE)                  \
+  BENCHMARK_CAPTURE(BM_MatmulStreaming, TYPE, DType::TYPE) \
+      ->ArgsProduct({{1, 8}, {1, 2}, {5632, 768}})         \
+      ->ArgNames({"tokens", "threads", "cols"})            \
+      ->Unit(benchmark::kMicrosecond)                      \
+      ->UseRealTime();
+
+PROMPTLY_STREAMING_BENCH(Q4_0)
+PROMPTLY_STREAMING_BENCH(Q8_0)
+PROMPTLY_STREAMING_BENCH(F16)
 
 // n_q random queries of one KV head, each seeing n_ctx positions, with their output rows.
 struct QueryTile {

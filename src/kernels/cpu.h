@@ -2,20 +2,14 @@
 // Which instruction sets this CPU has (CPUID, checked once) and which kernel path runs.
 #include <string>
 
+#include "util/cpu_features.h"
+
 namespace promptly::kernels {
 
 // Ordered: each path needs everything the one before it needs. Amx = Avx512 plus the AMX tile unit
 // for int8 matrix products (prompt-sized batches).
 enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2, Amx = 3 };
 
-struct CpuFeatures {
-  bool avx2 = false, fma = false, f16c = false;
-  bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false, avx512bf16 = false;
-  // The CPU has AMX tiles with int8, the OS saves their state, and it let this process use them.
-  bool amx_int8 = false;
-};
-
-const CpuFeatures& cpu_features();
 const char* isa_name(Isa isa);
 // The best path this CPU supports.
 Isa best_isa();

@@ -1,7 +1,6 @@
 #include "kernels/ops.h"
 
 #include <cmath>
-#include <vector>
 
 #include "kernels/cpu.h"
 #include "kernels/dispatch.h"
@@ -32,12 +31,6 @@ void rope(float* x, std::size_t n_rot, const float* cos, const float* sin, bool 
     x[a] = x0 * cos[i] - x1 * sin[i];
     x[b] = x0 * sin[i] + x1 * cos[i];
   }
-}
-
-void rope(float* x, std::size_t n_rot, const float* inv_freq, float position, bool neox) {
-  std::vector<float> cos(n_rot / 2), sin(n_rot / 2);
-  rope_angles(n_rot, inv_freq, position, cos.data(), sin.data());
-  rope(x, n_rot, cos.data(), sin.data(), neox);
 }
 
 void silu_mul(float* gate, const float* up, std::size_t n) { kernel_table(active_isa()).silu_mul(gate, up, n); }

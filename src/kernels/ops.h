@@ -7,14 +7,11 @@ namespace promptly::kernels {
 // out = x / rms(x) * weight
 void rmsnorm(const float* x, const float* weight, std::size_t n, float eps, float* out);
 
-// Rotary position embedding applied in place to one head vector of `head_dim` values, of which the
-// first `n_rot` rotate. `inv_freq[i]` is the angular speed of pair i (n_rot / 2 entries).
-// Normal ordering rotates adjacent pairs (x[2i], x[2i+1]); NeoX ordering rotates (x[i], x[i + n_rot/2]).
-void rope(float* x, std::size_t n_rot, const float* inv_freq, float position, bool neox);
-
-// The same in two steps, for a forward pass that rotates every head of every layer at the same
-// positions: cos and sin of each pair's angle at `position` (n_rot / 2 each), computed once per
-// token, then applied to each head vector. Bit-identical to rope().
+// Rotary position embedding, in two steps: a forward pass rotates every head of every layer at the
+// same positions, so cos and sin of each pair's angle at `position` (n_rot / 2 each; inv_freq[i] is
+// the angular speed of pair i) are computed once per token, then applied in place to each head
+// vector of head_dim values, of which the first n_rot rotate. Normal ordering rotates adjacent pairs
+// (x[2i], x[2i+1]); NeoX ordering rotates (x[i], x[i + n_rot/2]).
 void rope_angles(std::size_t n_rot, const float* inv_freq, float position, float* cos, float* sin);
 void rope(float* x, std::size_t n_rot, const float* cos, const float* sin, bool neox);
 

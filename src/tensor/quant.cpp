@@ -5,14 +5,12 @@
 #include <cstring>
 #include <string>
 
+#include <immintrin.h>
+
+#include "util/cpu_features.h"
 #include "util/error.h"
 #include "util/fp16.h"
 #include "tensor/quant-inl.h"
-
-#if defined(__x86_64__)
-#include <cpuid.h>
-#include <immintrin.h>
-#endif
 
 namespace promptly {
 namespace {
@@ -23,16 +21,7 @@ namespace {
 // the step while the others wait: converted one bit-twiddled value at a time it cost ~4% of a 125m
 // model's decode step. Same rounding (to nearest even) and the same results for every finite value
 // and infinity; a NaN stays a NaN.
-#if defined(__x86_64__)
-bool has_f16c() {
-  static const bool yes = [] {
-    unsigned a, b, c, d;
-    // CPUID for F16C (not every compiler's __builtin_cpu_supports knows it); "avx" also means the
-    // OS saves the YMM registers.
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) && __builtin_cpu_supports("avx");
-  }();
-  return yes;
-}
+bool has_f16c() { return cpu_features().avx && cpu_features().f16c; }
 
 __attribute__((target("avx,f16c"))) void fp32_to_fp16_row(const float* src, std::uint16_t* dst, std::size_t n) {
   std::size_t i = 0;
@@ -47,11 +36,6 @@ __attribute__((target("avx,f16c"))) void fp16_to_fp32_row(const std::uint16_t* s
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
   for (; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
 }
-#else
-bool has_f16c() { return false; }
-void fp32_to_fp16_row(const float*, std::uint16_t*, std::size_t) {}
-void fp16_to_fp32_row(const std::uint16_t*, float*, std::size_t) {}
-#endif
 
 int nearest_int(float v) { return static_cast<int>(std::lrintf(v)); }
 

@@ -31,6 +31,11 @@ TEST(Ops, SiluMul) {
 
 TEST(Ops, RopeNormalAndNeoxPairings) {
   const float inv_freq[2] = {1.0f, 0.5f};
+  const auto rope = [&](float* x, std::size_t n_rot, const float* freq, float position, bool neox) {
+    float cos[2], sin[2];
+    rope_angles(n_rot, freq, position, cos, sin);
+    kernels::rope(x, n_rot, cos, sin, neox);
+  };
   float a[4] = {1, 0, 1, 0};
   rope(a, 4, inv_freq, 1.0f, false);  // pairs (0,1) by 1 rad and (2,3) by 0.5 rad
   EXPECT_NEAR(a[0], std::cos(1.0f), 1e-6);
