@@ -45,7 +45,14 @@ struct QuantizedRows {
   const float* sums;
   std::size_t n_blocks;  // per token
   const float* half_sums;  // d * sum(q) of each block's two 16-element halves (Q6_K sub-blocks)
-  const ActivationBlock* act;  // the same blocks, extended for the Q4_0x16 / Q8_0x16 kernels
+  // The same blocks, extended for the 16-row VNNI kernels and stored block-major: block b of token t
+  // is act[b * act_stride + t]. Why: a tile's C tokens of one block then lie side by side, so one
+  // pointer with constant offsets reaches all of them, and each VNNI instruction can take its
+  // activation operand as an embedded broadcast from memory. Token-major, a 12-token tile needed 12
+  // pointers (more than the free registers, so spills) and a separate broadcast load per
+  // instruction, which this core issues at fewer per cycle than the dot products themselves.
+  const ActivationBlock* act;
+  std::size_t act_stride;  // >= the token count
   // For tables with token_tile set, the whole 16-token tiles of tokens [0, n_tokens) again, in tile
   // order: per tile and block, the 16 tokens' 32 quants back to back (tiled_qs, 512 bytes) and their
   // 16 scales (tiled_dx). Null otherwise.

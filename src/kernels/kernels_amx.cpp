@@ -179,8 +179,8 @@ void tile_16x16(const std::int8_t* quants, const float* scales, const float* min
 
 // The same QuantizedRows seen from token t on.
 QuantizedRows from_token(const QuantizedRows& x, std::size_t t) {
-  return {x.blocks + t * x.n_blocks, x.sums + t * x.n_blocks, x.n_blocks, x.half_sums + 2 * t * x.n_blocks, x.act + t * x.n_blocks,
-          nullptr, nullptr};
+  return {x.blocks + t * x.n_blocks, x.sums + t * x.n_blocks, x.n_blocks, x.half_sums + 2 * t * x.n_blocks, x.act + t,
+          x.act_stride, nullptr, nullptr};
 }
 
 template <Format F>

@@ -19,7 +19,8 @@ void Activations::quantize(ThreadPool& pool) {
   buf.q8.resize(n_tokens_ * nb);
   buf.sums.resize(n_tokens_ * nb);
   buf.half_sums.resize(2 * n_tokens_ * nb);
-  buf.act.resize(n_tokens_ * nb);
+  const std::size_t stride = act_stride();
+  buf.act.resize(stride * nb);
   BlockQ8_0* q8 = buf.q8.data();
   float* sums = buf.sums.data();
   float* half_sums = buf.half_sums.data();
@@ -37,7 +38,7 @@ void Activations::quantize(ThreadPool& pool) {
         const float d = fp16_to_fp32(q8[i].d);
         half_sums[2 * i] = d * static_cast<float>(lo);
         half_sums[2 * i + 1] = d * static_cast<float>(hi);
-        ActivationBlock& a = act[i];
+        ActivationBlock& a = act[(i - t * nb) * stride + t];
         std::memcpy(a.qs, q8[i].qs, sizeof a.qs);
         a.d = d;
         a.offset_q4 = -8 * (lo + hi);
@@ -56,10 +57,10 @@ void Activations::quantize(ThreadPool& pool) {
   pool.parallel_for(tiles, 1, [&](std::size_t b, std::size_t e, int) {
     for (std::size_t tile = b; tile < e; ++tile) {
       for (std::size_t n = 0; n < kTokenTile; ++n) {
-        const ActivationBlock* row = act + (tile * kTokenTile + n) * nb;
+        const ActivationBlock* token = act + tile * kTokenTile + n;
         for (std::size_t k = 0; k < nb; ++k) {
-          std::memcpy(tiled_qs + ((tile * nb + k) * kTokenTile + n) * 32, row[k].qs, 32);
-          tiled_dx[(tile * nb + k) * kTokenTile + n] = row[k].d;
+          std::memcpy(tiled_qs + ((tile * nb + k) * kTokenTile + n) * 32, token[k * stride].qs, 32);
+          tiled_dx[(tile * nb + k) * kTokenTile + n] = token[k * stride].d;
         }
       }
     }

@@ -67,10 +67,21 @@ class Activations {
   const float* q8_half_sums() const { return buffers_->half_sums.data(); }
   QuantizedRows rows(std::size_t n_blocks) const {
     const bool tiled = !buffers_->tiled_qs.empty();  // quantize() leaves it empty without a whole tile
-    return {buffers_->q8.data(),  buffers_->sums.data(), n_blocks, buffers_->half_sums.data(), buffers_->act.data(),
+    return {buffers_->q8.data(),  buffers_->sums.data(), n_blocks, buffers_->half_sums.data(), buffers_->act.data(), act_stride(),
             tiled ? buffers_->tiled_qs.data() : nullptr, tiled ? buffers_->tiled_dx.data() : nullptr};
   }
   bool quantized() const { return quantized_; }
+  // Tokens between consecutive blocks of the block-major ActivationBlocks (see QuantizedRows::act):
+  // the token count, padded for prompts so that consecutive blocks do not start at the same offset
+  // within 4 KiB. Why: a tile reads one block's tokens, then the next block's a stride further; at
+  // 512 tokens (24 KiB, six pages) every block would fall on the same L1 sets and evict the others.
+  std::size_t act_stride() const {
+    std::size_t stride = n_tokens_;
+    if (n_tokens_ >= 16) {
+      while ((stride * sizeof(ActivationBlock)) % 4096 < 1024) ++stride;
+    }
+    return stride;
+  }
 
  private:
   const float* x_;
