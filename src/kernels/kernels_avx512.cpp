@@ -103,6 +103,12 @@ void tile_x16(const std::uint8_t* group, std::size_t nb, const QuantizedRows& x,
     for (std::size_t line = 0; line < kGroupBlock; line += 64) {
       _mm_prefetch(reinterpret_cast<const char*>(gb) + 8 * kGroupBlock + line, _MM_HINT_T0);
     }
+    // A prompt tile's activations come from L2, each block's C tokens a stride apart from the last
+    // block's: not a stream the hardware prefetchers follow, so fetch two blocks ahead.
+    if constexpr (C >= 4) {
+      const char* next = reinterpret_cast<const char*>(xb + 2 * x.act_stride);
+      for (std::size_t line = 0; line < C * sizeof(ActivationBlock); line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
+    }
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
     // The stored-unsigned offset leaves exactly in integers: each token's first chain starts at
     // -offset * sum(x) (a broadcast load, no arithmetic).
