@@ -106,7 +106,13 @@ struct KernelTable {
   bool token_tile;
   // gate[i] = silu(gate[i]) * up[i].
   void (*silu_mul)(float* gate, const float* up, std::size_t n);
+  // Runs `rounds` x 12 independent 512-bit VNNI instructions (64 int8 multiply-adds each) on
+  // registers and returns a checksum: the core's int8 throughput with no memory traffic, which
+  // `bench model` reports beside the nominal peak. Null on paths without VNNI.
+  std::int32_t (*int8_throughput_probe)(std::size_t rounds);
 };
+// Multiply-adds per round of int8_throughput_probe.
+constexpr std::size_t kInt8ProbeMacsPerRound = 12 * 64;
 
 constexpr std::size_t kAttentionTile = 64;
 

@@ -273,7 +273,7 @@ const KernelTable& scalar_kernels() {
   static const KernelTable table{"scalar", quantize_q8_0, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32, attention,
                                  gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
                                  gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, gemm_dequant,
-                                 attention_tile_each<attention>, false, silu_mul_reference};
+                                 attention_tile_each<attention>, false, silu_mul_reference, nullptr};
   return table;
 }
 
