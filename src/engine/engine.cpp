@@ -82,7 +82,8 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, EngineOptions opt
       ctx_(options.ctx_size ? options.ctx_size : model.config().n_ctx_train),
       pool_(options.threads > 0 ? options.threads : default_thread_count()),
       cache_(make_engine_cache(model, options_, ctx_)),
-      scheduler_(cache_, SchedulerOptions{std::max<std::size_t>(1, options.max_running), options.prefix_cache}) {
+      scheduler_(cache_, SchedulerOptions{std::max<std::size_t>(1, options.max_running), options.prefix_cache,
+                                          options.itl_target_ms > 0 ? 0 : options.short_prompt_first}) {
   if (options_.max_batch_tokens == 0) throw Error("--max-batch-tokens must be at least 1");
   if (tokenizer_) eog_ids_ = tokenizer_->vocab().end_of_generation_ids();
   publish_stats();

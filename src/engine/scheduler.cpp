@@ -1,6 +1,8 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <limits>
+#include <utility>
 
 #include "util/error.h"
 
@@ -197,13 +199,51 @@ void Scheduler::schedule_prefill(Sequence& s, std::size_t& budget, StepPlan& pla
   const std::size_t chunk = std::min(budget, s.pending());
   if (!ensure_blocks(s, s.n_computed + chunk)) return;
   const bool sample = chunk == s.pending();
-  for (std::size_t i = 0; i < chunk; ++i) {
-    const std::size_t pos = s.n_computed + i;
-    plan.batch.add(s.tokens[pos], static_cast<std::int32_t>(pos), s.seq_id, sample && i + 1 == chunk);
-  }
+  add_tokens(plan.batch, s, chunk, sample);
   plan.chunks.push_back({&s, chunk, sample});
   s.in_batch = true;
   budget -= chunk;
+}
+
+// Why: a chat's follow-up turn over a cached history computes only its new tokens (tens), so its
+// time to first token is one step; the decoding streams' tokens in that step would add their
+// attention over long contexts and their share of the matrix products (multiturn bench, 8
+// conversations near 2000 tokens: ~25 ms of a ~300 ms step) to it. Left out, each decoding stream
+// waits one more (decode-only, short) step after the prompt's, which it was waiting for anyway: its
+// inter-token gap grows by that step minus its share of the mixed one. Never two plans in a row,
+// so that prompts arriving back to back cannot starve the decoders, and never when a decoding
+// sequence ranks above the prompt by priority.
+void Scheduler::defer_decodes(StepPlan& plan) {
+  const bool was_deferred = std::exchange(deferred_decodes_, false);
+  if (options_.short_prompt_first == 0 || was_deferred || plan.n_decode == 0 || plan.n_decode == plan.chunks.size()) return;
+  int best_priority = std::numeric_limits<int>::min();
+  for (const StepPlan::Chunk& c : plan.chunks) {
+    if (c.seq->state != RequestState::Decoding && c.sample && c.n_tokens <= options_.short_prompt_first) {
+      best_priority = std::max(best_priority, c.seq->request.priority);
+    }
+  }
+  if (best_priority == std::numeric_limits<int>::min()) return;
+  for (const StepPlan::Chunk& c : plan.chunks) {
+    if (c.seq->state == RequestState::Decoding && c.seq->request.priority > best_priority) return;
+  }
+  StepPlan prompts;
+  for (const StepPlan::Chunk& c : plan.chunks) {
+    if (c.seq->state == RequestState::Decoding) {
+      c.seq->in_batch = false;
+      continue;
+    }
+    add_tokens(prompts.batch, *c.seq, c.n_tokens, c.sample);
+    prompts.chunks.push_back(c);
+  }
+  plan = std::move(prompts);
+  deferred_decodes_ = true;
+}
+
+void Scheduler::add_tokens(Batch& batch, const Sequence& s, std::size_t n, bool sample) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t pos = s.n_computed + i;
+    batch.add(s.tokens[pos], static_cast<std::int32_t>(pos), s.seq_id, sample && i + 1 == n);
+  }
 }
 
 StepPlan Scheduler::plan(std::size_t budget) {
@@ -242,6 +282,7 @@ StepPlan Scheduler::plan(std::size_t budget) {
     waiting_.erase(waiting_.begin());
     schedule_prefill(s, budget, plan);
   }
+  defer_decodes(plan);
   return plan;
 }
 

@@ -1,0 +1,95 @@
+// The scheduler's step plans, driven directly (no model): which tokens each step computes.
+#include "engine/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <numeric>
+
+namespace promptly {
+namespace {
+
+std::unique_ptr<Sequence> sequence(std::uint64_t id, std::size_t prompt_tokens, int priority = 0) {
+  Request r;
+  r.prompt.resize(prompt_tokens);
+  std::iota(r.prompt.begin(), r.prompt.end(), static_cast<std::int32_t>(100 * id));
+  r.priority = priority;
+  return std::make_unique<Sequence>(id, id, std::move(r));
+}
+
+// What the engine does after a step: the chunks advance, sampled ones get a token and decode.
+void run(Scheduler& scheduler, const StepPlan& plan) {
+  scheduler.commit(plan);
+  for (const StepPlan::Chunk& c : plan.chunks) {
+    if (!c.sample) continue;
+    c.seq->tokens.push_back(7);
+    c.seq->state = RequestState::Decoding;
+  }
+}
+
+std::size_t decode_tokens(const StepPlan& plan) {
+  std::size_t n = 0;
+  for (const StepPlan::Chunk& c : plan.chunks) n += c.seq->state == RequestState::Decoding;
+  return n;
+}
+
+struct Fixture {
+  KvCache cache = KvCache::with_blocks(1, 8, 64, 4096, KvType::F32);
+};
+
+TEST(Scheduler, ShortPromptRunsWithoutTheDecodeTokensOnceThenTheyGoFirst) {
+  Fixture f;
+  Scheduler scheduler(f.cache, SchedulerOptions{32, false, 128});
+  for (std::uint64_t id = 1; id <= 2; ++id) scheduler.add(sequence(id, 40));
+  run(scheduler, scheduler.plan(512));  // both prompts: no one decodes yet
+  StepPlan plan = scheduler.plan(512);
+  ASSERT_EQ(decode_tokens(plan), 2u);
+  run(scheduler, plan);
+
+  // A short prompt arrives while two sequences decode: its step has only its own tokens...
+  scheduler.add(sequence(3, 50));
+  plan = scheduler.plan(512);
+  EXPECT_EQ(plan.n_decode, 0u);
+  EXPECT_EQ(plan.batch.size(), 50u);
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_TRUE(plan.chunks[0].sample);
+  run(scheduler, plan);
+  // ...and the next step has every decoding sequence's token, even with another short prompt waiting.
+  scheduler.add(sequence(4, 30));
+  plan = scheduler.plan(512);
+  EXPECT_EQ(plan.n_decode, 3u);
+  EXPECT_EQ(plan.batch.size(), 3u + 30u);
+  run(scheduler, plan);
+}
+
+TEST(Scheduler, LongPromptsAndHigherPriorityDecodersKeepMixedSteps) {
+  Fixture f;
+  Scheduler scheduler(f.cache, SchedulerOptions{32, false, 128});
+  scheduler.add(sequence(1, 20, /*priority=*/5));
+  run(scheduler, scheduler.plan(512));
+  // A prompt longer than the threshold: mixed with the decode token.
+  scheduler.add(sequence(2, 300));
+  StepPlan plan = scheduler.plan(512);
+  EXPECT_EQ(plan.n_decode, 1u);
+  EXPECT_EQ(plan.batch.size(), 301u);
+  run(scheduler, plan);
+  // A short prompt of lower priority than a decoding sequence: mixed too.
+  scheduler.add(sequence(3, 10, /*priority=*/0));
+  plan = scheduler.plan(512);
+  EXPECT_EQ(plan.n_decode, 2u);
+  EXPECT_EQ(plan.batch.size(), 12u);
+}
+
+TEST(Scheduler, ShortPromptFirstIsOffByDefault) {
+  Fixture f;
+  Scheduler scheduler(f.cache, SchedulerOptions{32, false});
+  scheduler.add(sequence(1, 20));
+  run(scheduler, scheduler.plan(512));
+  scheduler.add(sequence(2, 10));
+  const StepPlan plan = scheduler.plan(512);
+  EXPECT_EQ(plan.n_decode, 1u);
+  EXPECT_EQ(plan.batch.size(), 11u);
+}
+
+}  // namespace
+}  // namespace promptly
