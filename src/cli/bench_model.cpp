@@ -75,7 +75,7 @@ double measure_read_bandwidth_gbs(ThreadPool& pool) {
 }
 
 // The int8 dot-product throughput of the active path with the benchmark's thread count, on
-// registers only (see KernelTable::int8_throughput_probe): best of three ~0.1 s passes, in TOPS
+// registers only (see KernelTable::int8_throughput_probe): best of five ~0.1 s passes, in TOPS
 // (a multiply-add counts as two operations), or 0 where the path has no probe. Why measured: the
 // nominal peak (--int8-peak-tops) assumes the cores' full clock with both vector ports busy; in a
 // shared VM the clock under 512-bit load is lower, and the prefill fraction should say against
@@ -87,7 +87,7 @@ double measure_int8_tops(ThreadPool& pool) {
   const std::size_t threads = static_cast<std::size_t>(pool.size());
   std::vector<std::int64_t> sink(threads * 8);
   double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = SteadyClock::now();
     pool.parallel_for(threads, 1, [&](std::size_t b, std::size_t e, int tid) {
       for (std::size_t i = b; i < e; ++i) sink[static_cast<std::size_t>(tid) * 8] += probe(kRounds);
