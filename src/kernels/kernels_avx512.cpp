@@ -105,7 +105,7 @@ void tile_x16(const std::uint8_t* group, std::size_t nb, const QuantizedRows& x,
     }
     // A prompt tile's activations come from L2, each block's C tokens a stride apart from the last
     // block's: not a stream the hardware prefetchers follow, so fetch two blocks ahead.
-    if constexpr (C >= 4) {
+    if (C >= 4 && b + 2 < nb) {
       const char* next = reinterpret_cast<const char*>(xb + 2 * x.act_stride);
       for (std::size_t line = 0; line < C * sizeof(ActivationBlock); line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
     }
