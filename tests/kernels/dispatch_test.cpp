@@ -413,7 +413,7 @@ TEST(Dispatch, AttentionTileMatchesSingleQueries) {
         kb.push_back(kc.data() + j * row_bytes);
         vb.push_back(vc.data() + j * row_bytes);
       }
-      for (std::size_t n_q : {1u, 3u, 8u, 16u, 17u, 29u, 32u, 33u, 50u, 64u}) {
+      for (std::size_t n_q : {1u, 2u, 3u, 5u, 8u, 16u, 17u, 29u, 32u, 33u, 50u, 64u}) {
         std::vector<std::vector<float>> qs(n_q, std::vector<float>(head_dim));
         std::vector<std::size_t> n_ctx(n_q);
         for (std::size_t i = 0; i < n_q; ++i) {
