@@ -83,16 +83,19 @@ double measure_read_bandwidth_gbs(ThreadPool& pool) {
 double measure_int8_tops(ThreadPool& pool) {
   const auto probe = kernels::kernel_table(kernels::active_isa()).int8_throughput_probe;
   if (probe == nullptr) return 0.0;
-  constexpr std::size_t kRounds = 1 << 20;  // ~0.1 s at ~4.5e9 instructions per second and core
-  const std::size_t threads = static_cast<std::size_t>(pool.size());
+  // ~0.1 s at ~4.5e9 instructions per second and core, in many small pieces: the pool's threads
+  // claim pieces as they go, so one that a stall holds back does less, and the pass ends when the
+  // work does (one piece per thread would time the slowest thread doing two).
+  constexpr std::size_t kRoundsPerPiece = 1 << 14, kPiecesPerThread = 64;
+  const std::size_t threads = static_cast<std::size_t>(pool.size()), pieces = threads * kPiecesPerThread;
   std::vector<std::int64_t> sink(threads * 8);
   double best = 0;
   for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = SteadyClock::now();
-    pool.parallel_for(threads, 1, [&](std::size_t b, std::size_t e, int tid) {
-      for (std::size_t i = b; i < e; ++i) sink[static_cast<std::size_t>(tid) * 8] += probe(kRounds);
+    pool.parallel_for(pieces, 1, [&](std::size_t b, std::size_t e, int tid) {
+      for (std::size_t i = b; i < e; ++i) sink[static_cast<std::size_t>(tid) * 8] += probe(kRoundsPerPiece);
     });
-    const double ops = 2.0 * static_cast<double>(threads * kRounds * kernels::kInt8ProbeMacsPerRound);
+    const double ops = 2.0 * static_cast<double>(pieces * kRoundsPerPiece * kernels::kInt8ProbeMacsPerRound);
     best = std::max(best, ops / seconds_since(t0) / 1e12);
   }
   if (std::accumulate(sink.begin(), sink.end(), std::int64_t{0}) == 42) std::fputc(' ', stderr);  // keep the work

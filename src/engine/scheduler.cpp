@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "util/error.h"
 
@@ -198,9 +199,7 @@ void Scheduler::schedule_prefill(Sequence& s, std::size_t& budget, StepPlan& pla
   if (budget == 0 || waits_for_leader(s)) return;
   const std::size_t chunk = std::min(budget, s.pending());
   if (!ensure_blocks(s, s.n_computed + chunk)) return;
-  const bool sample = chunk == s.pending();
-  add_tokens(plan.batch, s, chunk, sample);
-  plan.chunks.push_back({&s, chunk, sample});
+  plan.chunks.push_back({&s, chunk, chunk == s.pending()});
   s.in_batch = true;
   budget -= chunk;
 }
@@ -226,24 +225,13 @@ void Scheduler::defer_decodes(StepPlan& plan) {
   for (const StepPlan::Chunk& c : plan.chunks) {
     if (c.seq->state == RequestState::Decoding && c.seq->request.priority > best_priority) return;
   }
-  StepPlan prompts;
-  for (const StepPlan::Chunk& c : plan.chunks) {
-    if (c.seq->state == RequestState::Decoding) {
-      c.seq->in_batch = false;
-      continue;
-    }
-    add_tokens(prompts.batch, *c.seq, c.n_tokens, c.sample);
-    prompts.chunks.push_back(c);
-  }
-  plan = std::move(prompts);
+  std::erase_if(plan.chunks, [](const StepPlan::Chunk& c) {
+    if (c.seq->state != RequestState::Decoding) return false;
+    c.seq->in_batch = false;
+    return true;
+  });
+  plan.n_decode = 0;
   deferred_decodes_ = true;
-}
-
-void Scheduler::add_tokens(Batch& batch, const Sequence& s, std::size_t n, bool sample) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::size_t pos = s.n_computed + i;
-    batch.add(s.tokens[pos], static_cast<std::int32_t>(pos), s.seq_id, sample && i + 1 == n);
-  }
 }
 
 StepPlan Scheduler::plan(std::size_t budget) {
@@ -263,7 +251,6 @@ StepPlan Scheduler::plan(std::size_t budget) {
     if (budget == 0) break;
     if (!still_running(s) || s->state != RequestState::Decoding) continue;
     if (!ensure_blocks(*s, s->n_computed + 1)) continue;
-    plan.batch.add(s->tokens[s->n_computed], static_cast<std::int32_t>(s->n_computed), s->seq_id, true);
     plan.chunks.push_back({s, 1, true});
     s->in_batch = true;
     ++plan.n_decode;
@@ -283,6 +270,13 @@ StepPlan Scheduler::plan(std::size_t budget) {
     schedule_prefill(s, budget, plan);
   }
   defer_decodes(plan);
+  // The batch from the final chunks, in their order (which is the logits rows' order).
+  for (const StepPlan::Chunk& c : plan.chunks) {
+    for (std::size_t i = 0; i < c.n_tokens; ++i) {
+      const std::size_t pos = c.seq->n_computed + i;
+      plan.batch.add(c.seq->tokens[pos], static_cast<std::int32_t>(pos), c.seq->seq_id, c.sample && i + 1 == c.n_tokens);
+    }
+  }
   return plan;
 }
 

@@ -125,7 +125,6 @@ class Scheduler {
   bool admit(Sequence& s);
   void schedule_prefill(Sequence& s, std::size_t& budget, StepPlan& plan);
   void defer_decodes(StepPlan& plan);
-  static void add_tokens(Batch& batch, const Sequence& s, std::size_t n, bool sample);
   void end(Sequence& s, FinishReason reason);
 
   KvCache& cache_;

@@ -49,10 +49,11 @@ struct ActivationBuffers {
 // (q/k/v, gate/up).
 class Activations {
  public:
-  Activations(const float* x, std::size_t n_tokens, std::size_t k) : x_(x), n_tokens_(n_tokens), k_(k), buffers_(&owned_) {}
+  Activations(const float* x, std::size_t n_tokens, std::size_t k)
+      : x_(x), n_tokens_(n_tokens), k_(k), act_stride_(padded_act_stride(n_tokens)), buffers_(&owned_) {}
   // Quantizes into `buffers` (which must outlive this object and not be shared with a live one).
   Activations(const float* x, std::size_t n_tokens, std::size_t k, ActivationBuffers& buffers)
-      : x_(x), n_tokens_(n_tokens), k_(k), buffers_(&buffers) {}
+      : x_(x), n_tokens_(n_tokens), k_(k), act_stride_(padded_act_stride(n_tokens)), buffers_(&buffers) {}
   Activations(const Activations&) = delete;
   Activations& operator=(const Activations&) = delete;
 
@@ -75,17 +76,19 @@ class Activations {
   // the token count, padded for prompts so that consecutive blocks do not start at the same offset
   // within 4 KiB. Why: a tile reads one block's tokens, then the next block's a stride further; at
   // 512 tokens (24 KiB, six pages) every block would fall on the same L1 sets and evict the others.
-  std::size_t act_stride() const {
-    std::size_t stride = n_tokens_;
-    if (n_tokens_ >= 16) {
+  std::size_t act_stride() const { return act_stride_; }
+
+ private:
+  static std::size_t padded_act_stride(std::size_t n_tokens) {
+    std::size_t stride = n_tokens;
+    if (n_tokens >= 16) {
       while ((stride * sizeof(ActivationBlock)) % 4096 < 1024) ++stride;
     }
     return stride;
   }
 
- private:
   const float* x_;
-  std::size_t n_tokens_, k_;
+  std::size_t n_tokens_, k_, act_stride_;
   bool quantized_ = false;
   ActivationBuffers owned_;
   ActivationBuffers* buffers_;
