@@ -28,8 +28,9 @@ struct EngineOptions {
   std::size_t max_batch_tokens = 512;  // tokens per step
   double itl_target_ms = 0;         // > 0: while streams decode, size steps to keep their inter-token time near this
   // Without an ITL target: a step that finishes a prompt of at most this many remaining tokens (a
-  // chat's follow-up over its cached history) leaves the decode tokens to the next step, for its
-  // time to first token (see Scheduler::defer_decodes). 0: never.
+  // chat's follow-up over its cached history) runs it alone, leaving the decode tokens and other
+  // prompts to the next step, for its time to first token (see Scheduler::isolate_short_prompt).
+  // 0: never.
   std::size_t short_prompt_first = 128;
   std::size_t max_running = 32;
   std::size_t ctx_size = 0;         // per-request positions; 0: the model's training context

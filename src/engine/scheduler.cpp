@@ -205,33 +205,35 @@ void Scheduler::schedule_prefill(Sequence& s, std::size_t& budget, StepPlan& pla
 }
 
 // Why: a chat's follow-up turn over a cached history computes only its new tokens (tens), so its
-// time to first token is one step; the decoding streams' tokens in that step would add their
-// attention over long contexts and their share of the matrix products (multiturn bench, 8
-// conversations near 2000 tokens: ~25 ms of a ~300 ms step) to it. Left out, each decoding stream
-// waits one more (decode-only, short) step after the prompt's, which it was waiting for anyway: its
-// inter-token gap grows by that step minus its share of the mixed one. Never two plans in a row,
-// so that prompts arriving back to back cannot starve the decoders, and never when a decoding
-// sequence ranks above the prompt by priority.
-void Scheduler::defer_decodes(StepPlan& plan) {
-  const bool was_deferred = std::exchange(deferred_decodes_, false);
-  if (options_.short_prompt_first == 0 || was_deferred || plan.n_decode == 0 || plan.n_decode == plan.chunks.size()) return;
-  int best_priority = std::numeric_limits<int>::min();
+// time to first token is one step, and that step is compute-bound: tens of tokens through every
+// weight, each with attention over a long history. Anything else in it adds to that time. The
+// decoding streams' tokens add their attention over long contexts and their share of the matrix
+// products (multiturn bench, 8 conversations near 2000 tokens: ~25 ms of a ~300 ms step); left out,
+// each stream waits one more (decode-only, short) step, after the prompt's step it was waiting for
+// anyway. Another prompt's tokens cost about as much as the prompt's own: two follow-ups in one step
+// both wait for both, while one after the other the first waits half as long and the second as
+// long as before. So the step runs the best-ranked such prompt alone. Never two such plans in a
+// row, so that prompts arriving back to back cannot starve the decoders or a long prompt, and never
+// when a sequence in the plan ranks above the prompt by priority.
+void Scheduler::isolate_short_prompt(StepPlan& plan) {
+  const bool isolated_last = std::exchange(isolated_last_, false);
+  if (options_.short_prompt_first == 0 || isolated_last || plan.chunks.size() < 2) return;
+  Sequence* prompt = nullptr;
   for (const StepPlan::Chunk& c : plan.chunks) {
-    if (c.seq->state != RequestState::Decoding && c.sample && c.n_tokens <= options_.short_prompt_first) {
-      best_priority = std::max(best_priority, c.seq->request.priority);
-    }
+    if (c.seq->state == RequestState::Decoding || !c.sample || c.n_tokens > options_.short_prompt_first) continue;
+    if (!prompt || c.seq->ranks_before(*prompt)) prompt = c.seq;
   }
-  if (best_priority == std::numeric_limits<int>::min()) return;
+  if (!prompt) return;
   for (const StepPlan::Chunk& c : plan.chunks) {
-    if (c.seq->state == RequestState::Decoding && c.seq->request.priority > best_priority) return;
+    if (c.seq->request.priority > prompt->request.priority) return;
   }
-  std::erase_if(plan.chunks, [](const StepPlan::Chunk& c) {
-    if (c.seq->state != RequestState::Decoding) return false;
-    c.seq->in_batch = false;
+  std::erase_if(plan.chunks, [&](const StepPlan::Chunk& c) {
+    if (c.seq == prompt) return false;
+    c.seq->in_batch = false;  // a prompt left out keeps its state and blocks: it goes on next step
     return true;
   });
   plan.n_decode = 0;
-  deferred_decodes_ = true;
+  isolated_last_ = true;
 }
 
 StepPlan Scheduler::plan(std::size_t budget) {
@@ -256,20 +258,46 @@ StepPlan Scheduler::plan(std::size_t budget) {
     ++plan.n_decode;
     --budget;
   }
-  for (Sequence* s : ranked) {  // then chunks of the prompts already being prefilled
-    if (budget == 0) break;
-    if (still_running(s) && s->state == RequestState::Prefilling) schedule_prefill(*s, budget, plan);
-  }
-
   std::stable_sort(waiting_.begin(), waiting_.end(), by_rank);
-  while (budget > 0 && !waiting_.empty() && running_.size() < options_.max_running) {
-    Sequence& s = *waiting_.front();
-    if (!admit(s)) break;  // strict rank order: a big request is not overtaken forever by small ones
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.erase(waiting_.begin());
-    schedule_prefill(s, budget, plan);
+  auto admit_waiting = [&](bool with_chunks) {
+    while (budget > 0 && !waiting_.empty() && running_.size() < options_.max_running) {
+      Sequence& s = *waiting_.front();
+      if (!admit(s)) break;  // strict rank order: a big request is not overtaken forever by small ones
+      running_.push_back(std::move(waiting_.front()));
+      waiting_.erase(waiting_.begin());
+      if (with_chunks) schedule_prefill(s, budget, plan);
+    }
+  };
+  if (options_.short_prompt_first > 0 && !isolated_last_) {
+    // This step may run a short prompt alone (isolate_short_prompt), so short prompts, new ones
+    // included, get their tokens before long prompts' chunks: a follow-up arriving while a long
+    // prompt prefills would otherwise wait for every chunk of it.
+    admit_waiting(false);
+    std::vector<Sequence*> prefilling;
+    for (auto& s : running_) {
+      if (s->state == RequestState::Prefilling) prefilling.push_back(s.get());
+    }
+    std::stable_sort(prefilling.begin(), prefilling.end(), by_rank);
+    // Never ahead of a prompt of higher priority.
+    const int top_priority = prefilling.empty() ? 0 : prefilling.front()->request.priority;
+    auto goes_first = [&](const Sequence* s) {
+      return s->pending() <= options_.short_prompt_first && s->request.priority == top_priority;
+    };
+    for (bool first_pass : {true, false}) {
+      for (Sequence* s : prefilling) {
+        if (budget == 0) break;
+        if (!still_running(s) || s->state != RequestState::Prefilling || s->in_batch) continue;
+        if (first_pass == goes_first(s)) schedule_prefill(*s, budget, plan);
+      }
+    }
+  } else {
+    for (Sequence* s : ranked) {  // then chunks of the prompts already being prefilled
+      if (budget == 0) break;
+      if (still_running(s) && s->state == RequestState::Prefilling) schedule_prefill(*s, budget, plan);
+    }
+    admit_waiting(true);
   }
-  defer_decodes(plan);
+  isolate_short_prompt(plan);
   // The batch from the final chunks, in their order (which is the logits rows' order).
   for (const StepPlan::Chunk& c : plan.chunks) {
     for (std::size_t i = 0; i < c.n_tokens; ++i) {

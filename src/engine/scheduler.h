@@ -5,8 +5,9 @@
 // token, then PREFILLING requests contribute chunks of what they have left (chunked prefill: a long
 // prompt streams in over several steps instead of stalling everyone's next token), then WAITING
 // requests are admitted, highest priority first, then earliest arrival. Optionally
-// (SchedulerOptions::short_prompt_first) a step that finishes a short prompt runs without the
-// decode tokens, which then go first in the next step.
+// (SchedulerOptions::short_prompt_first) short prompts of the top priority get their tokens before
+// long prompts' chunks, and a step that finishes a short prompt runs that prompt alone; the decode
+// tokens and other prompts' chunks go in the next step.
 //
 // Memory: requests start from the longest cached prefix of their tokens (PrefixTree), and every
 // block a request fills is offered to the tree at once, so a request that shares a prefix with one
@@ -63,8 +64,9 @@ struct Sequence {
 struct SchedulerOptions {
   std::size_t max_running = 32;  // sequences in flight at once
   bool prefix_cache = true;
-  // > 0: a step that finishes a prompt with at most this many tokens left leaves the decoding
-  // sequences' tokens to the next step (see Scheduler::defer_decodes).
+  // > 0: a step that finishes a prompt with at most this many tokens left runs it alone, leaving the
+  // decoding sequences' tokens and other prompts' chunks to the next step (see
+  // Scheduler::isolate_short_prompt).
   std::size_t short_prompt_first = 0;
 };
 
@@ -124,7 +126,7 @@ class Scheduler {
   bool waits_for_leader(const Sequence& s) const;
   bool admit(Sequence& s);
   void schedule_prefill(Sequence& s, std::size_t& budget, StepPlan& plan);
-  void defer_decodes(StepPlan& plan);
+  void isolate_short_prompt(StepPlan& plan);
   void end(Sequence& s, FinishReason reason);
 
   KvCache& cache_;
@@ -134,7 +136,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // in rank order after each plan
   std::vector<std::pair<std::unique_ptr<Sequence>, FinishReason>> ended_;
-  bool deferred_decodes_ = false;  // the last plan left the decode tokens out
+  bool isolated_last_ = false;  // the last plan ran a short prompt alone
 };
 
 }  // namespace promptly

@@ -37,12 +37,22 @@ struct Fixture {
   KvCache cache = KvCache::with_blocks(1, 8, 64, 4096, KvType::F32);
 };
 
-TEST(Scheduler, ShortPromptRunsWithoutTheDecodeTokensOnceThenTheyGoFirst) {
+TEST(Scheduler, ShortPromptRunsAloneOnceThenTheOthersGo) {
   Fixture f;
   Scheduler scheduler(f.cache, SchedulerOptions{32, false, 128});
   for (std::uint64_t id = 1; id <= 2; ++id) scheduler.add(sequence(id, 40));
-  run(scheduler, scheduler.plan(512));  // both prompts: no one decodes yet
+  // Two short prompts at once: the first runs alone...
   StepPlan plan = scheduler.plan(512);
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].seq->id, 1u);
+  EXPECT_EQ(plan.batch.size(), 40u);
+  run(scheduler, plan);
+  // ...then the second goes with the first one's decode token (never two such steps in a row).
+  plan = scheduler.plan(512);
+  EXPECT_EQ(plan.n_decode, 1u);
+  EXPECT_EQ(plan.batch.size(), 41u);
+  run(scheduler, plan);
+  plan = scheduler.plan(512);
   ASSERT_EQ(decode_tokens(plan), 2u);
   run(scheduler, plan);
 
@@ -60,6 +70,54 @@ TEST(Scheduler, ShortPromptRunsWithoutTheDecodeTokensOnceThenTheyGoFirst) {
   EXPECT_EQ(plan.n_decode, 3u);
   EXPECT_EQ(plan.batch.size(), 3u + 30u);
   run(scheduler, plan);
+}
+
+TEST(Scheduler, ShortPromptGoesBeforeALongPromptsChunk) {
+  Fixture f;
+  Scheduler scheduler(f.cache, SchedulerOptions{32, false, 128});
+  scheduler.add(sequence(1, 300));
+  scheduler.add(sequence(2, 20));
+  StepPlan plan = scheduler.plan(512);
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].seq->id, 2u);
+  EXPECT_EQ(plan.batch.size(), 20u);
+  run(scheduler, plan);
+  // The long prompt keeps its place and goes on in the next step, with the short one's decode token.
+  plan = scheduler.plan(512);
+  EXPECT_EQ(plan.n_decode, 1u);
+  EXPECT_EQ(plan.batch.size(), 301u);
+}
+
+TEST(Scheduler, ShortPromptArrivingDuringALongPrefillDoesNotWaitForIt) {
+  Fixture f;
+  Scheduler scheduler(f.cache, SchedulerOptions{32, false, 128});
+  scheduler.add(sequence(1, 600));
+  StepPlan plan = scheduler.plan(256);
+  EXPECT_EQ(plan.batch.size(), 256u);
+  run(scheduler, plan);
+  // The long prompt's next chunk would take the whole budget: the short prompt goes first, alone.
+  scheduler.add(sequence(2, 20));
+  plan = scheduler.plan(256);
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].seq->id, 2u);
+  EXPECT_EQ(plan.batch.size(), 20u);
+  run(scheduler, plan);
+  plan = scheduler.plan(256);
+  EXPECT_EQ(plan.n_decode, 1u);
+  EXPECT_EQ(plan.batch.size(), 256u);
+  run(scheduler, plan);
+}
+
+TEST(Scheduler, ShortPromptDoesNotGoBeforeALongPromptOfHigherPriority) {
+  Fixture f;
+  Scheduler scheduler(f.cache, SchedulerOptions{32, false, 128});
+  scheduler.add(sequence(1, 600, /*priority=*/5));
+  run(scheduler, scheduler.plan(256));
+  scheduler.add(sequence(2, 20, /*priority=*/0));
+  const StepPlan plan = scheduler.plan(256);
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].seq->id, 1u);
+  EXPECT_EQ(plan.batch.size(), 256u);
 }
 
 TEST(Scheduler, LongPromptsAndHigherPriorityDecodersKeepMixedSteps) {
