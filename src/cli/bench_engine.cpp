@@ -289,6 +289,25 @@ json Scenario::head_of_line() {
   // limit of the streams' p99 ~35 ms of headroom for this machine's noise (p99 140-148 ms measured).
   const double itl_target = o_.engine.itl_target_ms > 0 ? o_.engine.itl_target_ms : 140.0;
   json chunked = run(true, o_.engine.max_batch_tokens, itl_target);
+  // A chat's follow-up (40 tokens) arriving 1 s into the long prompt's prefill, with the step budget
+  // and no streams: its time to first token, which short prompts first keeps to about the step in
+  // flight plus its own (without it: the whole long prefill).
+  json follow_up = [&] {
+    EngineOptions eo = engine_options(ctx);
+    eo.prefix_cache = false;
+    Engine engine(model_, nullptr, eo);
+    Client client;
+    const auto long_id = client.submit(engine, request(long_prompt, 1));
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    const auto short_id = client.submit(engine, request(tokens(40), 1));
+    const auto short_r = client.wait(short_id);
+    const auto long_r = client.wait(long_id);
+    note(engine);
+    return json{{"prompt_tokens", 40},
+                {"arrives_after_ms", 1000},
+                {"ttft_ms", short_r.end.times.ttft_seconds() * 1000.0},
+                {"long_prompt_ttft_ms", long_r.end.times.ttft_seconds() * 1000.0}};
+  }();
   json solo_after = run(false, o_.engine.max_batch_tokens, 0);
   const double solo_tps = 0.5 * (solo["prefill_tps"].get<double>() + solo_after["prefill_tps"].get<double>());
   return {{"scenario", "head-of-line"},
@@ -297,6 +316,7 @@ json Scenario::head_of_line() {
           {"itl_target_ms", itl_target},
           {"solo", solo},
           {"solo_after", solo_after},
+          {"follow_up_during_prefill", follow_up},
           {"solo_prefill_tps_mean", solo_tps},
           {"unchunked", unchunked},
           {"chunked", chunked},
@@ -417,6 +437,10 @@ int bench_engine(const BenchEngineOptions& o) {
                   r["solo_prefill_tps_mean"].get<double>(), r["solo"]["prefill_tps"].get<double>(), r["solo_after"]["prefill_tps"].get<double>(),
                   r["unchunked"]["prefill_tps"].get<double>(), r["chunked"]["prefill_tps"].get<double>(),
                   100 * r["chunked_prefill_fraction_of_solo"].get<double>());
+      const json& f = r["follow_up_during_prefill"];
+      std::printf("| head-of-line | a %zu-token prompt arriving %.0f s into the long prefill: its TTFT / the long prompt's | %.0f / %.0f ms |\n",
+                  f["prompt_tokens"].get<std::size_t>(), f["arrives_after_ms"].get<double>() / 1000.0, f["ttft_ms"].get<double>(),
+                  f["long_prompt_ttft_ms"].get<double>());
     } else if (n == "throughput") {
       std::printf("| throughput | decode t/s: 1 stream / %d streams (medians of %zu alternating rounds) | %.1f / %.1f (%.2fx) |\n",
                   r["streams"].get<int>(), r["rounds"].get<std::size_t>(), r["one_stream_tps"].get<double>(),
