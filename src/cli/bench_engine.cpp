@@ -293,18 +293,20 @@ json Scenario::head_of_line() {
   // and no streams: its time to first token, which short prompts first keeps to about the step in
   // flight plus its own (without it: the whole long prefill).
   json follow_up = [&] {
+    constexpr std::size_t kFollowUpTokens = 40;
+    constexpr auto kArrivesAfter = std::chrono::seconds(1);
     EngineOptions eo = engine_options(ctx);
     eo.prefix_cache = false;
     Engine engine(model_, nullptr, eo);
     Client client;
     const auto long_id = client.submit(engine, request(long_prompt, 1));
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    const auto short_id = client.submit(engine, request(tokens(40), 1));
+    std::this_thread::sleep_for(kArrivesAfter);
+    const auto short_id = client.submit(engine, request(tokens(kFollowUpTokens), 1));
     const auto short_r = client.wait(short_id);
     const auto long_r = client.wait(long_id);
     note(engine);
-    return json{{"prompt_tokens", 40},
-                {"arrives_after_ms", 1000},
+    return json{{"prompt_tokens", kFollowUpTokens},
+                {"arrives_after_ms", ms(kArrivesAfter)},
                 {"ttft_ms", short_r.end.times.ttft_seconds() * 1000.0},
                 {"long_prompt_ttft_ms", long_r.end.times.ttft_seconds() * 1000.0}};
   }();

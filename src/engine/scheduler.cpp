@@ -1,7 +1,6 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
-#include <limits>
 #include <utility>
 #include <vector>
 
@@ -268,35 +267,30 @@ StepPlan Scheduler::plan(std::size_t budget) {
       if (with_chunks) schedule_prefill(s, budget, plan);
     }
   };
-  if (options_.short_prompt_first > 0 && !isolated_last_) {
-    // This step may run a short prompt alone (isolate_short_prompt), so short prompts, new ones
-    // included, get their tokens before long prompts' chunks: a follow-up arriving while a long
-    // prompt prefills would otherwise wait for every chunk of it.
-    admit_waiting(false);
-    std::vector<Sequence*> prefilling;
-    for (auto& s : running_) {
-      if (s->state == RequestState::Prefilling) prefilling.push_back(s.get());
-    }
-    std::stable_sort(prefilling.begin(), prefilling.end(), by_rank);
-    // Never ahead of a prompt of higher priority.
-    const int top_priority = prefilling.empty() ? 0 : prefilling.front()->request.priority;
-    auto goes_first = [&](const Sequence* s) {
-      return s->pending() <= options_.short_prompt_first && s->request.priority == top_priority;
-    };
-    for (bool first_pass : {true, false}) {
-      for (Sequence* s : prefilling) {
-        if (budget == 0) break;
-        if (!still_running(s) || s->state != RequestState::Prefilling || s->in_batch) continue;
-        if (first_pass == goes_first(s)) schedule_prefill(*s, budget, plan);
-      }
-    }
-  } else {
-    for (Sequence* s : ranked) {  // then chunks of the prompts already being prefilled
-      if (budget == 0) break;
-      if (still_running(s) && s->state == RequestState::Prefilling) schedule_prefill(*s, budget, plan);
-    }
-    admit_waiting(true);
+  // With short prompts first, this step may run a short prompt alone (isolate_short_prompt), so
+  // short prompts, new ones included, get their tokens before long prompts' chunks: a follow-up
+  // arriving while a long prompt prefills would otherwise wait for every chunk of it. Otherwise the
+  // prompts already being prefilled go first and new ones are admitted with what budget is left.
+  const bool short_first = options_.short_prompt_first > 0 && !isolated_last_;
+  if (short_first) admit_waiting(false);
+  std::vector<Sequence*> prefilling;
+  for (auto& s : running_) {
+    if (s->state == RequestState::Prefilling) prefilling.push_back(s.get());
   }
+  std::stable_sort(prefilling.begin(), prefilling.end(), by_rank);
+  // Never ahead of a prompt of higher priority.
+  const int top_priority = prefilling.empty() ? 0 : prefilling.front()->request.priority;
+  auto goes_first = [&](const Sequence* s) {
+    return short_first && s->pending() <= options_.short_prompt_first && s->request.priority == top_priority;
+  };
+  for (bool first_pass : {true, false}) {
+    for (Sequence* s : prefilling) {
+      if (budget == 0) break;
+      if (!still_running(s) || s->state != RequestState::Prefilling || s->in_batch) continue;
+      if (first_pass == goes_first(s)) schedule_prefill(*s, budget, plan);
+    }
+  }
+  if (!short_first) admit_waiting(true);
   isolate_short_prompt(plan);
   // The batch from the final chunks, in their order (which is the logits rows' order).
   for (const StepPlan::Chunk& c : plan.chunks) {

@@ -33,6 +33,13 @@ std::size_t decode_tokens(const StepPlan& plan) {
   return n;
 }
 
+// The plan computes one sequence's tokens and nothing else.
+void expect_alone(const StepPlan& plan, std::uint64_t id, std::size_t n_tokens) {
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].seq->id, id);
+  EXPECT_EQ(plan.batch.size(), n_tokens);
+}
+
 struct Fixture {
   KvCache cache = KvCache::with_blocks(1, 8, 64, 4096, KvType::F32);
 };
@@ -43,9 +50,7 @@ TEST(Scheduler, ShortPromptRunsAloneOnceThenTheOthersGo) {
   for (std::uint64_t id = 1; id <= 2; ++id) scheduler.add(sequence(id, 40));
   // Two short prompts at once: the first runs alone...
   StepPlan plan = scheduler.plan(512);
-  ASSERT_EQ(plan.chunks.size(), 1u);
-  EXPECT_EQ(plan.chunks[0].seq->id, 1u);
-  EXPECT_EQ(plan.batch.size(), 40u);
+  ASSERT_NO_FATAL_FAILURE(expect_alone(plan, 1, 40));
   run(scheduler, plan);
   // ...then the second goes with the first one's decode token (never two such steps in a row).
   plan = scheduler.plan(512);
@@ -60,8 +65,7 @@ TEST(Scheduler, ShortPromptRunsAloneOnceThenTheOthersGo) {
   scheduler.add(sequence(3, 50));
   plan = scheduler.plan(512);
   EXPECT_EQ(plan.n_decode, 0u);
-  EXPECT_EQ(plan.batch.size(), 50u);
-  ASSERT_EQ(plan.chunks.size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(expect_alone(plan, 3, 50));
   EXPECT_TRUE(plan.chunks[0].sample);
   run(scheduler, plan);
   // ...and the next step has every decoding sequence's token, even with another short prompt waiting.
@@ -78,9 +82,7 @@ TEST(Scheduler, ShortPromptGoesBeforeALongPromptsChunk) {
   scheduler.add(sequence(1, 300));
   scheduler.add(sequence(2, 20));
   StepPlan plan = scheduler.plan(512);
-  ASSERT_EQ(plan.chunks.size(), 1u);
-  EXPECT_EQ(plan.chunks[0].seq->id, 2u);
-  EXPECT_EQ(plan.batch.size(), 20u);
+  ASSERT_NO_FATAL_FAILURE(expect_alone(plan, 2, 20));
   run(scheduler, plan);
   // The long prompt keeps its place and goes on in the next step, with the short one's decode token.
   plan = scheduler.plan(512);
@@ -98,9 +100,7 @@ TEST(Scheduler, ShortPromptArrivingDuringALongPrefillDoesNotWaitForIt) {
   // The long prompt's next chunk would take the whole budget: the short prompt goes first, alone.
   scheduler.add(sequence(2, 20));
   plan = scheduler.plan(256);
-  ASSERT_EQ(plan.chunks.size(), 1u);
-  EXPECT_EQ(plan.chunks[0].seq->id, 2u);
-  EXPECT_EQ(plan.batch.size(), 20u);
+  ASSERT_NO_FATAL_FAILURE(expect_alone(plan, 2, 20));
   run(scheduler, plan);
   plan = scheduler.plan(256);
   EXPECT_EQ(plan.n_decode, 1u);
@@ -115,9 +115,7 @@ TEST(Scheduler, ShortPromptDoesNotGoBeforeALongPromptOfHigherPriority) {
   run(scheduler, scheduler.plan(256));
   scheduler.add(sequence(2, 20, /*priority=*/0));
   const StepPlan plan = scheduler.plan(256);
-  ASSERT_EQ(plan.chunks.size(), 1u);
-  EXPECT_EQ(plan.chunks[0].seq->id, 1u);
-  EXPECT_EQ(plan.batch.size(), 256u);
+  ASSERT_NO_FATAL_FAILURE(expect_alone(plan, 1, 256));
 }
 
 TEST(Scheduler, LongPromptsAndHigherPriorityDecodersKeepMixedSteps) {
