@@ -204,6 +204,8 @@ json Scenario::multiturn() {
           {"cold_prefill_ttft_ms", cold.end.times.ttft_seconds() * 1000.0},
           {"cold_prefill_tokens", cold_len},
           {"preemptions", st.preemptions},
+          {"steps", st.steps},
+          {"steps_interrupted", st.steps_interrupted},
           {"wall_s", wall_s}};
 }
 
@@ -290,8 +292,8 @@ json Scenario::head_of_line() {
   const double itl_target = o_.engine.itl_target_ms > 0 ? o_.engine.itl_target_ms : 140.0;
   json chunked = run(true, o_.engine.max_batch_tokens, itl_target);
   // A chat's follow-up (40 tokens) arriving 1 s into the long prompt's prefill, with the step budget
-  // and no streams: its time to first token, which short prompts first keeps to about the step in
-  // flight plus its own (without it: the whole long prefill).
+  // and no streams: its time to first token, which short prompts first keeps to its own step plus
+  // what is left of the step in flight, at most half of it (without it: the whole long prefill).
   json follow_up = [&] {
     constexpr std::size_t kFollowUpTokens = 40;
     constexpr auto kArrivesAfter = std::chrono::seconds(1);
@@ -308,7 +310,8 @@ json Scenario::head_of_line() {
     return json{{"prompt_tokens", kFollowUpTokens},
                 {"arrives_after_ms", ms(kArrivesAfter)},
                 {"ttft_ms", short_r.end.times.ttft_seconds() * 1000.0},
-                {"long_prompt_ttft_ms", long_r.end.times.ttft_seconds() * 1000.0}};
+                {"long_prompt_ttft_ms", long_r.end.times.ttft_seconds() * 1000.0},
+                {"steps_interrupted", engine.stats().steps_interrupted}};
   }();
   json solo_after = run(false, o_.engine.max_batch_tokens, 0);
   const double solo_tps = 0.5 * (solo["prefill_tps"].get<double>() + solo_after["prefill_tps"].get<double>());
@@ -423,6 +426,8 @@ int bench_engine(const BenchEngineOptions& o) {
                   r["late_followup_queue_ms"]["p50"].get<double>(), r["late_followup_queue_ms"]["p99"].get<double>());
       std::printf("| multiturn | answers' inter-token latency p50 / p99 | %.0f / %.0f ms |\n", r["itl_ms"]["p50"].get<double>(),
                   r["itl_ms"]["p99"].get<double>());
+      std::printf("| multiturn | steps stopped early for a follow-up | %zu of %zu |\n", r["steps_interrupted"].get<std::size_t>(),
+                  r["steps"].get<std::size_t>());
       std::printf("| multiturn | prompt tokens served from cache | %.1f%% |\n", 100 * r["followup_cached_fraction"].get<double>());
       std::printf("| multiturn | TTFT re-prefilling %zu tokens (no cache) | %.0f ms |\n", o.history, r["cold_prefill_ttft_ms"].get<double>());
     } else if (n == "shared-prefix") {

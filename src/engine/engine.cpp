@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 
 #include "util/error.h"
 #include "util/process.h"
@@ -205,6 +206,11 @@ std::size_t Engine::step_budget(std::size_t n_decoding) const {
   return std::clamp<std::size_t>(static_cast<std::size_t>(scaled), n_decoding + 1, options_.max_batch_tokens);
 }
 
+bool Engine::newcomer_preempts(const StepPlan& plan) const {
+  std::lock_guard lock(mutex_);
+  return std::any_of(inbox_.begin(), inbox_.end(), [&](const auto& s) { return scheduler_.gives_way(plan, *s); });
+}
+
 void Engine::step() {
   std::size_t n_decoding = 0;
   for (const auto& s : scheduler_.running()) n_decoding += s->state == RequestState::Decoding;
@@ -224,8 +230,18 @@ void Engine::step() {
     return;
   }
   const auto t0 = SteadyClock::now();
+  // A follow-up arriving while this step runs may have it stop at a layer boundary, while at most
+  // half of its layers have run (past that, finishing costs the newcomer less than the others lose).
+  std::function<bool(std::size_t)> stop_before;
+  if (plan.may_give_way) {
+    stop_before = [&](std::size_t layer) { return 2 * layer <= model_.config().n_layer && newcomer_preempts(plan); };
+  }
   try {
-    model_.forward(plan.batch, cache_, pool_, logits_);
+    if (!model_.forward(plan.batch, cache_, pool_, logits_, stop_before)) {
+      scheduler_.interrupted();
+      ++steps_interrupted_;
+      return;
+    }
   } catch (const std::exception& e) {
     for (const StepPlan::Chunk& c : plan.chunks) finish(*c.seq, FinishReason::Error, e.what());
     return;
@@ -397,6 +413,7 @@ void Engine::publish_stats() {
   st.tokens_computed = k.tokens_computed;
   st.tokens_reused = k.tokens_reused;
   st.preemptions = k.preemptions;
+  st.steps_interrupted = steps_interrupted_;
   st.evicted_blocks = k.evicted_blocks;
   st.prompt_tokens = prompt_tokens_;
   st.generation_tokens = generation_tokens_;

@@ -49,6 +49,7 @@ struct EngineStats {
   std::uint64_t tokens_computed = 0, tokens_reused = 0;
   std::uint64_t prompt_tokens = 0, generation_tokens = 0;
   std::uint64_t preemptions = 0, evicted_blocks = 0, steps = 0;
+  std::uint64_t steps_interrupted = 0;  // steps stopped early for a follow-up (Scheduler::gives_way)
   std::uint64_t finished[6] = {};  // by FinishReason
   // Blocks in use by running requests as a fraction of the pool (what vLLM calls kv_cache_usage).
   double kv_usage() const { return kv_blocks_total ? static_cast<double>(kv_blocks_used) / kv_blocks_total : 0.0; }
@@ -76,6 +77,8 @@ class Engine {
   void loop();
   void step();
   std::size_t step_budget(std::size_t n_decoding) const;
+  // Whether a request submitted since `plan` was made should have the step stop (on this thread).
+  bool newcomer_preempts(const StepPlan& plan) const;
   void sample(Sequence& s, float* logits);
   // Streams the token's text; true when it completed a stop string.
   bool emit_token(Sequence& s, std::int32_t id, float logprob, std::vector<TokenLogprob> top);
@@ -106,7 +109,7 @@ class Engine {
   std::uint64_t next_id_ = 1;
   EngineStats stats_;
   std::uint64_t finished_[6] = {};
-  std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0;
+  std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, steps_interrupted_ = 0;
   std::thread thread_;
 };
 

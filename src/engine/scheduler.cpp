@@ -237,6 +237,7 @@ void Scheduler::isolate_short_prompt(StepPlan& plan) {
 
 StepPlan Scheduler::plan(std::size_t budget) {
   StepPlan plan;
+  const bool after_giving_way = isolated_last_ || std::exchange(interrupted_last_, false);
   auto by_rank = [](const auto& a, const auto& b) { return a->ranks_before(*b); };
   std::stable_sort(running_.begin(), running_.end(), by_rank);
   for (auto& s : running_) s->in_batch = false;
@@ -292,6 +293,13 @@ StepPlan Scheduler::plan(std::size_t budget) {
   }
   if (!short_first) admit_waiting(true);
   isolate_short_prompt(plan);
+  plan.may_give_way = options_.short_prompt_first > 0 && !after_giving_way && !isolated_last_ && !plan.chunks.empty() &&
+                      std::none_of(plan.chunks.begin(), plan.chunks.end(),
+                                   [](const StepPlan::Chunk& c) { return c.sample && c.seq->state != RequestState::Decoding; });
+  if (!plan.chunks.empty()) {
+    plan.top_priority = plan.chunks.front().seq->request.priority;
+    for (const StepPlan::Chunk& c : plan.chunks) plan.top_priority = std::max(plan.top_priority, c.seq->request.priority);
+  }
   // The batch from the final chunks, in their order (which is the logits rows' order).
   for (const StepPlan::Chunk& c : plan.chunks) {
     for (std::size_t i = 0; i < c.n_tokens; ++i) {
@@ -301,6 +309,20 @@ StepPlan Scheduler::plan(std::size_t budget) {
   }
   return plan;
 }
+
+bool Scheduler::gives_way(const StepPlan& plan, const Sequence& newcomer) const {
+  if (!plan.may_give_way || newcomer.request.priority < plan.top_priority || newcomer.tokens.empty()) return false;
+  // It must be admitted next: room to run, and no one waiting who ranks before it (same priority, earlier).
+  if (running_.size() >= options_.max_running) return false;
+  if (std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& w) { return w->request.priority >= newcomer.request.priority; })) {
+    return false;
+  }
+  // As admission will: the prefix cache's rows, but at least the last token computed (its logits).
+  const std::size_t cached = options_.prefix_cache ? tree_.cached_length(newcomer.tokens) : 0;
+  return newcomer.tokens.size() - std::min(cached, newcomer.tokens.size() - 1) <= options_.short_prompt_first;
+}
+
+void Scheduler::interrupted() { interrupted_last_ = true; }
 
 void Scheduler::commit(const StepPlan& plan) {
   for (const StepPlan::Chunk& c : plan.chunks) {

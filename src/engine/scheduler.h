@@ -88,6 +88,9 @@ struct StepPlan {
   };
   std::vector<Chunk> chunks;  // in batch order; those with `sample` own one logits row each, in order
   std::size_t n_decode = 0;   // sequences contributing a single decode token
+  // The step may stop early for a short prompt that arrives while it runs (Scheduler::gives_way).
+  bool may_give_way = false;
+  int top_priority = 0;       // the highest priority among the chunks' requests
 };
 
 class Scheduler {
@@ -106,6 +109,18 @@ class Scheduler {
   StepPlan plan(std::size_t budget);
   // After the forward pass: advances the chunks' sequences and offers their new full blocks.
   void commit(const StepPlan& plan);
+  // Whether the step of `plan`, already running, should stop for `newcomer` (submitted, not yet
+  // added), so that the next plan runs the newcomer alone. A follow-up turn arriving during a step
+  // of other users' decode tokens (tens of ms) or of a long prompt's chunk (seconds) otherwise waits
+  // for the rest of it; those users lose the part already run instead. Only for a short prompt over
+  // what the prefix cache holds (a chat's follow-up), of a priority no lower than any in the step,
+  // that the next plan will admit (a free running slot, no one waiting ahead of it),
+  // and only for a step that finishes no prompt (no one's first token waits on it) and that follows
+  // no step that gave way (isolated or stopped): the others wait at most every other step.
+  bool gives_way(const StepPlan& plan, const Sequence& newcomer) const;
+  // The forward pass of `plan` stopped early: nothing is committed, the next plan starts over from
+  // the same state.
+  void interrupted();
 
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }
@@ -136,7 +151,8 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // in rank order after each plan
   std::vector<std::pair<std::unique_ptr<Sequence>, FinishReason>> ended_;
-  bool isolated_last_ = false;  // the last plan ran a short prompt alone
+  bool isolated_last_ = false;     // the last plan ran a short prompt alone
+  bool interrupted_last_ = false;  // the last plan's step stopped early (gives_way)
 };
 
 }  // namespace promptly

@@ -51,7 +51,23 @@ std::size_t PrefixTree::match(const std::vector<std::int32_t>& tokens, std::vect
   return matched;
 }
 
-PrefixTree::SharedRows PrefixTree::most_shared_rows(Node& node, std::span<const std::int32_t> rows) {
+std::size_t PrefixTree::cached_length(std::span<const std::int32_t> tokens) const {
+  const std::size_t bt = pool_.block_tokens();
+  const Node* node = &root_;
+  std::size_t matched = 0;
+  std::vector<std::int32_t> key(bt);
+  while (matched + bt <= tokens.size()) {
+    std::copy_n(tokens.begin() + static_cast<long>(matched), bt, key.begin());
+    auto it = node->children.find(key);
+    if (it == node->children.end()) break;
+    node = it->second.get();
+    matched += bt;
+  }
+  if (matched < tokens.size()) matched += most_shared_rows(*node, tokens.subspan(matched, std::min(bt, tokens.size() - matched))).rows;
+  return matched;
+}
+
+PrefixTree::SharedRows PrefixTree::most_shared_rows(const Node& node, std::span<const std::int32_t> rows) const {
   SharedRows best;
   for (auto it = node.children.lower_bound({rows[0]}); it != node.children.end() && it->first[0] == rows[0]; ++it) {
     const std::vector<std::int32_t>& key = it->first;

@@ -46,6 +46,10 @@ class PrefixTree {
   // Adopted (retained) unless a cached block already holds those rows.
   void insert_partial(std::span<const std::int32_t> tokens, int block);
 
+  // How many leading tokens of `tokens` match would cover now (whole blocks, then the rows shared
+  // with a child), without retaining, copying or counting anything: a look ahead for the engine.
+  std::size_t cached_length(std::span<const std::int32_t> tokens) const;
+
   // Releases up to `n` blocks that only the tree references, least recently used leaves first.
   // Returns how many were freed.
   std::size_t evict(std::size_t n);
@@ -61,16 +65,16 @@ class PrefixTree {
     int block = -1;
     Node* parent = nullptr;
     std::vector<std::int32_t> key;  // B tokens, or fewer for a partly filled block (always a leaf)
-    std::uint64_t last_used = 0;
+    mutable std::uint64_t last_used = 0;  // LRU bookkeeping, touched by lookups
     std::map<std::vector<std::int32_t>, std::unique_ptr<Node>> children;
   };
 
   // The child of `node` whose key shares the most leading tokens with `rows` (null and 0 if none).
   struct SharedRows {
-    Node* node = nullptr;
+    const Node* node = nullptr;
     std::size_t rows = 0;
   };
-  SharedRows most_shared_rows(Node& node, std::span<const std::int32_t> rows);
+  SharedRows most_shared_rows(const Node& node, std::span<const std::int32_t> rows) const;
   // The node of the cached block-aligned prefix `tokens` (whole blocks), or null when not cached.
   Node* find_path(std::span<const std::int32_t> tokens);
   // Releases `node`'s partial children whose rows are a strict prefix of `key` (now redundant).

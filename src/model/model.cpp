@@ -145,11 +145,12 @@ KvCache Model::make_cache(std::size_t max_positions, KvType type, std::size_t ma
   return KvCache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type, KvCache::kDefaultBlockTokens, config_.head_dim);
 }
 
-void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits) const {
+bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
+                    const std::function<bool(std::size_t layer)>& stop_before) const {
   const ModelConfig& c = config_;
   const std::size_t T = batch.size();
   logits.clear();
-  if (T == 0) return;
+  if (T == 0) return true;
   const std::size_t D = c.n_embd, QD = c.q_dim(), KVD = c.kv_dim(), HD = c.head_dim, F = c.n_ff;
 
   for (std::size_t t = 0; t < T; ++t) {
@@ -252,6 +253,7 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   std::stable_sort(tiles.begin(), tiles.end(), [](const AttentionTile& a, const AttentionTile& b) { return a.cost > b.cost; });
 
   for (std::size_t il = 0; il < c.n_layer; ++il) {
+    if (il > 0 && stop_before && stop_before(il)) return false;
     const LayerWeights& L = layers_[il];
 
     per_token([&](std::size_t t) { kernels::rmsnorm(&x[t * D], L.attn_norm, D, c.rms_eps, &xn[t * D]); });
@@ -334,6 +336,7 @@ void Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   }
   logits.resize(n_out * c.n_vocab);
   if (n_out) kernels::matmul(output_, xn.data(), n_out, logits.data(), pool);
+  return true;
 }
 
 }  // namespace promptly

@@ -3,6 +3,7 @@
 // mapped GGUF file in their stored type; the forward pass reads like the math and leaves speed to the
 // kernels.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,7 +37,14 @@ class Model {
 
   // Runs the batch, appending K/V to `cache`, and writes the logits of each token whose
   // want_logits is set, in batch order, to `logits` (n_vocab floats per such token).
-  void forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits) const;
+  //
+  // `stop_before(layer)`, when given, is asked before each layer after the first; if it says yes,
+  // the pass ends there and returns false: the sequences' lengths stay as they were and `logits` is
+  // empty. The rows already written at the batch's positions hold nothing anyone reads (they lie
+  // past the lengths) until the same tokens run again and write the same values. This is how the
+  // engine lets a waiting follow-up go ahead of a step already in flight.
+  bool forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
+               const std::function<bool(std::size_t layer)>& stop_before = {}) const;
 
   KvCache make_cache(std::size_t max_positions, KvType type = KvType::F16, std::size_t max_sequences = 1) const;
 

@@ -88,6 +88,10 @@ struct Server::Impl {
                         [this] { return static_cast<double>(engine.stats().prefix_cache_queries); });
     registry.counter_fn("prefix_cache_hits_total", "Prompt tokens found in the prefix cache",
                         [this] { return static_cast<double>(engine.stats().prefix_cache_hits); });
+    registry.counter_fn("num_preemptions_total", "Requests preempted for KV cache memory (recomputed later)",
+                        [this] { return static_cast<double>(engine.stats().preemptions); });
+    registry.counter_fn("engine_steps_interrupted_total", "Engine steps stopped early so that a follow-up could run first",
+                        [this] { return static_cast<double>(engine.stats().steps_interrupted); });
     for (FinishReason r : {FinishReason::Stop, FinishReason::Length, FinishReason::Cancelled, FinishReason::Timeout, FinishReason::Error}) {
       success[r] = &registry.counter("request_success_total", "Finished requests by reason",
                                      "finished_reason=\"" + finish_reason_text(r) + "\"");

@@ -168,7 +168,7 @@ test('a client that disconnects mid-stream cancels its request and frees its KV 
   for (const name of ['time_to_first_token_seconds', 'inter_token_latency_seconds', 'e2e_request_latency_seconds', 'request_queue_time_seconds', 'request_prefill_time_seconds']) {
     assert.match(m.text, new RegExp(`^promptly:${name}_count \\d+$`, 'm'));
   }
-  for (const name of ['num_requests_waiting', 'prompt_tokens_total', 'generation_tokens_total', 'prefix_cache_queries_total', 'prefix_cache_hits_total']) {
+  for (const name of ['num_requests_waiting', 'prompt_tokens_total', 'generation_tokens_total', 'prefix_cache_queries_total', 'prefix_cache_hits_total', 'num_preemptions_total', 'engine_steps_interrupted_total']) {
     assert.ok(Number.isFinite(m.value(`promptly:${name}`)), name);
   }
 });

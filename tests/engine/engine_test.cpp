@@ -172,6 +172,46 @@ TEST(Engine, BatchEquivalenceAcrossRandomMixesAndChunkSizes) {
   }
 }
 
+// Follow-ups arriving while other users decode stop the step in flight (Scheduler::gives_way), and
+// every output stays what it would be alone: the stopped step's tokens run again from the same state.
+TEST(Engine, StepsStoppedForFollowUpsChangeNoOutput) {
+  EngineOptions o;
+  o.threads = 2;
+  Engine engine(stories().model, &stories().tokenizer, o);
+  Collector c;
+  std::mt19937 rng(11);
+  std::vector<std::pair<std::uint64_t, std::vector<std::int32_t>>> decoders, follow_ups;
+  for (int i = 0; i < 8; ++i) {
+    const auto prompt = random_prompt(rng, 30 + 10 * static_cast<std::size_t>(i));
+    Request r = greedy_request(prompt, 400, c);
+    r.ignore_eos = true;
+    decoders.emplace_back(engine.submit(std::move(r)), prompt);
+  }
+  // Short prompts, one at a time at a random moment, until some step has given way. One at a time:
+  // a step planned right after one that gave way never does, so arrivals at every step boundary
+  // would keep every step from giving way.
+  for (int i = 0; i < 200 && (i < 6 || engine.stats().steps_interrupted == 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 3000)(rng)));
+    const auto prompt = random_prompt(rng, std::uniform_int_distribution<std::size_t>(5, 40)(rng));
+    Request r = greedy_request(prompt, 4, c);
+    r.ignore_eos = true;
+    const std::uint64_t id = engine.submit(std::move(r));
+    c.wait(id);
+    follow_ups.emplace_back(id, prompt);
+  }
+  EXPECT_GT(engine.stats().steps_interrupted, 0u);
+  // The decoders had room for more than this needs; what each produced must be its solo output.
+  for (const auto& [id, prompt] : decoders) engine.cancel(id);
+  for (const auto* group : {&decoders, &follow_ups}) {
+    for (const auto& [id, prompt] : *group) {
+      const auto r = c.wait(id);
+      EXPECT_EQ(r.tokens, solo(prompt, static_cast<int>(r.tokens.size()), KvType::F16)) << "prompt of " << prompt.size() << " tokens";
+      EXPECT_NE(r.end.finish_reason, FinishReason::Error);
+    }
+  }
+  expect_all_memory_released(engine);
+}
+
 TEST(Engine, FollowUpTurnComputesOnlyItsNewTokens) {
   EngineOptions o;
   o.threads = 2;

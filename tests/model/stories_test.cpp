@@ -102,6 +102,35 @@ TEST(Stories260K, LogitsMatchReferenceWithin1e3) {
   EXPECT_EQ(checked, 8);
 }
 
+// A pass stopped at a layer boundary leaves the cache as it was: the same tokens run again give
+// exactly the logits of a pass never stopped.
+TEST(Stories260K, StoppedForwardChangesNothing) {
+  Loaded m(test::shared_model("stories260K.gguf"));
+  const auto ids = reference_ids();
+  ThreadPool pool(2);
+  auto batch_of = [&](std::size_t from, std::size_t to) {
+    Batch b;
+    for (std::size_t i = from; i < to; ++i) b.add(ids[i], static_cast<std::int32_t>(i), 0, true);
+    return b;
+  };
+  KvCache plain = m.model.make_cache(64), stopped = m.model.make_cache(64);
+  std::vector<float> expected, logits;
+  m.model.forward(batch_of(0, 20), plain, pool, expected);
+  ASSERT_TRUE(m.model.forward(batch_of(20, 30), plain, pool, expected));
+
+  m.model.forward(batch_of(0, 20), stopped, pool, logits);
+  std::vector<std::size_t> asked;
+  EXPECT_FALSE(m.model.forward(batch_of(20, 30), stopped, pool, logits, [&](std::size_t layer) {
+    asked.push_back(layer);
+    return layer == 2;
+  }));
+  EXPECT_EQ(asked, (std::vector<std::size_t>{1, 2}));
+  EXPECT_TRUE(logits.empty());
+  EXPECT_EQ(stopped.length(0), 20u);
+  ASSERT_TRUE(m.model.forward(batch_of(20, 30), stopped, pool, logits, [](std::size_t) { return false; }));
+  EXPECT_EQ(logits, expected);
+}
+
 TEST(Stories260K, Q8_0KeepsFirst50GreedyTokens) {
   test::TempDir dir;
   ThreadPool pool(2);
