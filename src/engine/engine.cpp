@@ -206,9 +206,13 @@ std::size_t Engine::step_budget(std::size_t n_decoding) const {
   return std::clamp<std::size_t>(static_cast<std::size_t>(scaled), n_decoding + 1, options_.max_batch_tokens);
 }
 
-bool Engine::newcomer_preempts(const StepPlan& plan) const {
+bool Engine::newcomer_preempts(const StepPlan& plan, std::size_t& judged) const {
   std::lock_guard lock(mutex_);
-  return std::any_of(inbox_.begin(), inbox_.end(), [&](const auto& s) { return scheduler_.gives_way(plan, *s); });
+  // The inbox only grows while a step runs: each newcomer is judged once.
+  for (; judged < inbox_.size(); ++judged) {
+    if (scheduler_.gives_way(plan, *inbox_[judged])) return true;
+  }
+  return false;
 }
 
 void Engine::step() {
@@ -234,7 +238,9 @@ void Engine::step() {
   // half of its layers have run (past that, finishing costs the newcomer less than the others lose).
   std::function<bool(std::size_t)> stop_before;
   if (plan.may_give_way) {
-    stop_before = [&](std::size_t layer) { return 2 * layer <= model_.config().n_layer && newcomer_preempts(plan); };
+    stop_before = [&, judged = std::size_t{0}](std::size_t layer) mutable {
+      return 2 * layer <= model_.config().n_layer && newcomer_preempts(plan, judged);
+    };
   }
   try {
     if (!model_.forward(plan.batch, cache_, pool_, logits_, stop_before)) {

@@ -78,7 +78,8 @@ class Engine {
   void step();
   std::size_t step_budget(std::size_t n_decoding) const;
   // Whether a request submitted since `plan` was made should have the step stop (on this thread).
-  bool newcomer_preempts(const StepPlan& plan) const;
+  // `judged`: how many of the inbox's requests earlier calls for this step already turned down.
+  bool newcomer_preempts(const StepPlan& plan, std::size_t& judged) const;
   void sample(Sequence& s, float* logits);
   // Streams the token's text; true when it completed a stop string.
   bool emit_token(Sequence& s, std::int32_t id, float logprob, std::vector<TokenLogprob> top);

@@ -297,8 +297,9 @@ StepPlan Scheduler::plan(std::size_t budget) {
                       std::none_of(plan.chunks.begin(), plan.chunks.end(),
                                    [](const StepPlan::Chunk& c) { return c.sample && c.seq->state != RequestState::Decoding; });
   if (!plan.chunks.empty()) {
-    plan.top_priority = plan.chunks.front().seq->request.priority;
-    for (const StepPlan::Chunk& c : plan.chunks) plan.top_priority = std::max(plan.top_priority, c.seq->request.priority);
+    plan.top_priority = std::max_element(plan.chunks.begin(), plan.chunks.end(), [](const StepPlan::Chunk& a, const StepPlan::Chunk& b) {
+                          return a.seq->request.priority < b.seq->request.priority;
+                        })->seq->request.priority;
   }
   // The batch from the final chunks, in their order (which is the logits rows' order).
   for (const StepPlan::Chunk& c : plan.chunks) {

@@ -18,26 +18,36 @@ PrefixTree::~PrefixTree() {
   release_all(root_);
 }
 
-std::size_t PrefixTree::match(const std::vector<std::int32_t>& tokens, std::vector<int>& blocks, std::size_t limit, bool count) {
-  if (count) ++queries_;
+std::vector<const PrefixTree::Node*> PrefixTree::block_path(std::span<const std::int32_t> tokens) const {
   const std::size_t bt = pool_.block_tokens();
-  const std::size_t n = std::min(limit, tokens.size());
-  Node* node = &root_;
-  std::size_t matched = 0;
+  std::vector<const Node*> path;
+  const Node* node = &root_;
   std::vector<std::int32_t> key(bt);
-  while (matched + bt <= n) {
-    std::copy_n(tokens.begin() + static_cast<long>(matched), bt, key.begin());
+  for (std::size_t at = 0; at + bt <= tokens.size(); at += bt) {
+    std::copy_n(tokens.begin() + static_cast<long>(at), bt, key.begin());
     auto it = node->children.find(key);
     if (it == node->children.end()) break;
     node = it->second.get();
+    path.push_back(node);
+  }
+  return path;
+}
+
+std::size_t PrefixTree::match(const std::vector<std::int32_t>& tokens, std::vector<int>& blocks, std::size_t limit, bool count) {
+  if (count) ++queries_;
+  const std::size_t bt = pool_.block_tokens();
+  const std::span<const std::int32_t> wanted = std::span<const std::int32_t>(tokens).first(std::min(limit, tokens.size()));
+  const std::vector<const Node*> path = block_path(wanted);
+  for (const Node* node : path) {
     node->last_used = ++clock_;
     pool_.retain(node->block);
     blocks.push_back(node->block);
-    matched += bt;
   }
-  if (matched < n) {
+  std::size_t matched = path.size() * bt;
+  if (matched < wanted.size()) {
     // Copy-on-read of the rows the rest of `tokens` shares with a child.
-    const auto [source, shared] = most_shared_rows(*node, std::span<const std::int32_t>(tokens).subspan(matched, std::min(bt, n - matched)));
+    const Node& last = path.empty() ? root_ : *path.back();
+    const auto [source, shared] = most_shared_rows(last, wanted.subspan(matched, std::min(bt, wanted.size() - matched)));
     if (source) {
       if (const int copy = pool_.allocate(); copy >= 0) {
         pool_.copy_rows(source->block, copy, shared);
@@ -53,17 +63,11 @@ std::size_t PrefixTree::match(const std::vector<std::int32_t>& tokens, std::vect
 
 std::size_t PrefixTree::cached_length(std::span<const std::int32_t> tokens) const {
   const std::size_t bt = pool_.block_tokens();
-  const Node* node = &root_;
-  std::size_t matched = 0;
-  std::vector<std::int32_t> key(bt);
-  while (matched + bt <= tokens.size()) {
-    std::copy_n(tokens.begin() + static_cast<long>(matched), bt, key.begin());
-    auto it = node->children.find(key);
-    if (it == node->children.end()) break;
-    node = it->second.get();
-    matched += bt;
+  const std::vector<const Node*> path = block_path(tokens);
+  std::size_t matched = path.size() * bt;
+  if (matched < tokens.size()) {
+    matched += most_shared_rows(path.empty() ? root_ : *path.back(), tokens.subspan(matched, std::min(bt, tokens.size() - matched))).rows;
   }
-  if (matched < tokens.size()) matched += most_shared_rows(*node, tokens.subspan(matched, std::min(bt, tokens.size() - matched))).rows;
   return matched;
 }
 

@@ -75,6 +75,8 @@ class PrefixTree {
     std::size_t rows = 0;
   };
   SharedRows most_shared_rows(const Node& node, std::span<const std::int32_t> rows) const;
+  // The nodes of the longest cached prefix of `tokens` in whole blocks, the root's child first.
+  std::vector<const Node*> block_path(std::span<const std::int32_t> tokens) const;
   // The node of the cached block-aligned prefix `tokens` (whole blocks), or null when not cached.
   Node* find_path(std::span<const std::int32_t> tokens);
   // Releases `node`'s partial children whose rows are a strict prefix of `key` (now redundant).
