@@ -126,19 +126,27 @@ void Model::repack_for_kernels() {
   // Only the AVX-512 paths (and AMX, built on them) have kernels for the interleaved layout; others
   // read ggml's as stored.
   if (kernels::active_isa() < kernels::Isa::Avx512) return;
-  auto repack = [&](kernels::WeightMatrix& m) {
-    if (!kernels::can_repack_x16(m)) return;
-    auto buf = std::make_unique<std::uint8_t[]>(kernels::repacked_bytes(m));
-    const kernels::Layout layout = kernels::repack_x16(m, buf.get());
-    file_->release_pages(m.data, m.rows * m.row_stride());
-    m.data = buf.get();
-    m.layout = layout;
-    repacked_.push_back(std::move(buf));
-  };
+  std::vector<kernels::WeightMatrix*> matrices;
   for (LayerWeights& l : layers_) {
-    for (kernels::WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) repack(*m);
+    for (kernels::WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) matrices.push_back(m);
   }
-  if (output_.data != token_embd_.data) repack(output_);  // a tied output is the embedding table, read by row
+  if (output_.data != token_embd_.data) matrices.push_back(&output_);  // a tied output is the embedding table, read by row
+  std::erase_if(matrices, [](const kernels::WeightMatrix* m) { return !kernels::can_repack_x16(*m); });
+  // One buffer on huge pages for all of them. Decode streams every weight once per token: on 4 KiB
+  // pages that is a TLB miss every 4 KiB and a hardware prefetcher that stops at each page boundary.
+  // (The file's own pages are released as each matrix moves, so the peak stays near one copy.)
+  constexpr std::size_t kAlign = 4096;
+  std::size_t total = 0;
+  for (const kernels::WeightMatrix* m : matrices) total += (kernels::repacked_bytes(*m) + kAlign - 1) / kAlign * kAlign;
+  repacked_ = HugePageBuffer(total);
+  std::uint8_t* next = repacked_.data();
+  for (kernels::WeightMatrix* m : matrices) {
+    const kernels::Layout layout = kernels::repack_x16(*m, next);
+    file_->release_pages(m->data, m->rows * m->row_stride());
+    m->data = next;
+    m->layout = layout;
+    next += (kernels::repacked_bytes(*m) + kAlign - 1) / kAlign * kAlign;
+  }
 }
 
 KvCache Model::make_cache(std::size_t max_positions, KvType type, std::size_t max_sequences) const {

@@ -14,6 +14,7 @@
 #include "kv/kv_cache.h"
 #include "model/batch.h"
 #include "model/config.h"
+#include "util/huge_pages.h"
 #include "util/thread_pool.h"
 
 namespace promptly {
@@ -56,7 +57,7 @@ class Model {
   const float* output_norm_ = nullptr;
   std::vector<LayerWeights> layers_;
   std::vector<float> inv_freq_;  // n_rot / 2 rope speeds, with llama3 frequency factors applied
-  std::vector<std::unique_ptr<std::uint8_t[]>> repacked_;  // weights moved into kernel-friendly layouts
+  HugePageBuffer repacked_;  // weights moved into kernel-friendly layouts
 
   void repack_for_kernels();
 };

@@ -24,8 +24,10 @@ class HugePageBuffer {
   std::size_t size() const { return size_; }
 
  private:
-  std::uint8_t* data_ = nullptr;
+  std::uint8_t* data_ = nullptr;  // the first 2 MiB boundary of the mapping
   std::size_t size_ = 0;
+  void* mapping_ = nullptr;
+  std::size_t mapped_size_ = 0;
 };
 
 }  // namespace promptly
