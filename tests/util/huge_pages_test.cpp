@@ -31,6 +31,18 @@ TEST(HugePageBuffer, ZeroedWritableAndMovable) {
   EXPECT_EQ(assigned.data()[kBytes - 1], 7);
 }
 
+// The kernel backs only aligned 2 MiB ranges with huge pages: a buffer that started at mmap's 4 KiB
+// alignment would leave its first and last partial ranges (all of a buffer under 4 MiB) on small pages.
+TEST(HugePageBuffer, StartsOnAHugePageBoundary) {
+  for (std::size_t bytes : {std::size_t{4096}, (std::size_t{2} << 20) + 1, (std::size_t{7} << 20) + 4321}) {
+    HugePageBuffer buffer(bytes);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(buffer.data()) % (std::size_t{2} << 20), 0u) << bytes;
+    buffer.data()[bytes - 1] = 1;  // the whole size lies inside the mapping
+    HugePageBuffer moved(std::move(buffer));
+    EXPECT_EQ(moved.data()[bytes - 1], 1);
+  }
+}
+
 TEST(HugePageBuffer, EmptyHoldsNothing) {
   HugePageBuffer empty(0);
   EXPECT_EQ(empty.data(), nullptr);
