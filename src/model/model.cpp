@@ -135,17 +135,21 @@ void Model::repack_for_kernels() {
   // One buffer on huge pages for all of them. Decode streams every weight once per token: on 4 KiB
   // pages that is a TLB miss every 4 KiB and a hardware prefetcher that stops at each page boundary.
   // (The file's own pages are released as each matrix moves, so the peak stays near one copy.)
-  constexpr std::size_t kAlign = 4096;
+  const auto slot_bytes = [](const kernels::WeightMatrix& m) {  // each matrix starts on a 4 KiB boundary
+    constexpr std::size_t kAlign = 4096;
+    return (kernels::repacked_bytes(m) + kAlign - 1) / kAlign * kAlign;
+  };
   std::size_t total = 0;
-  for (const kernels::WeightMatrix* m : matrices) total += (kernels::repacked_bytes(*m) + kAlign - 1) / kAlign * kAlign;
+  for (const kernels::WeightMatrix* m : matrices) total += slot_bytes(*m);
   repacked_ = HugePageBuffer(total);
   std::uint8_t* next = repacked_.data();
   for (kernels::WeightMatrix* m : matrices) {
+    const std::size_t slot = slot_bytes(*m);
     const kernels::Layout layout = kernels::repack_x16(*m, next);
     file_->release_pages(m->data, m->rows * m->row_stride());
     m->data = next;
     m->layout = layout;
-    next += (kernels::repacked_bytes(*m) + kAlign - 1) / kAlign * kAlign;
+    next += slot;
   }
 }
 
