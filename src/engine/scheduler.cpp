@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -318,9 +319,11 @@ bool Scheduler::gives_way(const StepPlan& plan, const Sequence& newcomer) const 
   if (std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& w) { return w->request.priority >= newcomer.request.priority; })) {
     return false;
   }
-  // As admission will: the prefix cache's rows, but at least the last token computed (its logits).
-  const std::size_t cached = options_.prefix_cache ? tree_.cached_length(newcomer.tokens) : 0;
-  return newcomer.tokens.size() - std::min(cached, newcomer.tokens.size() - 1) <= options_.short_prompt_first;
+  // What admission's match will find: the prefix cache's rows for all but the last token (whose
+  // logits must be computed).
+  const auto reusable = std::span<const std::int32_t>(newcomer.tokens).first(newcomer.tokens.size() - 1);
+  const std::size_t cached = options_.prefix_cache ? tree_.cached_length(reusable) : 0;
+  return newcomer.tokens.size() - cached <= options_.short_prompt_first;
 }
 
 void Scheduler::interrupted() { interrupted_last_ = true; }
