@@ -112,8 +112,8 @@ void matmul(const WeightMatrix& w, Activations& x, float* y, ThreadPool& pool) {
 void matmul_fused(std::span<const WeightMatrix* const> ws, Activations& x, std::span<float* const> ys, ThreadPool& pool) {
   const KernelTable& kt = kernel_table(active_isa());
   const std::size_t n_tokens = x.n_tokens();
-  // Shares are whole tiles: 16 rows for the x16 layouts, and for fused matrices, so that every
-  // matrix boundary (a multiple of 16) falls between tiles; 4 rows otherwise.
+  // Shares are whole tiles: 16 rows (or 32, below) for the x16 layouts, and for fused matrices, so
+  // that every matrix boundary (a multiple of 16) falls between tiles; 4 rows otherwise.
   bool tiles_of_16 = ws.size() > 1;
   std::size_t total_rows = 0;
   for (const WeightMatrix* w : ws) {
@@ -128,7 +128,10 @@ void matmul_fused(std::span<const WeightMatrix* const> ws, Activations& x, std::
   // Waking a thread costs microseconds, so each share gets at least ~64K multiply-adds; small
   // matrices (tiny models, single tokens) run on the calling thread alone.
   constexpr std::size_t kMinMacsPerShare = 1 << 16;
-  const std::size_t unit = tiles_of_16 ? 16 : 4;
+  // Pairs of 16-row groups where every matrix has them, so that the two-group tiles of the AVX-512
+  // path (tile_x32) find whole pairs in every share.
+  const bool pairs_of_16 = std::all_of(ws.begin(), ws.end(), [](const WeightMatrix* w) { return w->layout != Layout::Plain && w->rows % 32 == 0; });
+  const std::size_t unit = pairs_of_16 ? 32 : tiles_of_16 ? 16 : 4;
   std::size_t grain = std::max<std::size_t>(16, kMinMacsPerShare / std::max<std::size_t>(1, ws[0]->cols * n_tokens));
   grain = (grain + unit - 1) / unit * unit;
   pool.parallel_for(total_rows, grain, [&](std::size_t b, std::size_t e, int) {

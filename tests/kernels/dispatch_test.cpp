@@ -223,6 +223,43 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
   EXPECT_FALSE(can_repack_x16({DType::F16, nullptr, 16, 32}));
 }
 
+// Batch equivalence at the kernel: a token's outputs from an interleaved matrix are bit-identical
+// whether it is multiplied alone or with others, on every path. On AVX-512 a lone token goes through
+// the 16-row tiles and a batch through the two-group tiles (tile_x32) wherever rows pair up, in tiles
+// of 2-8 tokens; 48 rows leave a lone group after the pair, 96 rows are shared out in pairs.
+TEST(Dispatch, InterleavedResultsDoNotDependOnTheBatch) {
+  IsaGuard guard;
+  std::mt19937 rng(12);
+  std::normal_distribution<float> dist;
+  for (DType type : {DType::Q4_0, DType::Q8_0}) {
+    for (std::size_t rows : {16u, 48u, 96u}) {
+      const std::size_t cols = 288, tokens = 37;  // 9 blocks per row
+      std::vector<float> wf(rows * cols), x(tokens * cols);
+      for (float& v : wf) v = dist(rng);
+      for (float& v : x) v = dist(rng);
+      std::vector<std::uint8_t> w(rows * row_bytes(type, cols));
+      for (std::size_t r = 0; r < rows; ++r) quantize_row(type, &wf[r * cols], &w[r * row_bytes(type, cols)], cols);
+      const WeightMatrix plain{type, w.data(), rows, cols};
+      std::vector<std::uint8_t> packed(repacked_bytes(plain));
+      const WeightMatrix inter{type, packed.data(), rows, cols, repack_x16(plain, packed.data())};
+      ThreadPool pool(2);
+      for (Isa isa : fast_paths()) {
+        set_isa(isa);
+        std::vector<float> alone(tokens * rows);
+        for (std::size_t t = 0; t < tokens; ++t) matmul(inter, &x[t * cols], 1, &alone[t * rows], pool);
+        for (std::size_t batch : {2u, 3u, 5u, 8u, 11u, 16u, 37u}) {
+          std::vector<float> together(batch * rows);
+          matmul(inter, x.data(), batch, together.data(), pool);
+          for (std::size_t i = 0; i < together.size(); ++i) {
+            ASSERT_EQ(together[i], alone[i]) << dtype_name(type) << " " << isa_name(isa) << " rows " << rows << " batch " << batch
+                                             << " token " << i / rows << " row " << i % rows;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The AMX tiles (Q4_0, Q8_0, Q4_K) take prompt-sized batches (from kMinTiledTokens on, 16 tokens at a
 // time, the rest through the VNNI kernel group by group) and must give bit-identical results to the
 // AVX-512 path: the integer dot products are exact and the float work per block is the same
