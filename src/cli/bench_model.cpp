@@ -143,6 +143,17 @@ int bench_model(const BenchModelOptions& o) {
     if (cache.n_sequences() > 0) cache.set_length(0, depth);
   };
   const auto at = [&](int i) { return static_cast<std::int32_t>(depth) + i; };
+  // The read bandwidth is measured after every repetition and the floor takes the best: on a shared
+  // machine it moves by tens of percent within a minute, and one measurement at the end could land
+  // in a slow phase and flatter the decode that ran in a fast one. Its 1 GiB buffer must not count
+  // as the model's memory, so the peak RSS is read before each measurement and started over after.
+  double rss = 0, bandwidth = 0;
+  bool rss_tracks_model_only = true;
+  const auto measure_machine = [&] {
+    if (rss_tracks_model_only) rss = std::max(rss, peak_rss_mb());
+    bandwidth = std::max(bandwidth, measure_read_bandwidth_gbs(pool));
+    rss_tracks_model_only = reset_peak_rss();
+  };
   for (int rep = 0; rep < std::max(1, o.repetitions); ++rep) {
     if (o.n_prompt > 0) {
       restart();
@@ -163,9 +174,8 @@ int bench_model(const BenchModelOptions& o) {
       }
       tg_tps.push_back(o.n_gen / seconds_since(t0));
     }
+    measure_machine();
   }
-  const double rss = peak_rss_mb();
-  const double bandwidth = measure_read_bandwidth_gbs(pool);
   const double int8_measured_tops = measure_int8_tops(pool);
   const Stats pp = stats(pp_tps), tg = stats(tg_tps);
   const double tg_floor = bandwidth * 1e9 / static_cast<double>(weight_bytes);

@@ -6,6 +6,13 @@
 
 namespace promptly {
 
+bool reset_peak_rss() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (!f) return false;
+  const bool written = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && written;
+}
+
 double peak_rss_mb() {
   std::FILE* f = std::fopen("/proc/self/status", "r");
   if (!f) {
