@@ -223,6 +223,23 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
   EXPECT_FALSE(can_repack_x16({DType::F16, nullptr, 16, 32}));
 }
 
+// A random (normal) matrix quantized to `type`, and its 16-row interleaved repacking.
+struct RandomInterleaved {
+  std::vector<std::uint8_t> stored, packed;
+  WeightMatrix plain, inter;
+  RandomInterleaved(DType type, std::size_t rows, std::size_t cols, std::mt19937& rng) : stored(rows * row_bytes(type, cols)) {
+    std::normal_distribution<float> dist;
+    std::vector<float> row(cols);
+    for (std::size_t r = 0; r < rows; ++r) {
+      for (float& v : row) v = dist(rng);
+      quantize_row(type, row.data(), &stored[r * row_bytes(type, cols)], cols);
+    }
+    plain = {type, stored.data(), rows, cols};
+    packed.resize(repacked_bytes(plain));
+    inter = {type, packed.data(), rows, cols, repack_x16(plain, packed.data())};
+  }
+};
+
 // Batch equivalence at the kernel: a token's outputs from an interleaved matrix are bit-identical
 // whether it is multiplied alone or with others, on every path. On AVX-512 a lone token goes through
 // the 16-row tiles and a batch through the two-group tiles (tile_x32) wherever rows pair up, in tiles
@@ -234,14 +251,10 @@ TEST(Dispatch, InterleavedResultsDoNotDependOnTheBatch) {
   for (DType type : {DType::Q4_0, DType::Q8_0}) {
     for (std::size_t rows : {16u, 48u, 96u}) {
       const std::size_t cols = 288, tokens = 37;  // 9 blocks per row
-      std::vector<float> wf(rows * cols), x(tokens * cols);
-      for (float& v : wf) v = dist(rng);
+      const RandomInterleaved m(type, rows, cols, rng);
+      const WeightMatrix& inter = m.inter;
+      std::vector<float> x(tokens * cols);
       for (float& v : x) v = dist(rng);
-      std::vector<std::uint8_t> w(rows * row_bytes(type, cols));
-      for (std::size_t r = 0; r < rows; ++r) quantize_row(type, &wf[r * cols], &w[r * row_bytes(type, cols)], cols);
-      const WeightMatrix plain{type, w.data(), rows, cols};
-      std::vector<std::uint8_t> packed(repacked_bytes(plain));
-      const WeightMatrix inter{type, packed.data(), rows, cols, repack_x16(plain, packed.data())};
       ThreadPool pool(2);
       for (Isa isa : fast_paths()) {
         set_isa(isa);
@@ -276,14 +289,10 @@ TEST(Dispatch, AmxTilesBitIdenticalToAvx512) {
         if (cols * tokens > 1500000) continue;  // 2048 x 700 stays: more tokens than one panel (336 at 64 blocks)
         if (type == DType::Q4_K && cols % 256 != 0) continue;
         const std::size_t rows = 48;
-        std::vector<float> wf(rows * cols), x(tokens * cols);
-        for (float& v : wf) v = dist(rng);
+        const RandomInterleaved m(type, rows, cols, rng);
+        const WeightMatrix& inter = m.inter;
+        std::vector<float> x(tokens * cols);
         for (float& v : x) v = dist(rng);
-        std::vector<std::uint8_t> w(rows * row_bytes(type, cols));
-        for (std::size_t r = 0; r < rows; ++r) quantize_row(type, &wf[r * cols], &w[r * row_bytes(type, cols)], cols);
-        const WeightMatrix plain{type, w.data(), rows, cols};
-        std::vector<std::uint8_t> packed(repacked_bytes(plain));
-        const WeightMatrix inter{type, packed.data(), rows, cols, repack_x16(plain, packed.data())};
         ThreadPool pool(2);
         std::vector<float> want(tokens * rows), got(tokens * rows);
         set_isa(Isa::Avx512);
