@@ -68,7 +68,10 @@ TEST(Dispatch, MatmulEveryTypeMatchesScalar) {
   std::normal_distribution<float> dist;
   for (DType type : {DType::Q4_0, DType::Q8_0, DType::F16, DType::F32, DType::Q4_K, DType::Q6_K, DType::BF16}) {
     const bool k_quant = dtype_info(type).block_size == 256;
-    for (std::size_t cols : k_quant ? std::vector<std::size_t>{256, 768} : std::vector<std::size_t>{32, 96, 200 - 200 % 32 + 32}) {
+    const bool per_element = dtype_info(type).block_size == 1;  // F16, F32, BF16: any row length (vector tails)
+    for (std::size_t cols : k_quant       ? std::vector<std::size_t>{256, 768}
+                            : per_element ? std::vector<std::size_t>{7, 37, 200}
+                                          : std::vector<std::size_t>{32, 96, 200 - 200 % 32 + 32}) {
       for (std::size_t rows : {1u, 5u, 19u}) {
         for (std::size_t tokens : {1u, 3u, 6u}) {
           std::vector<float> wf(rows * cols), x(tokens * cols);
@@ -268,6 +271,33 @@ TEST(Dispatch, InterleavedResultsDoNotDependOnTheBatch) {
                                              << " token " << i / rows << " row " << i % rows;
           }
         }
+      }
+    }
+  }
+}
+
+// The same for weights read in place in F16 or F32 (rows of 4 x tokens of 4 tiles, and a tail of
+// k % 16 elements on AVX-512).
+TEST(Dispatch, FloatWeightResultsDoNotDependOnTheBatch) {
+  IsaGuard guard;
+  std::mt19937 rng(13);
+  std::normal_distribution<float> dist;
+  for (DType type : {DType::F16, DType::F32}) {
+    const std::size_t rows = 19, cols = 200, tokens = 9;
+    std::vector<float> wf(rows * cols), x(tokens * cols);
+    for (float& v : wf) v = dist(rng);
+    for (float& v : x) v = dist(rng);
+    std::vector<std::uint8_t> w(rows * row_bytes(type, cols));
+    for (std::size_t r = 0; r < rows; ++r) quantize_row(type, &wf[r * cols], &w[r * row_bytes(type, cols)], cols);
+    const WeightMatrix m{type, w.data(), rows, cols};
+    ThreadPool pool(2);
+    for (Isa isa : fast_paths()) {
+      set_isa(isa);
+      std::vector<float> alone(tokens * rows), together(tokens * rows);
+      for (std::size_t t = 0; t < tokens; ++t) matmul(m, &x[t * cols], 1, &alone[t * rows], pool);
+      matmul(m, x.data(), tokens, together.data(), pool);
+      for (std::size_t i = 0; i < together.size(); ++i) {
+        ASSERT_EQ(together[i], alone[i]) << dtype_name(type) << " " << isa_name(isa) << " token " << i / rows << " row " << i % rows;
       }
     }
   }
