@@ -222,8 +222,9 @@ void gemm_q8_0(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std:
   tiled<Q8Tile>(r0, r1, n_tokens, w, w_stride, x, y, ldy, static_cast<float*>(nullptr));
 }
 
-void gemm_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
-              std::size_t n_tokens, float* y, std::size_t ldy) {
+// (The AVX-512 table has its own, on 512-bit vectors.)
+[[maybe_unused]] void gemm_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
+                               std::size_t n_tokens, float* y, std::size_t ldy) {
   tiled<F16Tile>(r0, r1, n_tokens, w, w_stride, x, k, y, ldy);
 }
 
