@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <random>
 #include <sstream>
 #include <vector>
@@ -226,11 +227,11 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
   EXPECT_FALSE(can_repack_x16({DType::F16, nullptr, 16, 32}));
 }
 
-// A random (normal) matrix quantized to `type`, and its 16-row interleaved repacking.
-struct RandomInterleaved {
-  std::vector<std::uint8_t> stored, packed;
-  WeightMatrix plain, inter;
-  RandomInterleaved(DType type, std::size_t rows, std::size_t cols, std::mt19937& rng) : stored(rows * row_bytes(type, cols)) {
+// A random (normal) matrix stored as `type`.
+struct RandomMatrix {
+  std::vector<std::uint8_t> stored;
+  WeightMatrix plain;
+  RandomMatrix(DType type, std::size_t rows, std::size_t cols, std::mt19937& rng) : stored(rows * row_bytes(type, cols)) {
     std::normal_distribution<float> dist;
     std::vector<float> row(cols);
     for (std::size_t r = 0; r < rows; ++r) {
@@ -238,68 +239,62 @@ struct RandomInterleaved {
       quantize_row(type, row.data(), &stored[r * row_bytes(type, cols)], cols);
     }
     plain = {type, stored.data(), rows, cols};
+  }
+};
+// ... and its 16-row interleaved repacking.
+struct RandomInterleaved : RandomMatrix {
+  std::vector<std::uint8_t> packed;
+  WeightMatrix inter;
+  RandomInterleaved(DType type, std::size_t rows, std::size_t cols, std::mt19937& rng) : RandomMatrix(type, rows, cols, rng) {
     packed.resize(repacked_bytes(plain));
     inter = {type, packed.data(), rows, cols, repack_x16(plain, packed.data())};
   }
 };
 
-// Batch equivalence at the kernel: a token's outputs from an interleaved matrix are bit-identical
-// whether it is multiplied alone or with others, on every path. On AVX-512 a lone token goes through
-// the 16-row tiles and a batch through the two-group tiles (tile_x32) wherever rows pair up, in tiles
-// of 2-8 tokens; 48 rows leave a lone group after the pair, 96 rows are shared out in pairs.
-TEST(Dispatch, InterleavedResultsDoNotDependOnTheBatch) {
-  IsaGuard guard;
-  std::mt19937 rng(12);
+// Batch equivalence at the kernel: on every path, each of m's outputs for a token multiplied alone
+// equals the same output in batches of the given sizes (random activations), bit for bit.
+void expect_batch_independent(const WeightMatrix& m, std::initializer_list<std::size_t> batches, std::mt19937& rng) {
+  const std::size_t tokens = std::max(batches), rows = m.rows, cols = m.cols;
   std::normal_distribution<float> dist;
-  for (DType type : {DType::Q4_0, DType::Q8_0}) {
-    for (std::size_t rows : {16u, 48u, 96u}) {
-      const std::size_t cols = 288, tokens = 37;  // 9 blocks per row
-      const RandomInterleaved m(type, rows, cols, rng);
-      const WeightMatrix& inter = m.inter;
-      std::vector<float> x(tokens * cols);
-      for (float& v : x) v = dist(rng);
-      ThreadPool pool(2);
-      for (Isa isa : fast_paths()) {
-        set_isa(isa);
-        std::vector<float> alone(tokens * rows);
-        for (std::size_t t = 0; t < tokens; ++t) matmul(inter, &x[t * cols], 1, &alone[t * rows], pool);
-        for (std::size_t batch : {2u, 3u, 5u, 8u, 11u, 16u, 37u}) {
-          std::vector<float> together(batch * rows);
-          matmul(inter, x.data(), batch, together.data(), pool);
-          for (std::size_t i = 0; i < together.size(); ++i) {
-            ASSERT_EQ(together[i], alone[i]) << dtype_name(type) << " " << isa_name(isa) << " rows " << rows << " batch " << batch
-                                             << " token " << i / rows << " row " << i % rows;
-          }
-        }
+  std::vector<float> x(tokens * cols);
+  for (float& v : x) v = dist(rng);
+  ThreadPool pool(2);
+  for (Isa isa : fast_paths()) {
+    set_isa(isa);
+    std::vector<float> alone(tokens * rows);
+    for (std::size_t t = 0; t < tokens; ++t) matmul(m, &x[t * cols], 1, &alone[t * rows], pool);
+    for (std::size_t batch : batches) {
+      std::vector<float> together(batch * rows);
+      matmul(m, x.data(), batch, together.data(), pool);
+      for (std::size_t i = 0; i < together.size(); ++i) {
+        ASSERT_EQ(together[i], alone[i]) << dtype_name(m.type) << " " << isa_name(isa) << " rows " << rows << " batch " << batch
+                                         << " token " << i / rows << " row " << i % rows;
       }
     }
   }
 }
 
-// The same for weights read in place in F16 or F32 (rows of 4 x tokens of 4 tiles, and a tail of
-// k % 16 elements on AVX-512).
+// Interleaved matrices: on AVX-512 a lone token goes through the 16-row tiles and a batch through the
+// two-group tiles (tile_x32) wherever rows pair up, in tiles of 2-8 tokens; 48 rows leave a lone
+// group after the pair, 96 rows are shared out in pairs.
+TEST(Dispatch, InterleavedResultsDoNotDependOnTheBatch) {
+  IsaGuard guard;
+  std::mt19937 rng(12);
+  for (DType type : {DType::Q4_0, DType::Q8_0}) {
+    for (std::size_t rows : {16u, 48u, 96u}) {
+      const RandomInterleaved m(type, rows, 288, rng);  // 9 blocks per row
+      expect_batch_independent(m.inter, {2, 3, 5, 8, 11, 16, 37}, rng);
+    }
+  }
+}
+
+// Weights read in place in F16 or F32: tiles of 4 rows x 4 tokens, and on AVX-512 a tail of k % 16.
 TEST(Dispatch, FloatWeightResultsDoNotDependOnTheBatch) {
   IsaGuard guard;
   std::mt19937 rng(13);
-  std::normal_distribution<float> dist;
   for (DType type : {DType::F16, DType::F32}) {
-    const std::size_t rows = 19, cols = 200, tokens = 9;
-    std::vector<float> wf(rows * cols), x(tokens * cols);
-    for (float& v : wf) v = dist(rng);
-    for (float& v : x) v = dist(rng);
-    std::vector<std::uint8_t> w(rows * row_bytes(type, cols));
-    for (std::size_t r = 0; r < rows; ++r) quantize_row(type, &wf[r * cols], &w[r * row_bytes(type, cols)], cols);
-    const WeightMatrix m{type, w.data(), rows, cols};
-    ThreadPool pool(2);
-    for (Isa isa : fast_paths()) {
-      set_isa(isa);
-      std::vector<float> alone(tokens * rows), together(tokens * rows);
-      for (std::size_t t = 0; t < tokens; ++t) matmul(m, &x[t * cols], 1, &alone[t * rows], pool);
-      matmul(m, x.data(), tokens, together.data(), pool);
-      for (std::size_t i = 0; i < together.size(); ++i) {
-        ASSERT_EQ(together[i], alone[i]) << dtype_name(type) << " " << isa_name(isa) << " token " << i / rows << " row " << i % rows;
-      }
-    }
+    const RandomMatrix m(type, 19, 200, rng);
+    expect_batch_independent(m.plain, {2, 5, 9}, rng);
   }
 }
 
