@@ -125,32 +125,52 @@ inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const std::int8_t* p) {
   return acc;
 }
 
-// 16 rows x C tokens of the Q4_0x16 layout: per block, 8 VNNI instructions per token cover all 16
-// rows (lane = row); the -8 offset of Q4_0 enters through the activation block sums.
+// G adjacent 16-row groups (16G rows) x C tokens of the Q4_0x16 layout: per block and group, 8 VNNI
+// instructions per token cover all 16 rows (lane = row); the -8 offset of Q4_0 enters through the
+// activation block sums.
 // The instructions go weight vector by weight vector, each against every token in turn, so that
 // consecutive ones feed different accumulators: a token's 8 in a row would form a dependency chain
 // whose latency (5 cycles each) fills the scheduler before the ports are busy (measured on L1-resident
 // data: 12.7 cycles per token and block that way, 8.5 this way). With few tokens each token gets A
 // accumulators so that there are still enough independent chains.
+// G = 2 for batches. Why: on AMD Zen 5 one group's tile is bound by loads, not by its dot products:
+// each VNNI instruction's broadcast activation operand is a load, and with the offsets, d_x and
+// weights a block of 8 tokens issues ~100 loads for 64 dot products at two per cycle (an
+// L1-resident probe: 3.6-4.0 TSC cycles per token and block against 2.3 for the bare products;
+// taking out any 8 of those loads saved 0.3). With two groups each token's 4 activation bytes are
+// broadcast into a register once and feed both, which halves the loads per product: 3.0-3.25 at 8
+// tokens. A lone token streams its weights from memory, where loads do not limit and one stream is
+// what the prefetching was tuned for, so G = 1 keeps the broadcast inside each instruction. Either
+// way each output takes the same operations (integer sums, exact in any order; then the same
+// convert, multiply and FMA), so results do not depend on G, and batch equivalence does not depend
+// on which tile a row lands in.
 // Q8 = true: the Q8_0x16 layout (8 groups of stored-unsigned quants, offset 128); false: Q4_0x16
 // (4 groups of packed nibbles, offset 8).
-template <bool Q8, int C>
-void tile_x16(const std::uint8_t* group, std::size_t nb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+template <bool Q8, int G, int C>
+void tile_groups(const std::uint8_t* group, std::size_t group_stride, std::size_t nb, const QuantizedRows& x, std::size_t t,
+                 float* y, std::size_t ldy) {
   constexpr std::size_t kGroupBlock = Q8 ? kQ8_0GroupBytes : kQ4_0GroupBytes;
-  constexpr int A = C >= 8 ? 1 : C >= 4 ? 2 : 4;
-  __m512 acc[C];
+  constexpr int A = G * C >= 8 ? 1 : G * C >= 4 ? 2 : 4;
+  __m512 acc[G][C];
 #pragma GCC unroll 16
-  for (int j = 0; j < C; ++j) acc[j] = _mm512_setzero_ps();
+  for (int j = 0; j < C; ++j) {
+#pragma GCC unroll 2
+    for (int h = 0; h < G; ++h) acc[h][j] = _mm512_setzero_ps();
+  }
   const __m512i mask = _mm512_set1_epi8(0x0f);
   const ActivationBlock* xb = x.act + t;  // block b's C tokens, side by side
   for (std::size_t b = 0; b < nb; ++b, xb += x.act_stride) {
-    const std::uint8_t* gb = group + b * kGroupBlock;
-    // The first tile over a group streams its weights from DRAM, and the hardware prefetcher alone
-    // leaves it waiting (measured: 8 tokens read 4.3 GB/s per thread without this, see
-    // BM_MatmulStreaming), so ask for them a few blocks ahead along the group's contiguous stream.
-    // Later tiles find the lines cached and the hints cost a load slot each.
-    for (std::size_t line = 0; line < kGroupBlock; line += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(gb) + 8 * kGroupBlock + line, _MM_HINT_T0);
+    const std::uint8_t* gb[G];
+#pragma GCC unroll 2
+    for (int h = 0; h < G; ++h) {
+      gb[h] = group + h * group_stride + b * kGroupBlock;
+      // The first tile over a group streams its weights from DRAM, and the hardware prefetcher alone
+      // leaves it waiting (measured: 8 tokens read 4.3 GB/s per thread without this, see
+      // BM_MatmulStreaming), so ask for them a few blocks ahead along the group's contiguous stream.
+      // Later tiles find the lines cached and the hints cost a load slot each.
+      for (std::size_t line = 0; line < kGroupBlock; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(gb[h]) + 8 * kGroupBlock + line, _MM_HINT_T0);
+      }
     }
     // A prompt tile's activations come from L2, each block's C tokens a stride apart from the last
     // block's: not a stream the hardware prefetchers follow, so fetch two blocks ahead.
@@ -158,105 +178,60 @@ void tile_x16(const std::uint8_t* group, std::size_t nb, const QuantizedRows& x,
       const char* next = reinterpret_cast<const char*>(xb + 2 * x.act_stride);
       for (std::size_t line = 0; line < C * sizeof(ActivationBlock); line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
+    __m512 dw[G];
+#pragma GCC unroll 2
+    for (int h = 0; h < G; ++h) dw[h] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[h])));
     // The stored-unsigned offset leaves exactly in integers: each token's first chain starts at
     // -offset * sum(x) (a broadcast load, no arithmetic).
-    __m512i dot[C][A];
+    __m512i dot[G][C][A];
 #pragma GCC unroll 16
     for (int j = 0; j < C; ++j) {
-      dot[j][0] = _mm512_set1_epi32(Q8 ? xb[j].offset_q8 : xb[j].offset_q4);
-      for (int a = 1; a < A; ++a) dot[j][a] = _mm512_setzero_si512();
+      dot[0][j][0] = _mm512_set1_epi32(Q8 ? xb[j].offset_q8 : xb[j].offset_q4);
+#pragma GCC unroll 2
+      for (int h = 1; h < G; ++h) dot[h][j][0] = dot[0][j][0];
+#pragma GCC unroll 2
+      for (int h = 0; h < G; ++h) {
+        for (int a = 1; a < A; ++a) dot[h][j][a] = _mm512_setzero_si512();
+      }
     }
-    // Weight vector k: elements 4k..4k+3 of all 16 rows, unsigned.
-    const auto multiply = [&](int k, __m512i q) __attribute__((always_inline)) {
+    // Weight vector k of each group: elements 4k..4k+3 of its 16 rows, unsigned.
+    const auto multiply = [&](int k, const __m512i (&q)[G]) __attribute__((always_inline)) {
 #pragma GCC unroll 16
-      for (int j = 0; j < C; ++j) dot[j][k % A] = dpbusd_broadcast(dot[j][k % A], q, xb[j].qs + 4 * k);
+      for (int j = 0; j < C; ++j) {
+        if constexpr (G == 1) {
+          dot[0][j][k % A] = dpbusd_broadcast(dot[0][j][k % A], q[0], xb[j].qs + 4 * k);
+        } else {
+          // One broadcast load (asm: GCC would fold it back into each instruction, one load per group).
+          __m512i xk;
+          asm("vpbroadcastd %1, %0" : "=v"(xk) : "m"(*reinterpret_cast<const std::int32_t(*)[1]>(xb[j].qs + 4 * k)));
+#pragma GCC unroll 2
+          for (int h = 0; h < G; ++h) dot[h][j][k % A] = _mm512_dpbusd_epi32(dot[h][j][k % A], q[h], xk);
+        }
+      }
     };
 #pragma GCC unroll 8
     for (int g = 0; g < (Q8 ? 8 : 4); ++g) {
-      const __m512i v = _mm512_loadu_si512(gb + 32 + 64 * g);
+      __m512i v[G];
+#pragma GCC unroll 2
+      for (int h = 0; h < G; ++h) v[h] = _mm512_loadu_si512(gb[h] + 32 + 64 * g);
       if constexpr (Q8) {
         multiply(g, v);
       } else {  // low nibbles hold elements 4g.., high nibbles 16+4g..
-        multiply(g, _mm512_and_si512(v, mask));
-        multiply(4 + g, _mm512_and_si512(_mm512_srli_epi16(v, 4), mask));
+        __m512i q[G];
+#pragma GCC unroll 2
+        for (int h = 0; h < G; ++h) q[h] = _mm512_and_si512(v[h], mask);
+        multiply(g, q);
+#pragma GCC unroll 2
+        for (int h = 0; h < G; ++h) q[h] = _mm512_and_si512(_mm512_srli_epi16(v[h], 4), mask);
+        multiply(4 + g, q);
       }
     }
     // One convert, one multiply by d_x and one FMA with d_w: the fewest float operations per block.
 #pragma GCC unroll 16
     for (int j = 0; j < C; ++j) {
-      for (int a = 1; a < A; ++a) dot[j][0] = _mm512_add_epi32(dot[j][0], dot[j][a]);
-      const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[j][0]), _mm512_set1_ps(xb[j].d));
-      acc[j] = _mm512_fmadd_ps(dw, scaled, acc[j]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int j = 0; j < C; ++j) _mm512_storeu_ps(y + (t + j) * ldy, acc[j]);
-}
-
-// Two adjacent 16-row groups (32 rows) x C tokens of the Q4_0x16 / Q8_0x16 layout. Why: tile_x16
-// is bound by loads on AMD Zen 5, not by its dot products: each VNNI instruction's broadcast
-// activation operand is a load, and with the offsets, d_x and weights a block of 8 tokens issues
-// ~100 loads for 64 dot products at two per cycle (an L1-resident probe: 3.6-4.0 TSC cycles per token
-// and block against 2.3 for the bare products; taking out any 8 of those loads saved 0.3). Here each
-// token's 4 activation bytes are broadcast into a register once and feed both groups, which halves
-// the loads per product: 3.2-3.3 at 8 tokens. The operations per output are tile_x16's (integer
-// sums are exact in any order; then the same convert, multiply and FMA), so the results are
-// bit-identical and batch equivalence does not depend on which tile a row lands in.
-template <bool Q8, int C>
-void tile_x32(const std::uint8_t* group, std::size_t group_stride, std::size_t nb, const QuantizedRows& x, std::size_t t,
-              float* y, std::size_t ldy) {
-  constexpr std::size_t kGroupBlock = Q8 ? kQ8_0GroupBytes : kQ4_0GroupBytes;
-  constexpr int A = 2 * C >= 8 ? 1 : 2;  // chains per token and group, as in tile_x16
-  __m512 acc[2][C];
-#pragma GCC unroll 16
-  for (int j = 0; j < C; ++j) acc[0][j] = acc[1][j] = _mm512_setzero_ps();
-  const __m512i mask = _mm512_set1_epi8(0x0f);
-  const ActivationBlock* xb = x.act + t;
-  for (std::size_t b = 0; b < nb; ++b, xb += x.act_stride) {
-    const std::uint8_t* gb[2] = {group + b * kGroupBlock, group + group_stride + b * kGroupBlock};
-    for (const std::uint8_t* g : gb) {  // see tile_x16
-      for (std::size_t line = 0; line < kGroupBlock; line += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(g) + 8 * kGroupBlock + line, _MM_HINT_T0);
-      }
-    }
-    if (C >= 4 && b + 2 < nb) {
-      const char* next = reinterpret_cast<const char*>(xb + 2 * x.act_stride);
-      for (std::size_t line = 0; line < C * sizeof(ActivationBlock); line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
-    }
-    const __m512 dw[2] = {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[0]))),
-                          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[1])))};
-    __m512i dot[2][C][A];
-#pragma GCC unroll 16
-    for (int j = 0; j < C; ++j) {
-      dot[0][j][0] = _mm512_set1_epi32(Q8 ? xb[j].offset_q8 : xb[j].offset_q4);
-      dot[1][j][0] = dot[0][j][0];
-      for (int a = 1; a < A; ++a) dot[0][j][a] = dot[1][j][a] = _mm512_setzero_si512();
-    }
-    const auto multiply = [&](int k, __m512i q0, __m512i q1) __attribute__((always_inline)) {
-#pragma GCC unroll 16
-      for (int j = 0; j < C; ++j) {
-        // One broadcast load (asm: GCC would fold it back into each instruction as two).
-        __m512i xk;
-        asm("vpbroadcastd %1, %0" : "=v"(xk) : "m"(*reinterpret_cast<const std::int32_t(*)[1]>(xb[j].qs + 4 * k)));
-        dot[0][j][k % A] = _mm512_dpbusd_epi32(dot[0][j][k % A], q0, xk);
-        dot[1][j][k % A] = _mm512_dpbusd_epi32(dot[1][j][k % A], q1, xk);
-      }
-    };
-#pragma GCC unroll 8
-    for (int g = 0; g < (Q8 ? 8 : 4); ++g) {
-      const __m512i v0 = _mm512_loadu_si512(gb[0] + 32 + 64 * g), v1 = _mm512_loadu_si512(gb[1] + 32 + 64 * g);
-      if constexpr (Q8) {
-        multiply(g, v0, v1);
-      } else {
-        multiply(g, _mm512_and_si512(v0, mask), _mm512_and_si512(v1, mask));
-        multiply(4 + g, _mm512_and_si512(_mm512_srli_epi16(v0, 4), mask), _mm512_and_si512(_mm512_srli_epi16(v1, 4), mask));
-      }
-    }
-#pragma GCC unroll 16
-    for (int j = 0; j < C; ++j) {
       const __m512 dx = _mm512_set1_ps(xb[j].d);
-      for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 2
+      for (int h = 0; h < G; ++h) {
         for (int a = 1; a < A; ++a) dot[h][j][0] = _mm512_add_epi32(dot[h][j][0], dot[h][j][a]);
         acc[h][j] = _mm512_fmadd_ps(dw[h], _mm512_mul_ps(_mm512_cvtepi32_ps(dot[h][j][0]), dx), acc[h][j]);
       }
@@ -264,14 +239,14 @@ void tile_x32(const std::uint8_t* group, std::size_t group_stride, std::size_t n
   }
 #pragma GCC unroll 16
   for (int j = 0; j < C; ++j) {
-    _mm512_storeu_ps(y + (t + j) * ldy, acc[0][j]);
-    _mm512_storeu_ps(y + (t + j) * ldy + 16, acc[1][j]);
+#pragma GCC unroll 2
+    for (int h = 0; h < G; ++h) _mm512_storeu_ps(y + (t + j) * ldy + 16 * h, acc[h][j]);
   }
 }
 
 // Q4_Kx16: 16 rows x C tokens. Per 32-element sub-block: 8 VNNI instructions per token, then the
 // sub-block's scale (d * sc) and min (dmin * m, against the activation block's sum). Issued weight
-// vector by weight vector across the tokens, as in tile_x16 and for the same reason.
+// vector by weight vector across the tokens, as in tile_groups and for the same reason.
 template <int C>
 void tile_q4_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
   constexpr int A = C >= 8 ? 1 : C >= 4 ? 2 : 4;
@@ -323,7 +298,7 @@ void tile_q4_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
 
 // Q6_Kx16: 16 rows x C tokens. Per 16-element sub-block: 4 VNNI instructions per token on the
 // unsigned 6-bit values, the -32 offset through the activation half-block sums, then the sub-block
-// scale (d * sc). Issued weight vector by weight vector across the tokens, as in tile_x16.
+// scale (d * sc). Issued weight vector by weight vector across the tokens, as in tile_groups.
 template <int C>
 void tile_q6_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
   constexpr int A = C >= 8 ? 1 : C >= 4 ? 2 : 4;
@@ -431,25 +406,25 @@ void x16_driver(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::si
 template <int C>
 struct Q4_0Tile {
   static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
-    tile_x16<false, C>(g, n, x, t, y, ldy);
+    tile_groups<false, 1, C>(g, 0, n, x, t, y, ldy);
   }
 };
 template <int C>
 struct Q8_0Tile {
   static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
-    tile_x16<true, C>(g, n, x, t, y, ldy);
+    tile_groups<true, 1, C>(g, 0, n, x, t, y, ldy);
   }
 };
 template <int C>
 struct Q4_0PairTile {
   static void run(const std::uint8_t* g, std::size_t stride, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
-    tile_x32<false, C>(g, stride, n, x, t, y, ldy);
+    tile_groups<false, 2, C>(g, stride, n, x, t, y, ldy);
   }
 };
 template <int C>
 struct Q8_0PairTile {
   static void run(const std::uint8_t* g, std::size_t stride, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
-    tile_x32<true, C>(g, stride, n, x, t, y, ldy);
+    tile_groups<true, 2, C>(g, stride, n, x, t, y, ldy);
   }
 };
 template <int C>

@@ -129,7 +129,7 @@ void matmul_fused(std::span<const WeightMatrix* const> ws, Activations& x, std::
   // matrices (tiny models, single tokens) run on the calling thread alone.
   constexpr std::size_t kMinMacsPerShare = 1 << 16;
   // Pairs of 16-row groups where every matrix has them, so that the two-group tiles of the AVX-512
-  // path (tile_x32) find whole pairs in every share.
+  // path (tile_groups with G = 2) find whole pairs in every share.
   const bool pairs_of_16 = std::all_of(ws.begin(), ws.end(), [](const WeightMatrix* w) { return w->layout != Layout::Plain && w->rows % 32 == 0; });
   const std::size_t unit = pairs_of_16 ? 32 : tiles_of_16 ? 16 : 4;
   std::size_t grain = std::max<std::size_t>(16, kMinMacsPerShare / std::max<std::size_t>(1, ws[0]->cols * n_tokens));

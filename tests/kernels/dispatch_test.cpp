@@ -275,7 +275,7 @@ void expect_batch_independent(const WeightMatrix& m, std::initializer_list<std::
 }
 
 // Interleaved matrices: on AVX-512 a lone token goes through the 16-row tiles and a batch through the
-// two-group tiles (tile_x32) wherever rows pair up, in tiles of 2-8 tokens; 48 rows leave a lone
+// two-group tiles (tile_groups, G = 2) wherever rows pair up, in tiles of 2-8 tokens; 48 rows leave a lone
 // group after the pair, 96 rows are shared out in pairs.
 TEST(Dispatch, InterleavedResultsDoNotDependOnTheBatch) {
   IsaGuard guard;
