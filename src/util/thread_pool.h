@@ -7,8 +7,10 @@
 // job, so `-t 1` means no extra threads at all.
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -46,7 +48,12 @@ class ThreadPool {
   std::size_t job_n_ = 0;
   std::size_t job_grain_ = 1;
   std::atomic<std::size_t> generation_{0};
-  std::atomic<std::size_t> next_chunk_{0};  // the first chunk of the job not yet claimed
+  // Each thread's unclaimed chunks of the current job, [first, end) packed as (first << 32) | end:
+  // its owner claims from the front, threads with nothing left steal from the back.
+  struct alignas(64) Range {
+    std::atomic<std::uint64_t> chunks{0};
+  };
+  std::unique_ptr<Range[]> ranges_;
   std::atomic<int> pending_{0};
   std::atomic<int> sleepers_{0};
   std::atomic<bool> stopping_{false};

@@ -28,8 +28,8 @@ TEST(ThreadPool, CoversEveryItemExactlyOnce) {
 
 // Work is claimed rather than split in fixed shares, so when one thread is slow (here the caller
 // sleeps 20 ms per item, as a core shared with another tenant might stall) the other takes over the
-// rest of the job: the caller's first claim is a quarter of it, and the worker has 200 ms to wake
-// and take the other three quarters. Fixed shares gave each thread half.
+// rest of the job: the caller's first claim is a quarter of its half, and the worker has 100 ms to
+// do its own half and steal most of the rest. Fixed shares gave each thread half.
 TEST(ThreadPool, FastThreadTakesOverFromSlowOne) {
   ThreadPool pool(2);
   constexpr std::size_t kItems = 40;
