@@ -1,5 +1,6 @@
 #include "kernels/ops.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu.h"
@@ -34,5 +35,24 @@ void rope(float* x, std::size_t n_rot, const float* cos, const float* sin, bool 
 }
 
 void silu_mul(float* gate, const float* up, std::size_t n) { kernel_table(active_isa()).silu_mul(gate, up, n); }
+
+}  // namespace promptly::kernels
+
+namespace promptly::kernels {
+
+void prefetch_kv(const void* const* k_blocks, const void* const* v_blocks, std::size_t n_rows, std::size_t block_tokens,
+                 std::size_t stride, std::size_t offset, std::size_t head_dim, DType type) {
+  n_rows = std::min(n_rows, kPrefetchKvRows);
+  constexpr std::size_t kLine = 64;
+  for (std::size_t row0 = 0, blk = 0; row0 < n_rows; row0 += block_tokens, ++blk) {
+    const std::size_t rows = std::min(block_tokens, n_rows - row0);
+    // A block's rows of this head, first element to last (one contiguous run in the head-major layout).
+    const std::size_t begin = row_bytes(type, offset), end = row_bytes(type, offset + (rows - 1) * stride + head_dim);
+    for (const void* block : {k_blocks[blk], v_blocks[blk]}) {
+      const char* base = static_cast<const char*>(block);
+      for (std::size_t b = begin / kLine * kLine; b < end; b += kLine) __builtin_prefetch(base + b, 0, 3);
+    }
+  }
+}
 
 }  // namespace promptly::kernels

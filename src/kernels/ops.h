@@ -2,6 +2,8 @@
 // The element-wise and row-wise operations of a llama-family layer.
 #include <cstddef>
 
+#include "tensor/dtype.h"
+
 namespace promptly::kernels {
 
 // out = x / rms(x) * weight
@@ -17,5 +19,11 @@ void rope(float* x, std::size_t n_rot, const float* cos, const float* sin, bool 
 
 // gate = silu(gate) * up, on the active kernel path (see dispatch.h).
 void silu_mul(float* gate, const float* up, std::size_t n);
+
+// Asks the caches for the first n_rows positions (at most kPrefetchKvRows) of one KV head's keys and
+// values, laid out as attention_tile reads them (see dispatch.h), ahead of the tile that reads them.
+constexpr std::size_t kPrefetchKvRows = 128;
+void prefetch_kv(const void* const* k_blocks, const void* const* v_blocks, std::size_t n_rows, std::size_t block_tokens,
+                 std::size_t stride, std::size_t offset, std::size_t head_dim, DType type);
 
 }  // namespace promptly::kernels

@@ -299,14 +299,28 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     }
     const std::size_t block_tokens = cache.block_tokens();
     const DType kv_dtype = kv_type_dtype(cache.type());
-    std::atomic<std::size_t> next_tile{0};
-    const std::size_t n_workers = std::min<std::size_t>(tiles.size(), static_cast<std::size_t>(pool.size()));
-    pool.parallel_for(n_workers, 1, [&](std::size_t, std::size_t, int) {
+    // A tile's keys and values were last read a step ago, with every weight streamed through the
+    // caches since: cold. The kernel reaches them chunk by chunk, keys then values, each load after
+    // the previous chunk's arithmetic, so a cold tile paid several DRAM latencies one after another.
+    // Asking for all of a short tile's rows at once (and for the next tile of the same claim before
+    // computing this one) overlaps them: 125m Q4_0 decode (12 one-query tiles a layer, ~1 us each)
+    // +5-10%. Tiles go in the pool's claims rather than through a shared counter so that a thread
+    // knows which tile comes next.
+    const auto prefetch_tile = [&](const AttentionTile& tile) {
+      std::size_t rows = 0;
+      for (std::size_t k = 0; k < tile.n; ++k) rows = std::max<std::size_t>(rows, static_cast<std::size_t>(batch.positions[tile_queries[tile.first + k].first]));
+      const auto& [keys, values] = tables.at(tile.seq);
+      const BlockPool::Rows at = cache.pool().rows_of(tile.kv_head * HD);
+      kernels::prefetch_kv(keys.data(), values.data(), rows, block_tokens, at.stride, at.offset, HD, kv_dtype);
+    };
+    pool.parallel_for(tiles.size(), 1, [&](std::size_t b, std::size_t e, int) {
       const float* qp[kernels::kAttentionTile];
       float* op[kernels::kAttentionTile];
       std::size_t n_ctx[kernels::kAttentionTile];
-      for (std::size_t i; (i = next_tile.fetch_add(1, std::memory_order_relaxed)) < tiles.size();) {
+      if (b < e) prefetch_tile(tiles[b]);
+      for (std::size_t i = b; i < e; ++i) {
         const AttentionTile& tile = tiles[i];
+        if (i + 1 < e) prefetch_tile(tiles[i + 1]);
         for (std::size_t k = 0; k < tile.n; ++k) {
           const auto [t, h] = tile_queries[tile.first + k];
           qp[k] = &q[t * QD + h * HD];
