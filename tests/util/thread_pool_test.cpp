@@ -27,8 +27,8 @@ TEST(ThreadPool, CoversEveryItemExactlyOnce) {
 }
 
 // Work is claimed rather than split in fixed shares, so when one thread is slow (here the caller
-// sleeps 20 ms per item, as a core shared with another tenant might stall) the other takes over the
-// rest of the job: the caller's first claim is a quarter of its half, and the worker has 100 ms to
+// sleeps 40 ms per item, as a core shared with another tenant might stall) the other takes over the
+// rest of the job: the caller's first claim is a quarter of its half, and the worker has 200 ms to
 // do its own half and steal most of the rest. Fixed shares gave each thread half.
 TEST(ThreadPool, FastThreadTakesOverFromSlowOne) {
   ThreadPool pool(2);
@@ -36,7 +36,7 @@ TEST(ThreadPool, FastThreadTakesOverFromSlowOne) {
   std::atomic<std::size_t> by_caller{0}, by_worker{0};
   pool.parallel_for(kItems, 1, [&](std::size_t b, std::size_t e, int thread) {
     if (thread == 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20) * (e - b));
+      std::this_thread::sleep_for(std::chrono::milliseconds(40) * (e - b));
       by_caller += e - b;
     } else {
       by_worker += e - b;
@@ -44,6 +44,22 @@ TEST(ThreadPool, FastThreadTakesOverFromSlowOne) {
   });
   EXPECT_EQ(by_caller + by_worker, kItems);
   EXPECT_GE(by_worker.load(), 3 * kItems / 4) << "the caller did " << by_caller.load() << " of " << kItems;
+}
+
+// Each thread starts at the front of its own part of the job (thread i at the i-th of n equal
+// parts), so that a matmul's share on each core is one stream of weights; thieves take from the back
+// of a part, so a late worker still starts where its part begins.
+TEST(ThreadPool, ThreadsStartOnTheirOwnParts) {
+  ThreadPool pool(2);
+  constexpr std::size_t kItems = 40;
+  std::atomic<std::size_t> first_begin[2] = {kItems, kItems};
+  pool.parallel_for(kItems, 1, [&](std::size_t b, std::size_t, int thread) {
+    std::size_t unset = kItems;
+    first_begin[thread].compare_exchange_strong(unset, b);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  EXPECT_EQ(first_begin[0].load(), 0u);
+  EXPECT_EQ(first_begin[1].load(), kItems / 2);
 }
 
 TEST(ThreadPool, ReusableManyTimes) {
