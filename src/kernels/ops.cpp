@@ -36,10 +36,6 @@ void rope(float* x, std::size_t n_rot, const float* cos, const float* sin, bool 
 
 void silu_mul(float* gate, const float* up, std::size_t n) { kernel_table(active_isa()).silu_mul(gate, up, n); }
 
-}  // namespace promptly::kernels
-
-namespace promptly::kernels {
-
 void prefetch_kv(const void* const* k_blocks, const void* const* v_blocks, std::size_t n_rows, std::size_t block_tokens,
                  std::size_t stride, std::size_t offset, std::size_t head_dim, DType type) {
   n_rows = std::min(n_rows, kPrefetchKvRows);

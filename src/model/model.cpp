@@ -256,9 +256,10 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     }
   }
   // Tiles cost in proportion to the keys their queries read, and those differ by orders of magnitude
-  // when a long prompt's chunk shares a step with short decode streams. Equal counts of tiles per
-  // thread would leave one core with all of the long prompt's tiles; instead threads take tiles one
-  // at a time, most expensive first (longest-processing-time order), so they finish together.
+  // when a long prompt's chunk shares a step with short decode streams. Fixed equal counts of tiles
+  // per thread would leave one core with all of the long prompt's tiles; instead they are sorted
+  // most expensive first (longest-processing-time order) and go out in the pool's shrinking claims,
+  // a thread that runs out stealing the cheaper end of another's part, so they finish together.
   for (AttentionTile& tile : tiles) {
     for (std::size_t k = 0; k < tile.n; ++k) tile.cost += static_cast<std::size_t>(batch.positions[tile_queries[tile.first + k].first]) + 1;
   }
