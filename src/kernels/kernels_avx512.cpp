@@ -403,29 +403,23 @@ void x16_driver(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::si
   }
 }
 
-template <int C>
-struct Q4_0Tile {
-  static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
-    tile_groups<false, 1, C>(g, 0, n, x, t, y, ldy);
-  }
-};
-template <int C>
-struct Q8_0Tile {
-  static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
-    tile_groups<true, 1, C>(g, 0, n, x, t, y, ldy);
-  }
-};
-template <int C>
-struct Q4_0PairTile {
-  static void run(const std::uint8_t* g, std::size_t stride, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
-    tile_groups<false, 2, C>(g, stride, n, x, t, y, ldy);
-  }
-};
-template <int C>
-struct Q8_0PairTile {
-  static void run(const std::uint8_t* g, std::size_t stride, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
-    tile_groups<true, 2, C>(g, stride, n, x, t, y, ldy);
-  }
+// Tile<C> and PairTile<C> for x16_driver: one or two 16-row groups of the Q4_0x16 (Q8 = false) or
+// Q8_0x16 (Q8 = true) layout.
+template <bool Q8>
+struct GroupTiles {
+  template <int C>
+  struct Single {
+    static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+      tile_groups<Q8, 1, C>(g, 0, n, x, t, y, ldy);
+    }
+  };
+  template <int C>
+  struct Pair {
+    static void run(const std::uint8_t* g, std::size_t stride, std::size_t n, const QuantizedRows& x, std::size_t t, float* y,
+                    std::size_t ldy) {
+      tile_groups<Q8, 2, C>(g, stride, n, x, t, y, ldy);
+    }
+  };
 };
 template <int C>
 struct Q4_KTile {
@@ -952,8 +946,8 @@ std::int32_t int8_throughput_probe(std::size_t rounds) {
 const KernelTable& avx512_kernels() {
   static const KernelTable table{"avx512",         avx512::quantize_q8_0, avx512::gemm_q8_0, avx512::gemm_q4_0,
                                  avx512::gemm_f16_512, avx512::gemm_f32,  avx512::Isa::dot_f32, avx512::attention,
-                                 avx512::x16_driver<kQ4_0GroupBytes, 32, 12, avx512::Q4_0Tile, 8, avx512::Q4_0PairTile>,
-                                 avx512::x16_driver<kQ8_0GroupBytes, 32, 12, avx512::Q8_0Tile, 8, avx512::Q8_0PairTile>,
+                                 avx512::x16_driver<kQ4_0GroupBytes, 32, 12, avx512::GroupTiles<false>::Single, 8, avx512::GroupTiles<false>::Pair>,
+                                 avx512::x16_driver<kQ8_0GroupBytes, 32, 12, avx512::GroupTiles<true>::Single, 8, avx512::GroupTiles<true>::Pair>,
                                  avx512::x16_driver<kQ4KGroupBytes, kQK_K, 12, avx512::Q4_KTile>,
                                  avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Q6_KTile>, avx512::gemm_dequant,
                                  avx512::attention_tile, false, avx512::silu_mul,

@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
-#if defined(__SSE2__)
 #include <emmintrin.h>
-#endif
 
 #include "kernels/dispatch.h"
 #include "tensor/quant-inl.h"
@@ -19,24 +17,15 @@ float dot_f32(const float* a, const float* b, std::size_t n) { return kernel_tab
 namespace {
 
 // The sums of a block's two halves of 16 quants. This runs for every block of every matmul input
-// (its scalar loop was ~3% of an 8-token decode step); psadbw (SSE2, so every x86-64) adds 16
-// unsigned bytes at once, so the signed quants are offset by 128 first.
+// (its scalar loop was ~3% of an 8-token decode step); psadbw (SSE2, so every x86-64 this project
+// builds for) adds 16 unsigned bytes at once, so the signed quants are offset by 128 first.
 std::pair<int, int> half_block_sums(const std::int8_t* qs) {
-#if defined(__SSE2__)
   const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80)), zero = _mm_setzero_si128();
   const auto half = [&](const std::int8_t* p) {
     const __m128i s = _mm_sad_epu8(_mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), flip), zero);
     return _mm_cvtsi128_si32(s) + _mm_cvtsi128_si32(_mm_unpackhi_epi64(s, s)) - 16 * 128;
   };
   return {half(qs), half(qs + 16)};
-#else
-  int lo = 0, hi = 0;
-  for (int j = 0; j < 16; ++j) {
-    lo += qs[j];
-    hi += qs[16 + j];
-  }
-  return {lo, hi};
-#endif
 }
 
 }  // namespace

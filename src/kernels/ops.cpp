@@ -40,13 +40,14 @@ void prefetch_kv(const void* const* k_blocks, const void* const* v_blocks, std::
                  std::size_t stride, std::size_t offset, std::size_t head_dim, DType type) {
   n_rows = std::min(n_rows, kPrefetchKvRows);
   constexpr std::size_t kLine = 64;
+  // A block's rows of this head, first element to last (one contiguous run in the head-major layout).
+  const auto end_of_rows = [&](std::size_t rows) { return row_bytes(type, offset + (rows - 1) * stride + head_dim); };
+  const std::size_t begin = row_bytes(type, offset) / kLine * kLine, full_end = end_of_rows(block_tokens);
   for (std::size_t row0 = 0, blk = 0; row0 < n_rows; row0 += block_tokens, ++blk) {
-    const std::size_t rows = std::min(block_tokens, n_rows - row0);
-    // A block's rows of this head, first element to last (one contiguous run in the head-major layout).
-    const std::size_t begin = row_bytes(type, offset), end = row_bytes(type, offset + (rows - 1) * stride + head_dim);
+    const std::size_t end = n_rows - row0 >= block_tokens ? full_end : end_of_rows(n_rows - row0);
     for (const void* block : {k_blocks[blk], v_blocks[blk]}) {
       const char* base = static_cast<const char*>(block);
-      for (std::size_t b = begin / kLine * kLine; b < end; b += kLine) __builtin_prefetch(base + b, 0, 3);
+      for (std::size_t b = begin; b < end; b += kLine) __builtin_prefetch(base + b, 0, 3);
     }
   }
 }

@@ -225,7 +225,8 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   struct AttentionTile {
     int seq;
     std::size_t kv_head, first, n;
-    std::size_t cost = 0;  // keys read: the sum of its queries' context lengths
+    std::size_t cost = 0;     // keys read: the sum of its queries' context lengths
+    std::size_t cached = 0;   // positions before its latest query's: what the cache held before this batch
   };
   thread_local std::vector<AttentionTile> tiles_storage;
   thread_local std::vector<std::pair<std::size_t, std::size_t>> tile_queries_storage;  // (token, head)
@@ -261,7 +262,11 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   // most expensive first (longest-processing-time order) and go out in the pool's shrinking claims,
   // a thread that runs out stealing the cheaper end of another's part, so they finish together.
   for (AttentionTile& tile : tiles) {
-    for (std::size_t k = 0; k < tile.n; ++k) tile.cost += static_cast<std::size_t>(batch.positions[tile_queries[tile.first + k].first]) + 1;
+    for (std::size_t k = 0; k < tile.n; ++k) {
+      const auto position = static_cast<std::size_t>(batch.positions[tile_queries[tile.first + k].first]);
+      tile.cost += position + 1;
+      tile.cached = std::max(tile.cached, position);
+    }
   }
   std::stable_sort(tiles.begin(), tiles.end(), [](const AttentionTile& a, const AttentionTile& b) { return a.cost > b.cost; });
 
@@ -308,11 +313,9 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     // +5-10%. Tiles go in the pool's claims rather than through a shared counter so that a thread
     // knows which tile comes next.
     const auto prefetch_tile = [&](const AttentionTile& tile) {
-      std::size_t rows = 0;
-      for (std::size_t k = 0; k < tile.n; ++k) rows = std::max<std::size_t>(rows, static_cast<std::size_t>(batch.positions[tile_queries[tile.first + k].first]));
       const auto& [keys, values] = tables.at(tile.seq);
       const BlockPool::Rows at = cache.pool().rows_of(tile.kv_head * HD);
-      kernels::prefetch_kv(keys.data(), values.data(), rows, block_tokens, at.stride, at.offset, HD, kv_dtype);
+      kernels::prefetch_kv(keys.data(), values.data(), tile.cached, block_tokens, at.stride, at.offset, HD, kv_dtype);
     };
     pool.parallel_for(tiles.size(), 1, [&](std::size_t b, std::size_t e, int) {
       const float* qp[kernels::kAttentionTile];

@@ -105,10 +105,13 @@ void ThreadPool::parallel_for(std::size_t n, std::size_t grain, const RangeFn& f
   job_ = &fn;
   // Chunk indices are packed in 32 bits: a job of more chunks takes several grains per chunk.
   constexpr std::size_t kMaxChunks = std::size_t{1} << 31;
-  if (const std::size_t chunks = (n + grain - 1) / grain; chunks > kMaxChunks) grain *= (chunks + kMaxChunks - 1) / kMaxChunks;
+  std::size_t chunks = (n + grain - 1) / grain;
+  if (chunks > kMaxChunks) {
+    grain *= (chunks + kMaxChunks - 1) / kMaxChunks;
+    chunks = (n + grain - 1) / grain;
+  }
   job_n_ = n;
   job_grain_ = grain;
-  const std::size_t chunks = (n + grain - 1) / grain;
   for (int i = 0; i < n_threads_; ++i) {
     const std::size_t t = static_cast<std::size_t>(i), parts = static_cast<std::size_t>(n_threads_);
     ranges_[i].chunks.store(pack(chunks * t / parts, chunks * (t + 1) / parts), std::memory_order_relaxed);
