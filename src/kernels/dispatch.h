@@ -4,6 +4,7 @@
 // active path at run time, so one binary runs on any x86-64.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu.h"
 #include "tensor/dtype.h"
@@ -60,10 +61,36 @@ struct QuantizedRows {
   const float* tiled_dx = nullptr;
 };
 
+// Where one token's quantized activations go: every form that some matmul kernel reads (see
+// QuantizedRows), written in one pass over the token.
+struct QuantizedToken {
+  BlockQ8_0* blocks;      // n / 32 blocks
+  float* sums;            // per block: d * sum(q)
+  float* half_sums;       // per block: d * sum of each 16-element half
+  ActivationBlock* act;   // block b at act[b * act_stride]
+  std::size_t act_stride;
+};
+
+// Block b's sums and ActivationBlock, once its quants and scale are in out.blocks[b]: d is that
+// scale as a float, lo and hi the integer sums of its two halves of quants. One helper for every
+// path, so that all of them store the same values.
+inline void store_activation_block(std::size_t b, float d, int lo, int hi, const QuantizedToken& out) {
+  const int sum = lo + hi;
+  out.sums[b] = d * static_cast<float>(sum);
+  out.half_sums[2 * b] = d * static_cast<float>(lo);
+  out.half_sums[2 * b + 1] = d * static_cast<float>(hi);
+  ActivationBlock& a = out.act[b * out.act_stride];
+  std::memcpy(a.qs, out.blocks[b].qs, sizeof a.qs);
+  a.d = d;
+  a.offset_q4 = -8 * sum;
+  a.offset_q8 = -128 * sum;
+  a.sum = out.sums[b];
+}
+
 struct KernelTable {
   const char* name;
-  // n a multiple of 32.
-  void (*quantize_q8_0)(const float* x, BlockQ8_0* y, float* sums, std::size_t n);
+  // One token's n floats (n a multiple of 32) to Q8_0, in every form of `out`.
+  void (*quantize_activations)(const float* x, std::size_t n, const QuantizedToken& out);
   // y[t * ldy + r] = dot(W row r, token t) for rows [r0, r1) and tokens [0, n_tokens).
   void (*gemm_q8_0)(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                     std::size_t n_tokens, float* y, std::size_t ldy);

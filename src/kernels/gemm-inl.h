@@ -357,7 +357,7 @@ void gemm_dequant(DType type, const std::uint8_t* w, std::size_t w_stride, std::
 }
 
 // Activations to Q8_0, bit-identical to the scalar reference (same rounding of x / d).
-void quantize_q8_0(const float* x, BlockQ8_0* y, float* sums, std::size_t n) {
+void quantize_activations(const float* x, std::size_t n, const QuantizedToken& out) {
   const __m256 sign_mask = _mm256_set1_ps(-0.0f);
   for (std::size_t b = 0; b < n / kQK8_0; ++b, x += kQK8_0) {
     __m256 v[4];
@@ -371,19 +371,21 @@ void quantize_q8_0(const float* x, BlockQ8_0* y, float* sums, std::size_t n) {
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     const float d = _mm_cvtss_f32(m) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[b].d = f2h(d);
+    BlockQ8_0& y = out.blocks[b];
+    y.d = f2h(d);
     const __m256 idv = _mm256_set1_ps(id);
     __m256i q32[4];
     for (int k = 0; k < 4; ++k) q32[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], idv));  // round-to-nearest-even, as lrintf
     const __m256i p01 = _mm256_packs_epi32(q32[0], q32[1]), p23 = _mm256_packs_epi32(q32[2], q32[3]);
     __m256i p = _mm256_packs_epi16(p01, p23);
     p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // undo the lane interleave of the packs
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), p);
-    const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(q32[0], q32[1]), _mm256_add_epi32(q32[2], q32[3]));
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    sums[b] = h2f(y[b].d) * static_cast<float>(_mm_cvtsi128_si32(s));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y.qs), p);
+    // Both halves' sums in one reduction: [lo, hi, lo, hi].
+    const __m256i s01 = _mm256_add_epi32(q32[0], q32[1]), s23 = _mm256_add_epi32(q32[2], q32[3]);
+    __m128i s = _mm_hadd_epi32(_mm_add_epi32(_mm256_castsi256_si128(s01), _mm256_extracti128_si256(s01, 1)),
+                               _mm_add_epi32(_mm256_castsi256_si128(s23), _mm256_extracti128_si256(s23, 1)));
+    s = _mm_hadd_epi32(s, s);
+    store_activation_block(b, h2f(y.d), _mm_cvtsi128_si32(s), _mm_extract_epi32(s, 1), out);
   }
 }
 

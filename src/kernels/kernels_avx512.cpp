@@ -944,7 +944,7 @@ std::int32_t int8_throughput_probe(std::size_t rounds) {
 }  // namespace avx512
 
 const KernelTable& avx512_kernels() {
-  static const KernelTable table{"avx512",         avx512::quantize_q8_0, avx512::gemm_q8_0, avx512::gemm_q4_0,
+  static const KernelTable table{"avx512",         avx512::quantize_activations, avx512::gemm_q8_0, avx512::gemm_q4_0,
                                  avx512::gemm_f16_512, avx512::gemm_f32,  avx512::Isa::dot_f32, avx512::attention,
                                  avx512::x16_driver<kQ4_0GroupBytes, 32, 12, avx512::GroupTiles<false>::Single, 8, avx512::GroupTiles<false>::Pair>,
                                  avx512::x16_driver<kQ8_0GroupBytes, 32, 12, avx512::GroupTiles<true>::Single, 8, avx512::GroupTiles<true>::Pair>,

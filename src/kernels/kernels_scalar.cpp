@@ -12,19 +12,20 @@
 namespace promptly::kernels {
 namespace {
 
-void quantize_q8_0(const float* x, BlockQ8_0* y, float* sums, std::size_t n) {
+void quantize_activations(const float* x, std::size_t n, const QuantizedToken& out) {
   for (std::size_t b = 0; b < n / kQK8_0; ++b, x += kQK8_0) {
     float amax = 0.0f;
     for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(x[j]));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[b].d = fp32_to_fp16(d);
-    int sum = 0;
+    BlockQ8_0& y = out.blocks[b];
+    y.d = fp32_to_fp16(d);
+    int half[2] = {0, 0};
     for (int j = 0; j < kQK8_0; ++j) {
-      y[b].qs[j] = static_cast<std::int8_t>(std::lrintf(x[j] * id));
-      sum += y[b].qs[j];
+      y.qs[j] = static_cast<std::int8_t>(std::lrintf(x[j] * id));
+      half[j / 16] += y.qs[j];
     }
-    sums[b] = fp16_to_fp32(y[b].d) * static_cast<float>(sum);
+    store_activation_block(b, fp16_to_fp32(y.d), half[0], half[1], out);
   }
 }
 
@@ -270,7 +271,7 @@ void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
 }
 
 const KernelTable& scalar_kernels() {
-  static const KernelTable table{"scalar", quantize_q8_0, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32, attention,
+  static const KernelTable table{"scalar", quantize_activations, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32, attention,
                                  gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
                                  gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, gemm_dequant,
                                  attention_tile_each<attention>, false, silu_mul_reference, nullptr};

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
-#include <emmintrin.h>
 
 #include "kernels/dispatch.h"
 #include "tensor/quant-inl.h"
@@ -14,53 +13,38 @@ namespace promptly::kernels {
 
 float dot_f32(const float* a, const float* b, std::size_t n) { return kernel_table(active_isa()).dot_f32(a, b, n); }
 
-namespace {
-
-// The sums of a block's two halves of 16 quants. This runs for every block of every matmul input
-// (its scalar loop was ~3% of an 8-token decode step); psadbw (SSE2, so every x86-64 this project
-// builds for) adds 16 unsigned bytes at once, so the signed quants are offset by 128 first.
-std::pair<int, int> half_block_sums(const std::int8_t* qs) {
-  const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80)), zero = _mm_setzero_si128();
-  const auto half = [&](const std::int8_t* p) {
-    const __m128i s = _mm_sad_epu8(_mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), flip), zero);
-    return _mm_cvtsi128_si32(s) + _mm_cvtsi128_si32(_mm_unpackhi_epi64(s, s)) - 16 * 128;
-  };
-  return {half(qs), half(qs + 16)};
-}
-
-}  // namespace
-
 void Activations::quantize(ThreadPool& pool) {
   if (quantized_) return;
+  begin_quantize();
+  pool.parallel_for(n_tokens_, std::max<std::size_t>(1, 8192 / std::max<std::size_t>(1, k_)), [&](std::size_t b, std::size_t e, int) {
+    for (std::size_t t = b; t < e; ++t) quantize_token(t);
+  });
+  end_quantize(pool);
+}
+
+void Activations::begin_quantize() {
   const std::size_t nb = k_ / kQK8_0;
   ActivationBuffers& buf = *buffers_;
   buf.q8.resize(n_tokens_ * nb);
   buf.sums.resize(n_tokens_ * nb);
   buf.half_sums.resize(2 * n_tokens_ * nb);
+  buf.act.resize(act_stride() * nb);
+  kernels_ = &kernel_table(active_isa());
+}
+
+void Activations::quantize_token(std::size_t t) {
+  const std::size_t nb = k_ / kQK8_0;
+  ActivationBuffers& buf = *buffers_;
+  kernels_->quantize_activations(x_ + t * k_, k_,
+                                 {&buf.q8[t * nb], &buf.sums[t * nb], &buf.half_sums[2 * t * nb], &buf.act[t], act_stride()});
+}
+
+void Activations::end_quantize(ThreadPool& pool) {
+  const std::size_t nb = k_ / kQK8_0;
+  ActivationBuffers& buf = *buffers_;
   const std::size_t stride = act_stride();
-  buf.act.resize(stride * nb);
-  BlockQ8_0* q8 = buf.q8.data();
-  float* sums = buf.sums.data();
-  float* half_sums = buf.half_sums.data();
-  ActivationBlock* act = buf.act.data();
-  const KernelTable& kt = kernel_table(active_isa());
-  pool.parallel_for(n_tokens_, std::max<std::size_t>(1, 8192 / std::max<std::size_t>(1, k_)), [&](std::size_t b, std::size_t e, int) {
-    for (std::size_t t = b; t < e; ++t) {
-      kt.quantize_q8_0(x_ + t * k_, &q8[t * nb], &sums[t * nb], k_);
-      for (std::size_t i = t * nb; i < (t + 1) * nb; ++i) {
-        const auto [lo, hi] = half_block_sums(q8[i].qs);
-        const float d = fp16_to_fp32(q8[i].d);
-        half_sums[2 * i] = d * static_cast<float>(lo);
-        half_sums[2 * i + 1] = d * static_cast<float>(hi);
-        ActivationBlock& a = act[(i - t * nb) * stride + t];
-        std::memcpy(a.qs, q8[i].qs, sizeof a.qs);
-        a.d = d;
-        a.offset_q4 = -8 * (lo + hi);
-        a.offset_q8 = -128 * (lo + hi);
-        a.sum = sums[i];
-      }
-    }
-  });
+  const ActivationBlock* act = buf.act.data();
+  const KernelTable& kt = *kernels_;
   // The tile-ordered copy for kernels that take 16 tokens per step (see QuantizedRows): made here,
   // once per input and split across the pool, rather than by every matmul that reads the input.
   const std::size_t tiles = kt.token_tile && n_tokens_ >= kMinTiledTokens ? n_tokens_ / kTokenTile : 0;
@@ -82,11 +66,11 @@ void Activations::quantize(ThreadPool& pool) {
   quantized_ = true;
 }
 
-namespace {
-
 bool reads_quantized_input(const WeightMatrix& w) {
   return w.layout != Layout::Plain || w.type == DType::Q8_0 || w.type == DType::Q4_0;
 }
+
+namespace {
 
 // y's rows [b, e) of one matrix (y holds all w.rows of every token). The input is already quantized
 // if the matrix reads it so; for the x16 layouts b and e are multiples of 16.

@@ -63,6 +63,13 @@ class Activations {
 
   // Q8_0 blocks (and d * sum per block) of every token; computed on first call.
   void quantize(ThreadPool& pool);
+  // The same, for a caller that produces the input token by token in a parallel job of its own (a
+  // norm, SwiGLU) and quantizes each token there, while it is in cache, rather than in one more
+  // job with its own wake-up and barrier: begin_quantize() (one thread), then quantize_token(t) for
+  // every token exactly once (from any threads), then end_quantize(pool).
+  void begin_quantize();
+  void quantize_token(std::size_t t);
+  void end_quantize(ThreadPool& pool);
   const BlockQ8_0* q8() const { return buffers_->q8.data(); }
   const float* q8_sums() const { return buffers_->sums.data(); }
   const float* q8_half_sums() const { return buffers_->half_sums.data(); }
@@ -90,9 +97,13 @@ class Activations {
   const float* x_;
   std::size_t n_tokens_, k_, act_stride_;
   bool quantized_ = false;
+  const KernelTable* kernels_ = nullptr;  // set by begin_quantize
   ActivationBuffers owned_;
   ActivationBuffers* buffers_;
 };
+
+// Whether a matmul with w reads its input quantized (Activations::quantize) rather than as floats.
+bool reads_quantized_input(const WeightMatrix& w);
 
 // y[t * w.rows + r] = dot(w.row(r), token t) for every token. Each weight row is read once per call
 // whatever the number of tokens: a batch of sequences or a prefill chunk costs one pass over the

@@ -179,7 +179,7 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   // thread_local named inside a lambda is the running thread's own instance.)
   struct Scratch {
     std::vector<float> x, xn, q, k, v, attn, tmp, gate, up, rope_cos, rope_sin;
-    kernels::ActivationBuffers attn_act, ffn_act;  // the quantized inputs of q/k/v and gate/up
+    kernels::ActivationBuffers attn_act, ffn_act, down_act;  // the quantized inputs of q/k/v, gate/up and down
   };
   thread_local Scratch scratch;
   auto& x = scratch.x;
@@ -195,6 +195,7 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   auto& rope_sin = scratch.rope_sin;
   auto& attn_act = scratch.attn_act;
   auto& ffn_act = scratch.ffn_act;
+  auto& down_act = scratch.down_act;
   // The per-token work between matmuls (norms, RoPE, cache writes, SwiGLU) is split across the pool
   // for prompt-sized batches; one token's worth stays on this thread, where waking a worker would
   // cost more than it saves. Each token's arithmetic is the same either way.
@@ -270,13 +271,28 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   }
   std::stable_sort(tiles.begin(), tiles.end(), [](const AttentionTile& a, const AttentionTile& b) { return a.cost > b.cost; });
 
+  // x += tmp for one token: a sublayer's output joins the residual stream.
+  const auto add_residual = [&](std::size_t t) {
+    for (std::size_t i = t * D; i < (t + 1) * D; ++i) x[i] += tmp[i];
+  };
   for (std::size_t il = 0; il < c.n_layer; ++il) {
     if (il > 0 && stop_before && stop_before(il)) return false;
     const LayerWeights& L = layers_[il];
 
-    per_token([&](std::size_t t) { kernels::rmsnorm(&x[t * D], L.attn_norm, D, c.rms_eps, &xn[t * D]); });
-    kernels::Activations attn_in(xn.data(), T, D, attn_act);  // quantized once for q, k and v
+    // The previous layer's FFN output is added to the residual stream here, in the same job as the
+    // norm, and each token's normalized input is quantized there too, while it is in cache: one
+    // job instead of three, each with its own wake-up and barrier (for a batch of decode tokens,
+    // where these jobs are microseconds each, the barriers were several percent of a step).
     const kernels::WeightMatrix* qkv[] = {&L.wq, &L.wk, &L.wv};
+    kernels::Activations attn_in(xn.data(), T, D, attn_act);  // quantized once for q, k and v
+    const bool quantize_attn_in = std::ranges::any_of(qkv, [](const auto* w) { return kernels::reads_quantized_input(*w); });
+    if (quantize_attn_in) attn_in.begin_quantize();
+    per_token([&](std::size_t t) {
+      if (il > 0) add_residual(t);
+      kernels::rmsnorm(&x[t * D], L.attn_norm, D, c.rms_eps, &xn[t * D]);
+      if (quantize_attn_in) attn_in.quantize_token(t);
+    });
+    if (quantize_attn_in) attn_in.end_quantize(pool);
     float* const qkv_out[] = {q.data(), k.data(), v.data()};
     kernels::matmul_fused(qkv, attn_in, qkv_out, pool);
 
@@ -339,20 +355,29 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     });
 
     kernels::matmul(L.wo, attn.data(), T, tmp.data(), pool);
-    per_token([&](std::size_t t) {
-      for (std::size_t i = t * D; i < (t + 1) * D; ++i) x[i] += tmp[i];
-      kernels::rmsnorm(&x[t * D], L.ffn_norm, D, c.rms_eps, &xn[t * D]);
-    });
-    kernels::Activations ffn_in(xn.data(), T, D, ffn_act);  // quantized once for gate and up
     const kernels::WeightMatrix* gate_up[] = {&L.w_gate, &L.w_up};
+    kernels::Activations ffn_in(xn.data(), T, D, ffn_act);  // quantized once for gate and up
+    const bool quantize_ffn_in = std::ranges::any_of(gate_up, [](const auto* w) { return kernels::reads_quantized_input(*w); });
+    if (quantize_ffn_in) ffn_in.begin_quantize();
+    per_token([&](std::size_t t) {
+      add_residual(t);
+      kernels::rmsnorm(&x[t * D], L.ffn_norm, D, c.rms_eps, &xn[t * D]);
+      if (quantize_ffn_in) ffn_in.quantize_token(t);
+    });
+    if (quantize_ffn_in) ffn_in.end_quantize(pool);
     float* const gate_up_out[] = {gate.data(), up.data()};
     kernels::matmul_fused(gate_up, ffn_in, gate_up_out, pool);
-    per_token([&](std::size_t t) { kernels::silu_mul(&gate[t * F], &up[t * F], F); });
-    kernels::matmul(L.w_down, gate.data(), T, tmp.data(), pool);
+    kernels::Activations down_in(gate.data(), T, F, down_act);
+    const bool quantize_down_in = kernels::reads_quantized_input(L.w_down);
+    if (quantize_down_in) down_in.begin_quantize();
     per_token([&](std::size_t t) {
-      for (std::size_t i = t * D; i < (t + 1) * D; ++i) x[i] += tmp[i];
+      kernels::silu_mul(&gate[t * F], &up[t * F], F);
+      if (quantize_down_in) down_in.quantize_token(t);
     });
+    if (quantize_down_in) down_in.end_quantize(pool);
+    kernels::matmul(L.w_down, down_in, tmp.data(), pool);
   }
+  per_token(add_residual);  // the last layer's FFN output
 
   for (std::size_t t = 0; t < T; ++t) {
     const auto len = static_cast<std::size_t>(batch.positions[t]) + 1;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <initializer_list>
 #include <random>
 #include <sstream>
@@ -48,14 +49,38 @@ TEST(Dispatch, QuantizeActivationsBitIdenticalToScalar) {
       std::vector<float> x(n);
       for (float& v : x) v = dist(rng);
       x[0] = 0.5f * 127.0f / 127.0f;  // values landing exactly on .5 after scaling exercise the rounding mode
-      std::vector<BlockQ8_0> a(n / 32), b(n / 32);
-      std::vector<float> sa(n / 32), sb(n / 32);
-      scalar_kernels().quantize_q8_0(x.data(), a.data(), sa.data(), n);
-      kernel_table(isa).quantize_q8_0(x.data(), b.data(), sb.data(), n);
+      // Every form of the token, the ActivationBlocks a stride of 3 apart (as for a 3-token input).
+      struct Forms {
+        explicit Forms(std::size_t nb) : blocks(nb), sums(nb), half_sums(2 * nb), act(3 * nb) {}
+        QuantizedToken out() { return {blocks.data(), sums.data(), half_sums.data(), act.data(), 3}; }
+        std::vector<BlockQ8_0> blocks;
+        std::vector<float> sums, half_sums;
+        std::vector<ActivationBlock> act;
+      } a(n / 32), b(n / 32);
+      scalar_kernels().quantize_activations(x.data(), n, a.out());
+      kernel_table(isa).quantize_activations(x.data(), n, b.out());
       for (std::size_t k = 0; k < n / 32; ++k) {
-        ASSERT_EQ(a[k].d, b[k].d) << isa_name(isa);
-        for (int j = 0; j < 32; ++j) ASSERT_EQ(a[k].qs[j], b[k].qs[j]) << isa_name(isa) << " block " << k << " j " << j;
-        ASSERT_FLOAT_EQ(sa[k], sb[k]);
+        ASSERT_EQ(a.blocks[k].d, b.blocks[k].d) << isa_name(isa);
+        for (int j = 0; j < 32; ++j) ASSERT_EQ(a.blocks[k].qs[j], b.blocks[k].qs[j]) << isa_name(isa) << " block " << k << " j " << j;
+        ASSERT_EQ(a.sums[k], b.sums[k]);
+        ASSERT_EQ(a.half_sums[2 * k], b.half_sums[2 * k]);
+        ASSERT_EQ(a.half_sums[2 * k + 1], b.half_sums[2 * k + 1]);
+        const ActivationBlock &p = a.act[3 * k], &q = b.act[3 * k];
+        ASSERT_EQ(0, std::memcmp(p.qs, q.qs, sizeof p.qs));
+        ASSERT_EQ(0, std::memcmp(p.qs, a.blocks[k].qs, sizeof p.qs));
+        ASSERT_EQ(p.d, q.d);
+        ASSERT_EQ(p.offset_q4, q.offset_q4);
+        ASSERT_EQ(p.offset_q8, q.offset_q8);
+        ASSERT_EQ(p.sum, q.sum);
+        // The scalar path against the definitions: offsets and sums from the quants themselves.
+        int lo = 0, hi = 0;
+        for (int j = 0; j < 16; ++j) lo += a.blocks[k].qs[j];
+        for (int j = 16; j < 32; ++j) hi += a.blocks[k].qs[j];
+        ASSERT_EQ(p.offset_q4, -8 * (lo + hi));
+        ASSERT_EQ(p.offset_q8, -128 * (lo + hi));
+        ASSERT_FLOAT_EQ(a.half_sums[2 * k], p.d * static_cast<float>(lo));
+        ASSERT_FLOAT_EQ(a.half_sums[2 * k + 1], p.d * static_cast<float>(hi));
+        ASSERT_FLOAT_EQ(p.sum, p.d * static_cast<float>(lo + hi));
       }
     }
   }
