@@ -32,7 +32,8 @@ class Sampler {
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, std::int32_t>> candidates_;
+  std::vector<std::pair<float, std::int32_t>> candidates_;  // reused across calls, as is:
+  std::vector<double> weights_;
 };
 
 std::int32_t argmax(const float* logits, std::size_t n);

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
+#include <random>
 #include <vector>
 
 namespace promptly {
@@ -14,6 +17,21 @@ TEST(Sampler, GreedyAtTemperatureZero) {
   Sampler s(p);
   std::vector<float> logits = {0.1f, 3.0f, 2.9f, -1.0f};
   EXPECT_EQ(s.sample(logits.data(), logits.size(), {}), 1);
+}
+
+// The first of the largest values, wherever it sits (the vector lanes, the tail), as std::max_element.
+TEST(Sampler, ArgmaxIsTheFirstLargest) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist;
+  for (std::size_t n : {1u, 7u, 8u, 9u, 31000u, 32003u}) {
+    std::vector<float> l(n);
+    for (float& v : l) v = dist(rng);
+    EXPECT_EQ(argmax(l.data(), n), std::max_element(l.begin(), l.end()) - l.begin()) << n;
+    l[n - 1] = 100.0f;  // in the tail
+    EXPECT_EQ(argmax(l.data(), n), static_cast<std::int32_t>(n - 1)) << n;
+    l[n / 2] = 100.0f;  // a tie: the first wins
+    EXPECT_EQ(argmax(l.data(), n), static_cast<std::int32_t>(n / 2)) << n;
+  }
 }
 
 TEST(Sampler, RepeatPenaltyChangesGreedyChoice) {
@@ -95,6 +113,71 @@ TEST(Sampler, TemperatureSharpens) {
     top += s.sample(l.data(), 2, {}) == 0;
   }
   EXPECT_GT(top, 975);  // p(top) = 1 / (1 + e^-5) ~ 0.9933
+}
+
+// The filters keep exactly what sorting the whole vocabulary and cutting it would keep (the
+// sampler sorts only a head long enough for the cuts, grown as needed), and the draw follows the
+// kept tokens' renormalized probabilities.
+TEST(Sampler, FiltersKeepWhatAFullSortKeeps) {
+  std::mt19937 rng(7);
+  const std::size_t n_vocab = 3000;
+  struct Case {
+    int top_k;
+    float top_p, min_p;
+    float spread;  // of the logits: small is flat (long heads), large is peaked
+  };
+  for (const Case& c : {Case{0, 0.5f, 0.0f, 3.0f}, Case{0, 0.99f, 0.0f, 0.5f}, Case{0, 1.0f, 0.2f, 2.0f}, Case{0, 0.9f, 0.01f, 1.0f},
+                        Case{50, 0.9f, 0.05f, 2.0f}, Case{0, 0.999f, 0.0f, 0.05f}}) {
+    std::normal_distribution<float> dist(0.0f, c.spread);
+    std::vector<float> logits(n_vocab);
+    for (float& v : logits) v = dist(rng);
+    // The reference: the whole vocabulary sorted (ties by id), then top-k, top-p, min-p.
+    std::vector<std::int32_t> order(n_vocab);
+    for (std::size_t i = 0; i < n_vocab; ++i) order[i] = static_cast<std::int32_t>(i);
+    std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    std::size_t n = c.top_k > 0 ? static_cast<std::size_t>(c.top_k) : n_vocab;
+    double z = 0;
+    for (std::size_t i = 0; i < n; ++i) z += std::exp(static_cast<double>(logits[order[i]] - logits[order[0]]));
+    const auto prob = [&](std::size_t i) { return std::exp(static_cast<double>(logits[order[i]] - logits[order[0]])) / z; };
+    if (c.top_p < 1.0f) {
+      double cum = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if ((cum += prob(i)) >= c.top_p) {
+          n = i + 1;
+          break;
+        }
+      }
+    }
+    if (c.min_p > 0.0f) {
+      std::size_t k = 1;
+      while (k < n && prob(k) >= prob(0) * c.min_p) ++k;
+      n = k;
+    }
+    std::vector<int> rank(n_vocab, -1);  // in the kept head
+    for (std::size_t i = 0; i < n; ++i) rank[static_cast<std::size_t>(order[i])] = static_cast<int>(i);
+
+    SamplingParams p;
+    p.temperature = 1.0f;
+    p.top_k = c.top_k;
+    p.top_p = c.top_p;
+    p.min_p = c.min_p;
+    Sampler s(p);
+    const int draws = 1500;
+    int top = 0, deepest = 0;
+    for (int d = 0; d < draws; ++d) {
+      std::vector<float> l = logits;
+      const std::int32_t id = s.sample(l.data(), n_vocab, {});
+      ASSERT_GE(rank[static_cast<std::size_t>(id)], 0) << "token " << id << " is outside the kept " << n << " (case top_p " << c.top_p << ")";
+      top += id == order[0];
+      deepest = std::max(deepest, rank[static_cast<std::size_t>(id)]);
+    }
+    double kept = 0;
+    for (std::size_t i = 0; i < n; ++i) kept += prob(i);
+    EXPECT_NEAR(top / static_cast<double>(draws), prob(0) / kept, 0.04) << "kept " << n;
+    if (n > 1000) {
+      EXPECT_GT(deepest, 256) << "a long kept head is drawn from beyond the first 256";
+    }
+  }
 }
 
 }  // namespace
