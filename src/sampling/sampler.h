@@ -32,8 +32,9 @@ class Sampler {
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, std::int32_t>> candidates_;  // reused across calls, as is:
-  std::vector<double> weights_;
+  // Reused across calls: a vocabulary-sized allocation per token would be page-faulted each time.
+  std::vector<std::pair<float, std::int32_t>> candidates_;
+  std::vector<float> kept_logits_, weights_;
 };
 
 std::int32_t argmax(const float* logits, std::size_t n);
