@@ -264,16 +264,21 @@ void Engine::step() {
     budget_scale_ = std::clamp(step_ms > options_.itl_target_ms ? next : 0.5 * budget_scale_ + 0.5 * next, 0.0, 1.0);
   }
   scheduler_.commit(plan);
-  std::size_t row = 0;
-  const std::size_t n_vocab = model_.config().n_vocab;
+  // The picks in parallel (the pool is idle between forward passes; a draw over a whole vocabulary
+  // is tens to hundreds of microseconds, per stream), then their effects in batch order.
+  std::vector<Sequence*> sampled;
   for (const StepPlan::Chunk& c : plan.chunks) {
-    if (!c.sample) continue;
-    sample(*c.seq, &logits_[row * n_vocab]);
-    ++row;
+    if (c.sample) sampled.push_back(c.seq);
   }
+  std::vector<Pick> picks(sampled.size());
+  const std::size_t n_vocab = model_.config().n_vocab;
+  pool_.parallel_for(sampled.size(), 1, [&](std::size_t b, std::size_t e, int) {
+    for (std::size_t i = b; i < e; ++i) picks[i] = pick(*sampled[i], &logits_[i * n_vocab]);
+  });
+  for (std::size_t i = 0; i < sampled.size(); ++i) accept(*sampled[i], std::move(picks[i]));
 }
 
-void Engine::sample(Sequence& s, float* logits) {
+Engine::Pick Engine::pick(Sequence& s, float* logits) const {
   const std::size_t n_vocab = model_.config().n_vocab;
   for (const auto& [token, bias] : s.request.logit_bias) logits[token] += bias;
   // Log-probabilities of the model's distribution (after logit_bias, before sampling penalties).
@@ -298,7 +303,11 @@ void Engine::sample(Sequence& s, float* logits) {
   }
   const std::int32_t id = s.sampler.sample(logits, n_vocab, s.tokens);
   if (!raw.empty()) logprob = static_cast<float>(raw[id] - log_norm);
+  return {id, logprob, std::move(top)};
+}
 
+void Engine::accept(Sequence& s, Pick pick) {
+  const std::int32_t id = pick.id;
   const auto now = SteadyClock::now();
   if (s.n_generated == 0 && s.times.first_token == SteadyClock::time_point{}) s.times.first_token = now;
   s.times.last_token = now;
@@ -313,7 +322,7 @@ void Engine::sample(Sequence& s, float* logits) {
   s.tokens.push_back(id);
   ++s.n_generated;
   ++generation_tokens_;
-  if (emit_token(s, id, logprob, std::move(top))) {
+  if (emit_token(s, id, pick.logprob, std::move(pick.top))) {
     finish(s, FinishReason::Stop);  // a stop string ended it
   } else if (s.n_generated >= s.max_new || s.tokens.size() >= ctx_) {
     finish(s, FinishReason::Length);

@@ -80,7 +80,16 @@ class Engine {
   // Whether a request submitted since `plan` was made should have the step stop (on this thread).
   // `judged`: how many of the inbox's requests earlier calls for this step already turned down.
   bool newcomer_preempts(const StepPlan& plan, std::size_t& judged) const;
-  void sample(Sequence& s, float* logits);
+  // A sequence's next token from its logits row: the sampler and the log-probabilities. Touches
+  // only that sequence and its row, so the step runs the picks of its sequences in parallel.
+  struct Pick {
+    std::int32_t id = 0;
+    float logprob = 0.0f;
+    std::vector<TokenLogprob> top;
+  };
+  Pick pick(Sequence& s, float* logits) const;
+  // Then, one sequence after another: the token joins the sequence and goes out as an event.
+  void accept(Sequence& s, Pick pick);
   // Streams the token's text; true when it completed a stop string.
   bool emit_token(Sequence& s, std::int32_t id, float logprob, std::vector<TokenLogprob> top);
   void finish(Sequence& s, FinishReason reason, const std::string& error = {});
