@@ -356,7 +356,8 @@ void gemm_dequant(DType type, const std::uint8_t* w, std::size_t w_stride, std::
   }
 }
 
-// Activations to Q8_0, bit-identical to the scalar reference (same rounding of x / d).
+// Activations to Q8_0 in every form (see KernelTable::quantize_activations), bit-identical to the
+// scalar reference (the same rounding of x / d).
 void quantize_activations(const float* x, std::size_t n, const QuantizedToken& out) {
   const __m256 sign_mask = _mm256_set1_ps(-0.0f);
   for (std::size_t b = 0; b < n / kQK8_0; ++b, x += kQK8_0) {

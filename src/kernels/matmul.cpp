@@ -2,12 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <utility>
 
 #include "kernels/dispatch.h"
 #include "tensor/quant-inl.h"
 #include "tensor/quant.h"
-#include "util/fp16.h"
 
 namespace promptly::kernels {
 

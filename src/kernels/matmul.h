@@ -61,7 +61,7 @@ class Activations {
   std::size_t n_tokens() const { return n_tokens_; }
   std::size_t k() const { return k_; }
 
-  // Q8_0 blocks (and d * sum per block) of every token; computed on first call.
+  // Every token quantized to Q8_0, in every form the kernels read (see QuantizedRows); on first call.
   void quantize(ThreadPool& pool);
   // The same, for a caller that produces the input token by token in a parallel job of its own (a
   // norm, SwiGLU) and quantizes each token there, while it is in cache, rather than in one more
