@@ -63,6 +63,8 @@ struct QuantizedRows {
 
 // Where one token's quantized activations go: every form that some matmul kernel reads (see
 // QuantizedRows), written in one pass over the token.
+// Null blocks, sums and half_sums: only the ActivationBlocks are wanted (see
+// KernelTable::x16_reads_activation_blocks_only).
 struct QuantizedToken {
   BlockQ8_0* blocks;      // n / 32 blocks
   float* sums;            // per block: d * sum(q)
@@ -71,20 +73,24 @@ struct QuantizedToken {
   std::size_t act_stride;
 };
 
-// Block b's sums and ActivationBlock, once its quants and scale are in out.blocks[b]: d is that
-// scale as a float, lo and hi the integer sums of its two halves of quants. One helper for every
-// path, so that all of them store the same values.
-inline void store_activation_block(std::size_t b, float d, int lo, int hi, const QuantizedToken& out) {
+// Block b's sums and ActivationBlock, once its quants and scale are in `block` (out.blocks[b], or
+// the caller's scratch where out.blocks is null): d is that scale as a float, lo and hi the integer
+// sums of its two halves of quants. One helper for every path, so that all of them store the same
+// values.
+inline void store_activation_block(std::size_t b, const BlockQ8_0& block, float d, int lo, int hi, const QuantizedToken& out) {
   const int sum = lo + hi;
-  out.sums[b] = d * static_cast<float>(sum);
-  out.half_sums[2 * b] = d * static_cast<float>(lo);
-  out.half_sums[2 * b + 1] = d * static_cast<float>(hi);
+  const float d_sum = d * static_cast<float>(sum);
+  if (out.sums) {
+    out.sums[b] = d_sum;
+    out.half_sums[2 * b] = d * static_cast<float>(lo);
+    out.half_sums[2 * b + 1] = d * static_cast<float>(hi);
+  }
   ActivationBlock& a = out.act[b * out.act_stride];
-  std::memcpy(a.qs, out.blocks[b].qs, sizeof a.qs);
+  std::memcpy(a.qs, block.qs, sizeof a.qs);
   a.d = d;
   a.offset_q4 = -8 * sum;
   a.offset_q8 = -128 * sum;
-  a.sum = out.sums[b];
+  a.sum = d_sum;
 }
 
 struct KernelTable {
@@ -131,6 +137,9 @@ struct KernelTable {
                          std::size_t head_dim, float scale, float* const* out);
   // Whether the matrix kernels want the tile-ordered activations of QuantizedRows.
   bool token_tile;
+  // Whether the kernels for the Q4_0x16, Q8_0x16 and Q4_Kx16 layouts read nothing of QuantizedRows
+  // but the ActivationBlocks (act), so that an input only they read needs no other form.
+  bool x16_reads_activation_blocks_only;
   // gate[i] = silu(gate[i]) * up[i].
   void (*silu_mul)(float* gate, const float* up, std::size_t n);
   // Runs `rounds` x 12 independent 512-bit VNNI instructions (64 int8 multiply-adds each) on

@@ -372,7 +372,8 @@ void quantize_activations(const float* x, std::size_t n, const QuantizedToken& o
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     const float d = _mm_cvtss_f32(m) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    BlockQ8_0& y = out.blocks[b];
+    BlockQ8_0 scratch;
+    BlockQ8_0& y = out.blocks ? out.blocks[b] : scratch;
     y.d = f2h(d);
     const __m256 idv = _mm256_set1_ps(id);
     __m256i q32[4];
@@ -386,7 +387,7 @@ void quantize_activations(const float* x, std::size_t n, const QuantizedToken& o
     __m128i s = _mm_hadd_epi32(_mm_add_epi32(_mm256_castsi256_si128(s01), _mm256_extracti128_si256(s01, 1)),
                                _mm_add_epi32(_mm256_castsi256_si128(s23), _mm256_extracti128_si256(s23, 1)));
     s = _mm_hadd_epi32(s, s);
-    store_activation_block(b, h2f(y.d), _mm_cvtsi128_si32(s), _mm_extract_epi32(s, 1), out);
+    store_activation_block(b, y, h2f(y.d), _mm_cvtsi128_si32(s), _mm_extract_epi32(s, 1), out);
   }
 }
 

@@ -236,6 +236,7 @@ const KernelTable& amx_kernels() {
     KernelTable t = avx512_kernels();
     t.name = "amx";
     t.token_tile = true;
+    t.x16_reads_activation_blocks_only = false;  // the tiles read the block sums too
     t.gemm_q4_0_x16 = amx::gemm_x16<amx::Format::Q4_0>;
     t.gemm_q8_0_x16 = amx::gemm_x16<amx::Format::Q8_0>;
     t.gemm_q4_k_x16 = amx::gemm_x16<amx::Format::Q4_K>;

@@ -950,7 +950,7 @@ const KernelTable& avx512_kernels() {
                                  avx512::x16_driver<kQ8_0GroupBytes, 32, 12, avx512::GroupTiles<true>::Single, 8, avx512::GroupTiles<true>::Pair>,
                                  avx512::x16_driver<kQ4KGroupBytes, kQK_K, 12, avx512::Q4_KTile>,
                                  avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Q6_KTile>, avx512::gemm_dequant,
-                                 avx512::attention_tile, false, avx512::silu_mul,
+                                 avx512::attention_tile, false, true, avx512::silu_mul,
                                  avx512::int8_throughput_probe};
   return table;
 }

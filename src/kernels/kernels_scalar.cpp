@@ -18,14 +18,15 @@ void quantize_activations(const float* x, std::size_t n, const QuantizedToken& o
     for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(x[j]));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    BlockQ8_0& y = out.blocks[b];
+    BlockQ8_0 scratch;
+    BlockQ8_0& y = out.blocks ? out.blocks[b] : scratch;
     y.d = fp32_to_fp16(d);
     int half[2] = {0, 0};
     for (int j = 0; j < kQK8_0; ++j) {
       y.qs[j] = static_cast<std::int8_t>(std::lrintf(x[j] * id));
       half[j / 16] += y.qs[j];
     }
-    store_activation_block(b, fp16_to_fp32(y.d), half[0], half[1], out);
+    store_activation_block(b, y, fp16_to_fp32(y.d), half[0], half[1], out);
   }
 }
 
@@ -274,7 +275,7 @@ const KernelTable& scalar_kernels() {
   static const KernelTable table{"scalar", quantize_activations, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32, attention,
                                  gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
                                  gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, gemm_dequant,
-                                 attention_tile_each<attention>, false, silu_mul_reference, nullptr};
+                                 attention_tile_each<attention>, false, false, silu_mul_reference, nullptr};
   return table;
 }
 

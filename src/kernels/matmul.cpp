@@ -11,21 +11,25 @@ namespace promptly::kernels {
 
 float dot_f32(const float* a, const float* b, std::size_t n) { return kernel_table(active_isa()).dot_f32(a, b, n); }
 
-void Activations::quantize(ThreadPool& pool) {
-  if (quantized_) return;
-  begin_quantize();
+void Activations::quantize(ThreadPool& pool, bool activation_blocks_only) {
+  if (quantized_ && (activation_blocks_only || !activation_blocks_only_)) return;
+  quantized_ = false;
+  begin_quantize(activation_blocks_only);
   pool.parallel_for(n_tokens_, std::max<std::size_t>(1, 8192 / std::max<std::size_t>(1, k_)), [&](std::size_t b, std::size_t e, int) {
     for (std::size_t t = b; t < e; ++t) quantize_token(t);
   });
   end_quantize(pool);
 }
 
-void Activations::begin_quantize() {
+void Activations::begin_quantize(bool activation_blocks_only) {
   const std::size_t nb = k_ / kQK8_0;
   ActivationBuffers& buf = *buffers_;
-  buf.q8.resize(n_tokens_ * nb);
-  buf.sums.resize(n_tokens_ * nb);
-  buf.half_sums.resize(2 * n_tokens_ * nb);
+  activation_blocks_only_ = activation_blocks_only;
+  if (!activation_blocks_only) {
+    buf.q8.resize(n_tokens_ * nb);
+    buf.sums.resize(n_tokens_ * nb);
+    buf.half_sums.resize(2 * n_tokens_ * nb);
+  }
   buf.act.resize(act_stride() * nb);
   kernels_ = &kernel_table(active_isa());
 }
@@ -33,8 +37,12 @@ void Activations::begin_quantize() {
 void Activations::quantize_token(std::size_t t) {
   const std::size_t nb = k_ / kQK8_0;
   ActivationBuffers& buf = *buffers_;
-  kernels_->quantize_activations(x_ + t * k_, k_,
-                                 {&buf.q8[t * nb], &buf.sums[t * nb], &buf.half_sums[2 * t * nb], &buf.act[t], act_stride()});
+  if (activation_blocks_only_) {
+    kernels_->quantize_activations(x_ + t * k_, k_, {nullptr, nullptr, nullptr, &buf.act[t], act_stride()});
+  } else {
+    kernels_->quantize_activations(x_ + t * k_, k_,
+                                   {&buf.q8[t * nb], &buf.sums[t * nb], &buf.half_sums[2 * t * nb], &buf.act[t], act_stride()});
+  }
 }
 
 void Activations::end_quantize(ThreadPool& pool) {
@@ -66,6 +74,11 @@ void Activations::end_quantize(ThreadPool& pool) {
 
 bool reads_quantized_input(const WeightMatrix& w) {
   return w.layout != Layout::Plain || w.type == DType::Q8_0 || w.type == DType::Q4_0;
+}
+
+bool reads_activation_blocks_only(const WeightMatrix& w) {
+  return kernel_table(active_isa()).x16_reads_activation_blocks_only &&
+         (w.layout == Layout::Q4_0x16 || w.layout == Layout::Q8_0x16 || w.layout == Layout::Q4_Kx16);
 }
 
 namespace {
@@ -112,8 +125,9 @@ void matmul_fused(std::span<const WeightMatrix* const> ws, Activations& x, std::
   // that every matrix boundary (a multiple of 16) falls between tiles; 4 rows otherwise.
   bool tiles_of_16 = ws.size() > 1;
   std::size_t total_rows = 0;
+  const bool activation_blocks_only = std::all_of(ws.begin(), ws.end(), [](const WeightMatrix* w) { return reads_activation_blocks_only(*w); });
   for (const WeightMatrix* w : ws) {
-    if (reads_quantized_input(*w)) x.quantize(pool);
+    if (reads_quantized_input(*w)) x.quantize(pool, activation_blocks_only);
     tiles_of_16 = tiles_of_16 || w->layout != Layout::Plain;
     total_rows += w->rows;
   }

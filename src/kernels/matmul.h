@@ -61,22 +61,30 @@ class Activations {
   std::size_t n_tokens() const { return n_tokens_; }
   std::size_t k() const { return k_; }
 
-  // Every token quantized to Q8_0, in every form the kernels read (see QuantizedRows); on first call.
-  void quantize(ThreadPool& pool);
+  // Every token quantized to Q8_0, in every form the kernels read (see QuantizedRows), or with
+  // `activation_blocks_only` in the ActivationBlocks alone (for matrices whose kernels read nothing
+  // else: reads_activation_blocks_only). Done once; again only if more forms are wanted than were
+  // made.
+  void quantize(ThreadPool& pool, bool activation_blocks_only = false);
   // The same, for a caller that produces the input token by token in a parallel job of its own (a
   // norm, SwiGLU) and quantizes each token there, while it is in cache, rather than in one more
   // job with its own wake-up and barrier: begin_quantize() (one thread), then quantize_token(t) for
   // every token exactly once (from any threads), then end_quantize(pool).
-  void begin_quantize();
+  void begin_quantize(bool activation_blocks_only = false);
   void quantize_token(std::size_t t);
   void end_quantize(ThreadPool& pool);
-  const BlockQ8_0* q8() const { return buffers_->q8.data(); }
-  const float* q8_sums() const { return buffers_->sums.data(); }
-  const float* q8_half_sums() const { return buffers_->half_sums.data(); }
+  // What the kernels read; without the other forms (activation_blocks_only) their pointers are null.
   QuantizedRows rows(std::size_t n_blocks) const {
     const bool tiled = !buffers_->tiled_qs.empty();  // quantize() leaves it empty without a whole tile
-    return {buffers_->q8.data(),  buffers_->sums.data(), n_blocks, buffers_->half_sums.data(), buffers_->act.data(), act_stride(),
-            tiled ? buffers_->tiled_qs.data() : nullptr, tiled ? buffers_->tiled_dx.data() : nullptr};
+    const bool all = !activation_blocks_only_;
+    return {all ? buffers_->q8.data() : nullptr,
+            all ? buffers_->sums.data() : nullptr,
+            n_blocks,
+            all ? buffers_->half_sums.data() : nullptr,
+            buffers_->act.data(),
+            act_stride(),
+            tiled ? buffers_->tiled_qs.data() : nullptr,
+            tiled ? buffers_->tiled_dx.data() : nullptr};
   }
   bool quantized() const { return quantized_; }
   // Tokens between consecutive blocks of the block-major ActivationBlocks (see QuantizedRows::act):
@@ -97,6 +105,7 @@ class Activations {
   const float* x_;
   std::size_t n_tokens_, k_, act_stride_;
   bool quantized_ = false;
+  bool activation_blocks_only_ = false;
   const KernelTable* kernels_ = nullptr;  // set by begin_quantize
   ActivationBuffers owned_;
   ActivationBuffers* buffers_;
@@ -104,6 +113,10 @@ class Activations {
 
 // Whether a matmul with w reads its input quantized (Activations::quantize) rather than as floats.
 bool reads_quantized_input(const WeightMatrix& w);
+// Whether it reads, of the quantized input, only the ActivationBlocks (on the active kernel path).
+// Why it matters: the other forms are 46 of the 94 bytes written per block, and those writes were
+// a third of the quantizer's time in an 8-token decode step (their lines come from farther caches).
+bool reads_activation_blocks_only(const WeightMatrix& w);
 
 // y[t * w.rows + r] = dot(w.row(r), token t) for every token. Each weight row is read once per call
 // whatever the number of tokens: a batch of sequences or a prefill chunk costs one pass over the

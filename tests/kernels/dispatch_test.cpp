@@ -59,6 +59,10 @@ TEST(Dispatch, QuantizeActivationsBitIdenticalToScalar) {
       } a(n / 32), b(n / 32);
       scalar_kernels().quantize_activations(x.data(), n, a.out());
       kernel_table(isa).quantize_activations(x.data(), n, b.out());
+      // The ActivationBlocks alone (the other forms null) are the same blocks.
+      std::vector<ActivationBlock> only(3 * (n / 32));
+      kernel_table(isa).quantize_activations(x.data(), n, {nullptr, nullptr, nullptr, only.data(), 3});
+      for (std::size_t k = 0; k < n / 32; ++k) ASSERT_EQ(0, std::memcmp(&only[3 * k], &b.act[3 * k], sizeof(ActivationBlock))) << isa_name(isa);
       for (std::size_t k = 0; k < n / 32; ++k) {
         ASSERT_EQ(a.blocks[k].d, b.blocks[k].d) << isa_name(isa);
         for (int j = 0; j < 32; ++j) ASSERT_EQ(a.blocks[k].qs[j], b.blocks[k].qs[j]) << isa_name(isa) << " block " << k << " j " << j;

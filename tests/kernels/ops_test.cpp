@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -158,6 +159,36 @@ TEST(Matmul, FusedMatchesSeparateCalls) {
       }
     }
   }
+}
+
+// An input quantized into its ActivationBlocks alone leaves the other forms' pointers null, and a
+// later call that wants every form quantizes it again, to the same blocks.
+TEST(Matmul, ActivationBlocksOnlyThenEveryForm) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> dist;
+  const std::size_t n_tokens = 5, k = 96;
+  std::vector<float> x(n_tokens * k);
+  for (float& v : x) v = dist(rng);
+  ThreadPool pool(2);
+  Activations a(x.data(), n_tokens, k);
+  a.quantize(pool, true);
+  QuantizedRows r = a.rows(k / 32);
+  EXPECT_EQ(r.blocks, nullptr);
+  EXPECT_EQ(r.sums, nullptr);
+  EXPECT_EQ(r.half_sums, nullptr);
+  std::vector<ActivationBlock> only(r.act, r.act + r.act_stride * (k / 32));
+  a.quantize(pool, true);  // already there: nothing to do
+  a.quantize(pool, false);
+  r = a.rows(k / 32);
+  ASSERT_NE(r.blocks, nullptr);
+  ASSERT_NE(r.sums, nullptr);
+  ASSERT_NE(r.half_sums, nullptr);
+  EXPECT_EQ(0, std::memcmp(only.data(), r.act, only.size() * sizeof(ActivationBlock)));
+  Activations b(x.data(), n_tokens, k);
+  b.quantize(pool);
+  const QuantizedRows want = b.rows(k / 32);
+  EXPECT_EQ(0, std::memcmp(want.blocks, r.blocks, n_tokens * (k / 32) * sizeof(BlockQ8_0)));
+  EXPECT_EQ(0, std::memcmp(want.half_sums, r.half_sums, 2 * n_tokens * (k / 32) * sizeof(float)));
 }
 
 }  // namespace
