@@ -287,10 +287,7 @@ Engine::Pick Engine::pick(Sequence& s, float* logits) const {
   double log_norm = 0;
   std::vector<float> raw;
   if (s.request.top_logprobs >= 0) {
-    const float mx = *std::max_element(logits, logits + n_vocab);
-    double sum = 0;
-    for (std::size_t i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
-    log_norm = mx + std::log(sum);
+    log_norm = log_sum_exp(logits, n_vocab);
     raw.assign(logits, logits + n_vocab);
     const std::size_t k = std::min<std::size_t>(static_cast<std::size_t>(s.request.top_logprobs), n_vocab);
     if (k > 0) {

@@ -38,5 +38,7 @@ class Sampler {
 };
 
 std::int32_t argmax(const float* logits, std::size_t n);
+// log(sum of e^logits[i]): the log-probability of token i is logits[i] minus this.
+double log_sum_exp(const float* logits, std::size_t n);
 
 }  // namespace promptly

@@ -34,6 +34,23 @@ TEST(Sampler, ArgmaxIsTheFirstLargest) {
   }
 }
 
+// The log-probabilities' normalizer against a double-precision reference, at awkward lengths and
+// with logits spread far enough that some exponents underflow.
+TEST(Sampler, LogSumExpMatchesDoubleReference) {
+  std::mt19937 rng(9);
+  for (float spread : {0.1f, 3.0f, 40.0f}) {
+    std::normal_distribution<float> dist(0.0f, spread);
+    for (std::size_t n : {1u, 3u, 5u, 33u, 32000u}) {
+      std::vector<float> l(n);
+      for (float& v : l) v = dist(rng);
+      const double mx = *std::max_element(l.begin(), l.end());
+      double sum = 0;
+      for (float v : l) sum += std::exp(static_cast<double>(v) - mx);
+      EXPECT_NEAR(log_sum_exp(l.data(), n), mx + std::log(sum), 1e-5) << n << " logits, spread " << spread;
+    }
+  }
+}
+
 TEST(Sampler, RepeatPenaltyChangesGreedyChoice) {
   SamplingParams p;
   p.temperature = 0;
