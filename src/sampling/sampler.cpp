@@ -25,19 +25,6 @@ float max_value(const float* x, std::size_t n) {
   return best;
 }
 
-}  // namespace
-
-// The first token with the largest value: the same answer as std::max_element.
-std::int32_t argmax(const float* logits, std::size_t n) {
-  const float best = max_value(logits, n);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (logits[i] == best) return static_cast<std::int32_t>(i);
-  }
-  return 0;  // every value NaN
-}
-
-namespace {
-
 // e^x for four x <= 0 in float: range reduction to 2^n * e^f with |f| <= ln 2 / 2, Cephes'
 // degree-6 polynomial for e^f, 2^n built in the exponent bits. Relative error ~1e-7, far below
 // what a draw can tell apart. SSE2, which every x86-64 has: the compiler would not vectorize the
@@ -86,6 +73,15 @@ double exp_weights(const float* x, std::size_t n, float scale, float shift, floa
 }
 
 }  // namespace
+
+// The first token with the largest value: the same answer as std::max_element.
+std::int32_t argmax(const float* logits, std::size_t n) {
+  const float best = max_value(logits, n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (logits[i] == best) return static_cast<std::int32_t>(i);
+  }
+  return 0;  // every value NaN
+}
 
 double log_sum_exp(const float* logits, std::size_t n) {
   const float mx = max_value(logits, n);
