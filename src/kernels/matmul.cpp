@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 
 #include "kernels/dispatch.h"
 #include "tensor/quant-inl.h"
@@ -10,6 +11,29 @@
 namespace promptly::kernels {
 
 float dot_f32(const float* a, const float* b, std::size_t n) { return kernel_table(active_isa()).dot_f32(a, b, n); }
+
+namespace {
+
+// Whether a matmul with w reads its input quantized rather than as floats.
+bool reads_quantized_input(const WeightMatrix& w) {
+  return w.layout != Layout::Plain || w.type == DType::Q8_0 || w.type == DType::Q4_0;
+}
+
+// Whether the ActivationBlocks alone serve every one of `readers` (on the active kernel path).
+bool activation_blocks_suffice(std::span<const WeightMatrix* const> readers) {
+  const bool x16_only = kernel_table(active_isa()).x16_reads_activation_blocks_only;
+  return std::all_of(readers.begin(), readers.end(), [&](const WeightMatrix* w) {
+    return x16_only && (w->layout == Layout::Q4_0x16 || w->layout == Layout::Q8_0x16 || w->layout == Layout::Q4_Kx16);
+  });
+}
+
+}  // namespace
+
+bool Activations::begin_quantize_for(std::span<const WeightMatrix* const> readers) {
+  if (std::none_of(readers.begin(), readers.end(), [](const WeightMatrix* w) { return reads_quantized_input(*w); })) return false;
+  begin_quantize(activation_blocks_suffice(readers));
+  return true;
+}
 
 void Activations::quantize(ThreadPool& pool, bool activation_blocks_only) {
   if (quantized_ && (activation_blocks_only || !activation_blocks_only_)) return;
@@ -72,15 +96,6 @@ void Activations::end_quantize(ThreadPool& pool) {
   quantized_ = true;
 }
 
-bool reads_quantized_input(const WeightMatrix& w) {
-  return w.layout != Layout::Plain || w.type == DType::Q8_0 || w.type == DType::Q4_0;
-}
-
-bool reads_activation_blocks_only(const WeightMatrix& w) {
-  return kernel_table(active_isa()).x16_reads_activation_blocks_only &&
-         (w.layout == Layout::Q4_0x16 || w.layout == Layout::Q8_0x16 || w.layout == Layout::Q4_Kx16);
-}
-
 namespace {
 
 // y's rows [b, e) of one matrix (y holds all w.rows of every token). The input is already quantized
@@ -125,9 +140,10 @@ void matmul_fused(std::span<const WeightMatrix* const> ws, Activations& x, std::
   // that every matrix boundary (a multiple of 16) falls between tiles; 4 rows otherwise.
   bool tiles_of_16 = ws.size() > 1;
   std::size_t total_rows = 0;
-  const bool activation_blocks_only = std::all_of(ws.begin(), ws.end(), [](const WeightMatrix* w) { return reads_activation_blocks_only(*w); });
+  if (std::any_of(ws.begin(), ws.end(), [](const WeightMatrix* w) { return reads_quantized_input(*w); })) {
+    x.quantize(pool, activation_blocks_suffice(ws));
+  }
   for (const WeightMatrix* w : ws) {
-    if (reads_quantized_input(*w)) x.quantize(pool, activation_blocks_only);
     tiles_of_16 = tiles_of_16 || w->layout != Layout::Plain;
     total_rows += w->rows;
   }

@@ -62,15 +62,17 @@ class Activations {
   std::size_t k() const { return k_; }
 
   // Every token quantized to Q8_0, in every form the kernels read (see QuantizedRows), or with
-  // `activation_blocks_only` in the ActivationBlocks alone (for matrices whose kernels read nothing
-  // else: reads_activation_blocks_only). Done once; again only if more forms are wanted than were
-  // made.
+  // `activation_blocks_only` in the ActivationBlocks alone (all a matrix whose kernels read nothing
+  // else needs: the other forms are 46 of the 94 bytes written per block, and those writes were a
+  // third of the quantizer's time in an 8-token decode step). Done once; again only if more forms
+  // are wanted than were made.
   void quantize(ThreadPool& pool, bool activation_blocks_only = false);
   // The same, for a caller that produces the input token by token in a parallel job of its own (a
   // norm, SwiGLU) and quantizes each token there, while it is in cache, rather than in one more
-  // job with its own wake-up and barrier: begin_quantize() (one thread), then quantize_token(t) for
-  // every token exactly once (from any threads), then end_quantize(pool).
-  void begin_quantize(bool activation_blocks_only = false);
+  // job with its own wake-up and barrier: begin_quantize_for(the matrices that will read it), which
+  // picks the forms they read, or returns false when none reads its input quantized; if true,
+  // quantize_token(t) for every token exactly once (from any threads), then end_quantize(pool).
+  bool begin_quantize_for(std::span<const WeightMatrix* const> readers);
   void quantize_token(std::size_t t);
   void end_quantize(ThreadPool& pool);
   // What the kernels read; without the other forms (activation_blocks_only) their pointers are null.
@@ -94,6 +96,7 @@ class Activations {
   std::size_t act_stride() const { return act_stride_; }
 
  private:
+  void begin_quantize(bool activation_blocks_only);
   static std::size_t padded_act_stride(std::size_t n_tokens) {
     std::size_t stride = n_tokens;
     if (n_tokens >= 16) {
@@ -111,12 +114,6 @@ class Activations {
   ActivationBuffers* buffers_;
 };
 
-// Whether a matmul with w reads its input quantized (Activations::quantize) rather than as floats.
-bool reads_quantized_input(const WeightMatrix& w);
-// Whether it reads, of the quantized input, only the ActivationBlocks (on the active kernel path).
-// Why it matters: the other forms are 46 of the 94 bytes written per block, and those writes were
-// a third of the quantizer's time in an 8-token decode step (their lines come from farther caches).
-bool reads_activation_blocks_only(const WeightMatrix& w);
 
 // y[t * w.rows + r] = dot(w.row(r), token t) for every token. Each weight row is read once per call
 // whatever the number of tokens: a batch of sequences or a prefill chunk costs one pass over the

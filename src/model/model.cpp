@@ -285,10 +285,7 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     // where these jobs are microseconds each, the barriers were several percent of a step).
     const kernels::WeightMatrix* qkv[] = {&L.wq, &L.wk, &L.wv};
     kernels::Activations attn_in(xn.data(), T, D, attn_act);  // quantized once for q, k and v
-    const bool quantize_attn_in = std::ranges::any_of(qkv, [](const auto* w) { return kernels::reads_quantized_input(*w); });
-    if (quantize_attn_in) {
-      attn_in.begin_quantize(std::ranges::all_of(qkv, [](const auto* w) { return kernels::reads_activation_blocks_only(*w); }));
-    }
+    const bool quantize_attn_in = attn_in.begin_quantize_for(qkv);
     per_token([&](std::size_t t) {
       if (il > 0) add_residual(t);
       kernels::rmsnorm(&x[t * D], L.attn_norm, D, c.rms_eps, &xn[t * D]);
@@ -359,10 +356,7 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     kernels::matmul(L.wo, attn.data(), T, tmp.data(), pool);
     const kernels::WeightMatrix* gate_up[] = {&L.w_gate, &L.w_up};
     kernels::Activations ffn_in(xn.data(), T, D, ffn_act);  // quantized once for gate and up
-    const bool quantize_ffn_in = std::ranges::any_of(gate_up, [](const auto* w) { return kernels::reads_quantized_input(*w); });
-    if (quantize_ffn_in) {
-      ffn_in.begin_quantize(std::ranges::all_of(gate_up, [](const auto* w) { return kernels::reads_activation_blocks_only(*w); }));
-    }
+    const bool quantize_ffn_in = ffn_in.begin_quantize_for(gate_up);
     per_token([&](std::size_t t) {
       add_residual(t);
       kernels::rmsnorm(&x[t * D], L.ffn_norm, D, c.rms_eps, &xn[t * D]);
@@ -372,8 +366,8 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     float* const gate_up_out[] = {gate.data(), up.data()};
     kernels::matmul_fused(gate_up, ffn_in, gate_up_out, pool);
     kernels::Activations down_in(gate.data(), T, F, down_act);
-    const bool quantize_down_in = kernels::reads_quantized_input(L.w_down);
-    if (quantize_down_in) down_in.begin_quantize(kernels::reads_activation_blocks_only(L.w_down));
+    const kernels::WeightMatrix* down[] = {&L.w_down};
+    const bool quantize_down_in = down_in.begin_quantize_for(down);
     per_token([&](std::size_t t) {
       kernels::silu_mul(&gate[t * F], &up[t * F], F);
       if (quantize_down_in) down_in.quantize_token(t);
