@@ -138,8 +138,7 @@ std::int32_t Sampler::sample(float* logits, std::size_t n_vocab, const std::vect
     mx = max_value(logits, n_vocab);
   }
   if (!top_k && cut_by_probability) {
-    weights_.resize(n_vocab);
-    z = exp_weights(logits, n_vocab, 1.0f, mx, weights_.data());
+    z = exp_weights(logits, n_vocab, 1.0f, mx, nullptr);
     // Grow the sorted head until a cut ends inside it: top-p once the head's probability reaches
     // top_p, min-p once its last token falls below min_p of the best one's.
     for (std::size_t head = std::min<std::size_t>(n_vocab, 256);; head = std::min(n_vocab, 8 * head)) {
