@@ -110,7 +110,9 @@ class Scenario {
   }
 
   json multiturn();
+  json sessions();
   json shared_prefix();
+  json burst();
   json head_of_line();
   json throughput();
   // The largest KV budget any engine of the run had (for the peak-RSS bound).
@@ -209,6 +211,102 @@ json Scenario::multiturn() {
           {"wall_s", wall_s}};
 }
 
+// Chat sessions that start cold: a long first turn (a pasted document, a long system prompt), then
+// follow-ups of a user message each over the cached history, after a think time. Cold first turns
+// compete with live sessions' follow-ups: what the follow-ups' time to first token shows.
+json Scenario::sessions() {
+  const std::size_t n_sessions = static_cast<std::size_t>(o_.conversations);
+  const std::size_t user_tokens = 45, answer_tokens = 64;
+  const std::size_t turns_per_session = static_cast<std::size_t>(std::max(1, o_.turns));
+  const std::size_t ctx = std::max<std::size_t>(model_.config().n_ctx_train,
+                                                o_.first_turn + turns_per_session * (user_tokens + answer_tokens) + 64);
+  Engine engine(model_, nullptr, engine_options(ctx));
+  Client client;
+  std::mutex mutex;
+  std::vector<double> first_ttft, follow_ttft, itl;
+  std::vector<std::vector<std::int32_t>> first_turns;
+  for (std::size_t c = 0; c < n_sessions; ++c) {
+    auto m = tokens(o_.first_turn);
+    m[0] = 1;
+    first_turns.push_back(std::move(m));
+  }
+  const auto t_start = SteadyClock::now();
+  std::vector<std::thread> users;
+  for (std::size_t c = 0; c < n_sessions; ++c) {
+    users.emplace_back([&, c] {
+      std::mt19937 rng(o_.seed * 977 + c);
+      std::exponential_distribution<double> think(1000.0 / o_.think_ms);
+      std::uniform_real_distribution<double> start(0.0, o_.think_ms / 1000.0);
+      std::uniform_int_distribution<std::int32_t> tok(3, static_cast<std::int32_t>(model_.config().n_vocab) - 1);
+      std::vector<std::int32_t> history = first_turns[c];
+      std::this_thread::sleep_for(std::chrono::duration<double>(start(rng)));  // users do not all arrive at once
+      for (std::size_t turn = 0; turn < turns_per_session; ++turn) {
+        const auto r = client.wait(client.submit(engine, request(history, static_cast<int>(answer_tokens))));
+        {
+          std::lock_guard lock(mutex);
+          (turn == 0 ? first_ttft : follow_ttft).push_back(r.end.times.ttft_seconds() * 1000.0);
+          for (std::size_t i = 1; i < r.token_times.size(); ++i) itl.push_back(ms(r.token_times[i] - r.token_times[i - 1]));
+        }
+        history.insert(history.end(), r.tokens.begin(), r.tokens.end());
+        for (std::size_t i = 0; i < user_tokens; ++i) history.push_back(tok(rng));
+        std::this_thread::sleep_for(std::chrono::duration<double>(think(rng)));
+      }
+    });
+  }
+  for (auto& u : users) u.join();
+  note(engine);
+  const EngineStats st = engine.stats();
+  return {{"scenario", "sessions"},
+          {"sessions", n_sessions},
+          {"turns", turns_per_session},
+          {"first_turn_tokens", o_.first_turn},
+          {"user_tokens", user_tokens},
+          {"answer_tokens", answer_tokens},
+          {"think_ms_mean", o_.think_ms},
+          {"followup_ttft_ms", {{"p50", quantile(follow_ttft, 0.5)}, {"p99", quantile(follow_ttft, 0.99)}, {"max", quantile(follow_ttft, 1.0)}, {"n", follow_ttft.size()}}},
+          {"first_turn_ttft_ms", {{"p50", quantile(first_ttft, 0.5)}, {"p99", quantile(first_ttft, 0.99)}}},
+          {"itl_ms", {{"p50", quantile(itl, 0.5)}, {"p99", quantile(itl, 0.99)}}},
+          {"step_limit_ms", st.step_limit_ms},
+          {"wall_s", std::chrono::duration<double>(SteadyClock::now() - t_start).count()}};
+}
+
+// A burst behind one system prompt: one request warms the prefix cache, then the others arrive
+// together, each with its own user message. Their times to first token show whether they complete
+// one after another (p50 well below p99) or all together at the end.
+json Scenario::burst() {
+  const std::size_t n = 16, user_len = 90, answer_tokens = 64;
+  auto system = tokens(o_.system_tokens);
+  system[0] = 1;
+  Engine engine(model_, nullptr, engine_options(std::max<std::size_t>(model_.config().n_ctx_train, o_.system_tokens + user_len + answer_tokens + 16)));
+  Client client;
+  auto prompt = [&] {
+    auto p = system;
+    const auto user = tokens(user_len);
+    p.insert(p.end(), user.begin(), user.end());
+    return p;
+  };
+  const auto first = client.wait(client.submit(engine, request(prompt(), static_cast<int>(answer_tokens))));
+  std::vector<std::uint64_t> ids;
+  for (std::size_t i = 1; i < n; ++i) ids.push_back(client.submit(engine, request(prompt(), static_cast<int>(answer_tokens))));
+  std::vector<double> ttft;
+  std::size_t computed = 0;
+  for (auto id : ids) {
+    const auto r = client.wait(id);
+    ttft.push_back(r.end.times.ttft_seconds() * 1000.0);
+    computed += r.end.usage.prompt_tokens - r.end.usage.cached_tokens;
+  }
+  note(engine);
+  const double p50 = quantile(ttft, 0.5), p99 = quantile(ttft, 0.99);
+  return {{"scenario", "burst"},
+          {"requests", n},
+          {"system_tokens", o_.system_tokens},
+          {"user_tokens", user_len},
+          {"first_ttft_ms", first.end.times.ttft_seconds() * 1000.0},
+          {"ttft_ms", {{"p50", p50}, {"p99", p99}, {"min", quantile(ttft, 0.0)}}},
+          {"p50_over_p99", p50 / p99},
+          {"new_tokens_per_request", static_cast<double>(computed) / static_cast<double>(ids.size())}};
+}
+
 // Many requests behind one long system prompt, all at once.
 json Scenario::shared_prefix() {
   const std::size_t n = 16, system_len = 1000, user_len = 30;
@@ -285,11 +383,11 @@ json Scenario::head_of_line() {
   const std::size_t big = std::max<std::size_t>(o_.engine.max_batch_tokens, long_len);
   // The solo speed is measured before and after the chunked run and averaged: this machine's speed
   // drifts by up to 2x over minutes, and one solo run long before or after would skew the fraction.
-  json solo = run(false, o_.engine.max_batch_tokens, 0);
+  // Solo and chunked with the engine's settings (the defaults unless flags say otherwise); unchunked:
+  // the whole prompt in one step, no ITL target, what a server without chunked prefill does.
+  const double itl_target = o_.engine.itl_target_ms;
+  json solo = run(false, o_.engine.max_batch_tokens, itl_target);
   json unchunked = run(true, big, 0);
-  // 140 ms: the controller aims at 85% of it (steps of ~113 ms at p50), which leaves the 150 ms
-  // limit of the streams' p99 ~35 ms of headroom for this machine's noise (p99 140-148 ms measured).
-  const double itl_target = o_.engine.itl_target_ms > 0 ? o_.engine.itl_target_ms : 140.0;
   json chunked = run(true, o_.engine.max_batch_tokens, itl_target);
   // A chat's follow-up (40 tokens) arriving 1 s into the long prompt's prefill, with the step budget
   // and no streams: its time to first token, which short prompts first keeps to its own step plus
@@ -313,7 +411,7 @@ json Scenario::head_of_line() {
                 {"long_prompt_ttft_ms", long_r.end.times.ttft_seconds() * 1000.0},
                 {"steps_interrupted", engine.stats().steps_interrupted}};
   }();
-  json solo_after = run(false, o_.engine.max_batch_tokens, 0);
+  json solo_after = run(false, o_.engine.max_batch_tokens, itl_target);
   const double solo_tps = 0.5 * (solo["prefill_tps"].get<double>() + solo_after["prefill_tps"].get<double>());
   return {{"scenario", "head-of-line"},
           {"long_prompt_tokens", long_len},
@@ -381,11 +479,11 @@ int bench_engine(const BenchEngineOptions& o) {
   std::shared_ptr<const gguf::File> file = gguf::File::open(o.model);
   Model model(file);
   const ModelConfig& c = model.config();
-  const std::vector<std::string> all = {"multiturn", "shared-prefix", "head-of-line", "throughput"};
+  const std::vector<std::string> all = {"multiturn", "sessions", "shared-prefix", "burst", "head-of-line", "throughput"};
   std::vector<std::string> names = o.scenario == "all" ? all : std::vector<std::string>{o.scenario};
   for (const auto& n : names) {
     if (std::find(all.begin(), all.end(), n) == all.end()) {
-      throw Error("unknown scenario '" + n + "'; choose multiturn, shared-prefix, head-of-line, throughput or all");
+      throw Error("unknown scenario '" + n + "'; choose multiturn, sessions, shared-prefix, burst, head-of-line, throughput or all");
     }
   }
   Scenario scenario(model, o);
@@ -393,7 +491,9 @@ int bench_engine(const BenchEngineOptions& o) {
   for (const auto& n : names) {
     std::fprintf(stderr, "running %s ...\n", n.c_str());
     if (n == "multiturn") results.push_back(scenario.multiturn());
+    if (n == "sessions") results.push_back(scenario.sessions());
     if (n == "shared-prefix") results.push_back(scenario.shared_prefix());
+    if (n == "burst") results.push_back(scenario.burst());
     if (n == "head-of-line") results.push_back(scenario.head_of_line());
     if (n == "throughput") results.push_back(scenario.throughput());
   }
@@ -438,6 +538,19 @@ int bench_engine(const BenchEngineOptions& o) {
                   r["steps"].get<std::size_t>());
       std::printf("| multiturn | prompt tokens served from cache | %.1f%% |\n", 100 * r["followup_cached_fraction"].get<double>());
       std::printf("| multiturn | TTFT re-prefilling %zu tokens (no cache) | %.0f ms |\n", o.history, r["cold_prefill_ttft_ms"].get<double>());
+    } else if (n == "sessions") {
+      std::printf("| sessions | follow-up TTFT p50 / p99 / max (%zu follow-ups; %zu sessions x %zu turns, %zu-token first turns) | %.0f / %.0f / %.0f ms |\n",
+                  r["followup_ttft_ms"]["n"].get<std::size_t>(), r["sessions"].get<std::size_t>(), r["turns"].get<std::size_t>(),
+                  r["first_turn_tokens"].get<std::size_t>(), r["followup_ttft_ms"]["p50"].get<double>(), r["followup_ttft_ms"]["p99"].get<double>(),
+                  r["followup_ttft_ms"]["max"].get<double>());
+      std::printf("| sessions | first-turn TTFT p50 / p99 | %.0f / %.0f ms |\n", r["first_turn_ttft_ms"]["p50"].get<double>(),
+                  r["first_turn_ttft_ms"]["p99"].get<double>());
+      std::printf("| sessions | answers' inter-token latency p50 / p99 | %.0f / %.0f ms |\n", r["itl_ms"]["p50"].get<double>(),
+                  r["itl_ms"]["p99"].get<double>());
+    } else if (n == "burst") {
+      std::printf("| burst | TTFT p50 / p99 of %zu requests sent together after the first (%zu-token system prompt, ~%.0f new tokens each) | %.0f / %.0f ms (p50/p99 %.2f) |\n",
+                  r["requests"].get<std::size_t>() - 1, r["system_tokens"].get<std::size_t>(), r["new_tokens_per_request"].get<double>(),
+                  r["ttft_ms"]["p50"].get<double>(), r["ttft_ms"]["p99"].get<double>(), r["p50_over_p99"].get<double>());
     } else if (n == "shared-prefix") {
       std::printf("| shared-prefix | prefill tokens: prompts / computed | %zu / %zu (%.1fx less) |\n", r["prompt_tokens"].get<std::size_t>(),
                   r["prefill_tokens_computed"].get<std::size_t>(), r["prefill_work_reduction"].get<double>());

@@ -88,7 +88,7 @@ struct EngineFlags {
   std::string kv_type = "f16";
   std::string kv_memory;           // empty: the engine's default
   std::size_t max_batch_tokens = 512;
-  double itl_target_ms = 0;
+  double itl_target_ms = EngineOptions::kDefaultItlTargetMs;  // 0: steps sized by max_batch_tokens alone
   // Throws Error for an unknown KV type or a malformed memory size.
   EngineOptions to_options() const {
     EngineOptions e;
@@ -104,11 +104,14 @@ struct EngineFlags {
 struct BenchEngineOptions {
   std::string model;
   std::string scenario = "all";
-  EngineFlags engine;              // head-of-line's chunked run uses --itl-target-ms 140 when unset
+  EngineFlags engine;
   int conversations = 8;           // multiturn
   std::size_t history = 2000;      // multiturn: conversations end past this many tokens
   double think_ms = 2000;          // multiturn: mean of the exponential think time
   std::size_t long_prompt = 4000;  // head-of-line
+  int turns = 4;                   // sessions: turns per session
+  std::size_t first_turn = 1500;   // sessions: tokens of each session's first turn
+  std::size_t system_tokens = 2000;  // burst: the shared system prompt
   int streams = 8;                 // throughput
   int gen_tokens = 128;            // throughput
   int rounds = 3;                  // throughput: alternating 1-stream / many-stream measurements

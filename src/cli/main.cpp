@@ -17,7 +17,9 @@ void add_engine_flags(CLI::App* cmd, promptly::cli::EngineFlags& f) {
   cmd->add_option("--kv-memory", f.kv_memory, "KV cache budget, e.g. 4GiB or 25% (default: 8 contexts, at most half the free RAM)");
   cmd->add_option("--max-batch-tokens", f.max_batch_tokens, "Tokens per engine step")->capture_default_str();
   cmd->add_option("--itl-target-ms", f.itl_target_ms,
-                  "While streams decode, size steps to keep their inter-token latency near this (bench engine's head-of-line: 140 when unset)");
+                  "Size steps, by their measured cost, so that streams get a token about this often while prompts prefill (0: off, steps of "
+                  "--max-batch-tokens)")
+      ->capture_default_str();
 }
 
 }  // namespace
@@ -112,13 +114,20 @@ int main(int argc, char** argv) {
   bmod_cmd->add_flag("--json", bmod.json, "Print JSON");
 
   cli::BenchEngineOptions beng;
-  auto* beng_cmd = bench_cmd->add_subcommand("engine", "The serving engine in chat scenarios: multi-turn, shared prefix, head-of-line, throughput");
+  auto* beng_cmd = bench_cmd->add_subcommand(
+      "engine", "The serving engine in chat scenarios: multi-turn, cold sessions, shared prefix, bursts, head-of-line, throughput");
   beng_cmd->add_option("-m,--model", beng.model, "GGUF model")->required();
-  beng_cmd->add_option("--scenario", beng.scenario, "multiturn, shared-prefix, head-of-line, throughput or all")->capture_default_str();
+  beng_cmd->add_option("--scenario", beng.scenario, "multiturn, sessions, shared-prefix, burst, head-of-line, throughput or all")
+      ->capture_default_str();
   add_engine_flags(beng_cmd, beng.engine);
-  beng_cmd->add_option("--conversations", beng.conversations, "multiturn: concurrent conversations")->capture_default_str();
+  beng_cmd->add_option("--conversations", beng.conversations, "multiturn, sessions: concurrent conversations")->capture_default_str();
   beng_cmd->add_option("--history", beng.history, "multiturn: history length each conversation grows to")->capture_default_str();
-  beng_cmd->add_option("--think-ms", beng.think_ms, "multiturn: mean think time between turns")->capture_default_str();
+  beng_cmd->add_option("--think-ms", beng.think_ms, "multiturn, sessions: mean think time between turns")->capture_default_str();
+  beng_cmd->add_option("--turns", beng.turns, "sessions: turns per session")->check(CLI::Range(1, 1000))->capture_default_str();
+  beng_cmd->add_option("--first-turn", beng.first_turn, "sessions: tokens of each session's first turn")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  beng_cmd->add_option("--system-tokens", beng.system_tokens, "burst: tokens of the shared system prompt")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   beng_cmd->add_option("--long-prompt", beng.long_prompt, "head-of-line: tokens of the long prompt")->capture_default_str();
   beng_cmd->add_option("--streams", beng.streams, "throughput: concurrent streams")->capture_default_str();
   beng_cmd->add_option("--gen-tokens", beng.gen_tokens, "throughput: tokens per stream")->capture_default_str();

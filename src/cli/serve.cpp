@@ -36,6 +36,12 @@ int serve(const ServeOptions& o) {
   std::fprintf(stderr, "promptly: serving '%s' on http://%s:%u (context %zu, KV cache %s %.0f MB = %zu tokens)\n", so.model_id.c_str(),
                o.host.c_str(), port, st.ctx_size, o.engine.kv_type.c_str(), static_cast<double>(st.kv_budget_bytes) / 1e6,
                st.kv_blocks_total * st.kv_block_tokens);
+  if (st.step_limit_ms > 0) {
+    std::fprintf(stderr,
+                 "promptly: steps sized to %.0f ms (ITL target %.0f ms; --itl-target-ms 0: off) by their measured cost: %.2f ms + %.3f ms a "
+                 "token + %.3f ms per 1000 positions attended\n",
+                 st.step_limit_ms, eo.itl_target_ms, st.step_fixed_ms, st.step_per_token_ms, st.step_per_1k_attended_ms);
+  }
   std::fflush(stderr);
   server.run();
   return 0;

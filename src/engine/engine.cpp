@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 
@@ -74,6 +75,52 @@ KvCache make_engine_cache(const Model& model, const EngineOptions& o, std::size_
   return KvCache::with_blocks(c.n_layer, c.kv_dim(), n_blocks, ctx, o.kv_type, o.block_tokens, c.head_dim);
 }
 
+// The step cost model's prior, from forward passes on a scratch sequence of the engine's own cache
+// before the first request: one token (mostly the weights streaming through once: the fixed cost)
+// and a short prompt (the cost per token on top of it), each the best of a few passes after a
+// warm-up (the first pass faults in the mapped weights). The attention term starts from the FLOP
+// ratio of one attended position to one token's matrix products, at a third of the matrices'
+// efficiency (float attention against int8 matrices: ~3.2x per FLOP measured on TinyLlama at 2000
+// positions); the live steps correct it.
+StepCostModel calibrate_step_cost(const Model& model, KvCache& cache, ThreadPool& pool) {
+  constexpr int kScratchSeq = 0x7fffffff;  // above every request's sequence id for 2^31 requests
+  constexpr std::size_t kPromptTokens = 32;
+  constexpr double kTimeBudgetS = 0.5;  // passes repeat while under this (a big model's run once)
+  const ModelConfig& c = model.config();
+  const std::size_t capacity = cache.pool().n_blocks() * cache.block_tokens();
+  const std::size_t n = std::min({kPromptTokens, capacity - 1, cache.max_positions()});
+  Batch batch;
+  std::vector<float> logits;
+  auto pass = [&](std::size_t n_tokens) {
+    batch.clear();
+    for (std::size_t i = 0; i < n_tokens; ++i) {
+      batch.add(static_cast<std::int32_t>(i % c.n_vocab), static_cast<std::int32_t>(i), kScratchSeq, i + 1 == n_tokens);
+    }
+    cache.erase(kScratchSeq);
+    if (!cache.try_reserve(kScratchSeq, n_tokens)) return -1.0;
+    const auto t0 = SteadyClock::now();
+    model.forward(batch, cache, pool, logits);
+    return std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  };
+  pass(1);  // warm-up
+  double one = 1e30, many = 1e30, spent = 0;
+  for (int i = 0; i < 8 && (i == 0 || spent < kTimeBudgetS); ++i) {
+    const double a = pass(1), b = pass(n);
+    if (a < 0 || b < 0) break;
+    one = std::min(one, a);
+    many = std::min(many, b);
+    spent += a + b;
+  }
+  cache.erase(kScratchSeq);
+  if (one > 1e29) return StepCostModel(1e-3, 1e-4, 1e-8);  // no room to calibrate: the live steps will teach it
+  const double per_token = n > 1 ? std::max(many - one, 0.0) / static_cast<double>(n - 1) : one;
+  const double d = c.n_embd, layers = c.n_layer;
+  const double matrix_ops = 2 * (layers * (d * (c.q_dim() + 2.0 * c.kv_dim()) + c.q_dim() * d + 3 * d * c.n_ff) + d * c.n_vocab);
+  const double attention_ops_per_position = 4 * layers * c.n_head * c.head_dim;
+  const double per_attended = 3 * per_token * attention_ops_per_position / matrix_ops;
+  return StepCostModel(std::max(one - per_token, 0.0), per_token, per_attended);
+}
+
 }  // namespace
 
 Engine::Engine(const Model& model, const Tokenizer* tokenizer, EngineOptions options)
@@ -83,8 +130,12 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, EngineOptions opt
       ctx_(options.ctx_size ? options.ctx_size : model.config().n_ctx_train),
       pool_(options.threads > 0 ? options.threads : default_thread_count()),
       cache_(make_engine_cache(model, options_, ctx_)),
+      cost_(calibrate_step_cost(model, cache_, pool_)),
       scheduler_(cache_, SchedulerOptions{std::max<std::size_t>(1, options.max_running), options.prefix_cache,
-                                          options.itl_target_ms > 0 ? 0 : options.short_prompt_first}) {
+                                          // Running a follow-up alone skips the streams' tokens for a step:
+                                          // not under an ITL target.
+                                          options.itl_target_ms > 0 ? 0 : options.short_prompt_first,
+                                          options.shortest_prefill_first}) {
   if (options_.max_batch_tokens == 0) throw Error("--max-batch-tokens must be at least 1");
   if (tokenizer_) eog_ids_ = tokenizer_->vocab().end_of_generation_ids();
   publish_stats();
@@ -199,11 +250,16 @@ void Engine::loop() {
   deliver_events();
 }
 
-std::size_t Engine::step_budget(std::size_t n_decoding) const {
-  if (options_.itl_target_ms <= 0 || n_decoding == 0) return options_.max_batch_tokens;
-  const double scaled = budget_scale_ * static_cast<double>(options_.max_batch_tokens);
-  // Every decoding stream always gets its token, plus room for a little prefill progress.
-  return std::clamp<std::size_t>(static_cast<std::size_t>(scaled), n_decoding + 1, options_.max_batch_tokens);
+StepBudget Engine::step_budget() const {
+  // A step never shorter than this many times its fixed cost (the weights streaming through once):
+  // below that, prefill would spend more time re-reading weights than computing (at 5x, 80% of a
+  // step is its tokens' work), which happens for models whose single pass is slow on this machine.
+  constexpr double kMinStepOverFixed = 5;
+  StepBudget b{options_.max_batch_tokens, 0, &cost_};
+  if (options_.itl_target_ms > 0) {
+    b.max_seconds = std::max(EngineOptions::kItlHeadroom * options_.itl_target_ms / 1000.0 / overrun_.p99(), kMinStepOverFixed * cost_.fixed_s());
+  }
+  return b;
 }
 
 bool Engine::newcomer_preempts(const StepPlan& plan, std::size_t& judged) const {
@@ -216,9 +272,7 @@ bool Engine::newcomer_preempts(const StepPlan& plan, std::size_t& judged) const 
 }
 
 void Engine::step() {
-  std::size_t n_decoding = 0;
-  for (const auto& s : scheduler_.running()) n_decoding += s->state == RequestState::Decoding;
-  const std::size_t budget = step_budget(n_decoding);
+  const StepBudget budget = step_budget();
   StepPlan plan = scheduler_.plan(budget);
   for (auto& [seq, reason] : scheduler_.take_ended()) {
     // Already out of the scheduler: announce it.
@@ -252,17 +306,21 @@ void Engine::step() {
     for (const StepPlan::Chunk& c : plan.chunks) finish(*c.seq, FinishReason::Error, e.what());
     return;
   }
-  const double step_ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - t0).count();
-  ++steps_;
-  if (options_.itl_target_ms > 0 && plan.n_decode > 0) {
-    // Feedback toward 85% of the target (headroom for noise): the step's cost grows with its tokens.
-    // Growth is cautious (a step's attention cost rises as a long prompt advances) and a step over
-    // the target shrinks the next one at once.
-    const double ratio = 0.85 * options_.itl_target_ms / std::max(step_ms, 1e-3);
-    const double used = static_cast<double>(plan.batch.size()) / static_cast<double>(options_.max_batch_tokens);
-    const double next = used * std::clamp(ratio, 0.5, 1.25);
-    budget_scale_ = std::clamp(step_ms > options_.itl_target_ms ? next : 0.5 * budget_scale_ + 0.5 * next, 0.0, 1.0);
+  double attended = 0;
+  for (std::int32_t p : plan.batch.positions) attended += static_cast<double>(p) + 1;
+  const double step_s = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  const double predicted_s = cost_.predict(static_cast<double>(plan.batch.size()), attended);
+  // PROMPTLY_STEP_LOG=1: one line a step on stderr, for seeing how steps are sized and what they cost.
+  static const bool log_steps = std::getenv("PROMPTLY_STEP_LOG") != nullptr;
+  if (log_steps) {
+    std::fprintf(stderr, "step tokens=%zu decode=%zu attended=%.0f predicted_ms=%.1f actual_ms=%.1f limit_ms=%.1f overrun_p99=%.2f\n",
+                 plan.batch.size(), plan.n_decode, attended, predicted_s * 1000, step_s * 1000, budget.max_seconds * 1000, overrun_.p99());
   }
+  // Only steps the limit shaped tell how far limited steps overrun (a short decode step's relative
+  // jitter is larger and irrelevant to the limit).
+  if (budget.max_seconds > 0 && predicted_s > 0.5 * budget.max_seconds) overrun_.observe(predicted_s, step_s);
+  cost_.observe(static_cast<double>(plan.batch.size()), attended, step_s);
+  ++steps_;
   scheduler_.commit(plan);
   // The picks in parallel (the pool is idle between forward passes; a draw over a whole vocabulary
   // is tens to hundreds of microseconds, per stream), then their effects in batch order.
@@ -430,6 +488,10 @@ void Engine::publish_stats() {
   st.prompt_tokens = prompt_tokens_;
   st.generation_tokens = generation_tokens_;
   st.steps = steps_;
+  st.step_fixed_ms = cost_.fixed_s() * 1000;
+  st.step_per_token_ms = cost_.per_token_s() * 1000;
+  st.step_per_1k_attended_ms = cost_.per_attended_s() * 1e6;
+  st.step_limit_ms = step_budget().max_seconds * 1000;
   std::copy(std::begin(finished_), std::end(finished_), std::begin(st.finished));
   std::lock_guard lock(mutex_);
   // Requests still in the inbox are waiting too.

@@ -14,6 +14,7 @@
 
 #include "engine/request.h"
 #include "engine/scheduler.h"
+#include "engine/step_cost.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -25,8 +26,21 @@ struct EngineOptions {
   std::size_t kv_memory = 0;        // KV pool bytes; 0: room for 8 full contexts, at most half the free RAM
   KvType kv_type = KvType::F16;
   std::size_t block_tokens = KvCache::kDefaultBlockTokens;
-  std::size_t max_batch_tokens = 512;  // tokens per step
-  double itl_target_ms = 0;         // > 0: while streams decode, size steps to keep their inter-token time near this
+  std::size_t max_batch_tokens = 512;  // tokens per step, at most
+  // > 0: while prompts prefill, decoding streams get a token at least this often (at the 99th
+  // percentile): steps are sized, by what steps are measured to cost on this machine
+  // (StepCostModel) and how far they overrun their prediction (StepOverrun), to take at most this
+  // less kItlHeadroom, so a request arriving also waits at most that long for the step in flight.
+  // 0: steps are sized by max_batch_tokens alone (and short prompts run alone, see below). The
+  // default, 150 ms (a token ~7 times a second, faster than anyone reads, while prompts prefill),
+  // and the measurements behind it: README, Serving defaults.
+  double itl_target_ms = kDefaultItlTargetMs;
+  static constexpr double kDefaultItlTargetMs = 150;
+  // Of the ITL target, what steps may take: the rest is the step loop between forward passes
+  // (sampling, events: ~1 ms) and the delivery to the client.
+  static constexpr double kItlHeadroom = 0.95;
+  // Prompts' chunks first by shortest remaining prefill, with aging (Scheduler::prefill_order).
+  bool shortest_prefill_first = true;
   // Without an ITL target: a step that finishes a prompt of at most this many remaining tokens (a
   // chat's follow-up over its cached history) runs it alone, leaving the decode tokens and other
   // prompts to the next step, for its time to first token (see Scheduler::isolate_short_prompt).
@@ -50,6 +64,9 @@ struct EngineStats {
   std::uint64_t prompt_tokens = 0, generation_tokens = 0;
   std::uint64_t preemptions = 0, evicted_blocks = 0, steps = 0;
   std::uint64_t steps_interrupted = 0;  // steps stopped early for a follow-up (Scheduler::gives_way)
+  // The step cost model's coefficients now (StepCostModel) and the step time limit they serve
+  // (0: none, no ITL target).
+  double step_fixed_ms = 0, step_per_token_ms = 0, step_per_1k_attended_ms = 0, step_limit_ms = 0;
   std::uint64_t finished[6] = {};  // by FinishReason
   // Blocks in use by running requests as a fraction of the pool (what vLLM calls kv_cache_usage).
   double kv_usage() const { return kv_blocks_total ? static_cast<double>(kv_blocks_used) / kv_blocks_total : 0.0; }
@@ -76,7 +93,7 @@ class Engine {
  private:
   void loop();
   void step();
-  std::size_t step_budget(std::size_t n_decoding) const;
+  StepBudget step_budget() const;
   // Whether a request submitted since `plan` was made should have the step stop (on this thread).
   // `judged`: how many of the inbox's requests earlier calls for this step already turned down.
   bool newcomer_preempts(const StepPlan& plan, std::size_t& judged) const;
@@ -105,10 +122,11 @@ class Engine {
   std::vector<std::int32_t> eog_ids_;
   ThreadPool pool_;
   KvCache cache_;
+  StepCostModel cost_;  // calibrated before the first step, then refined by every step's time
+  StepOverrun overrun_;
   Scheduler scheduler_;
   std::vector<float> logits_;
   std::vector<std::pair<std::shared_ptr<const EventCallback>, EngineEvent>> pending_events_;
-  double budget_scale_ = 1.0;  // ITL control: fraction of max_batch_tokens the next mixed step may use
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

@@ -194,14 +194,83 @@ bool Scheduler::admit(Sequence& s) {
   return true;
 }
 
-void Scheduler::schedule_prefill(Sequence& s, std::size_t& budget, StepPlan& plan) {
+void Scheduler::Room::add(std::size_t start, std::size_t n) {
+  tokens_left -= n;
+  tokens += static_cast<double>(n);
+  attended += StepCostModel::attended_by(start, n);
+}
+
+void Scheduler::schedule_prefill(Sequence& s, Room& room, StepPlan& plan) {
   extend_from_cache(s);
-  if (budget == 0 || waits_for_leader(s)) return;
-  const std::size_t chunk = std::min(budget, s.pending());
+  if (room.tokens_left == 0 || waits_for_leader(s)) return;
+  std::size_t chunk = std::min(room.tokens_left, s.pending());
+  if (room.seconds > 0) {
+    chunk = room.cost->tokens_within(room.seconds, room.tokens, room.attended, s.n_computed, chunk);
+    if (chunk == 0) {
+      if (!plan.chunks.empty()) {
+        room.tokens_left = 0;  // the step's time is spent
+        return;
+      }
+      chunk = 1;  // alone in its step: progress, whatever the prediction says
+    }
+  }
   if (!ensure_blocks(s, s.n_computed + chunk)) return;
   plan.chunks.push_back({&s, chunk, chunk == s.pending()});
   s.in_batch = true;
-  budget -= chunk;
+  s.last_chunk = SteadyClock::now();
+  room.add(s.n_computed, chunk);
+}
+
+// Why shortest remaining first: when several prompts compete (a burst of requests behind one system
+// prompt, cold conversations arriving together), advancing all of them in arrival order through
+// shared steps finishes them all at the end; the one closest to its first token going first has
+// them complete one after another, which lowers every percentile but the last (and the last gets
+// its first token no later). Short prompts (a chat's follow-up over its cached history: tens to a
+// couple of hundred new tokens) go before long ones as a class, so that a cold prompt that has
+// waited long (and aged) still does not hold a follow-up for the seconds its prefill takes. Aging
+// within a class (a prompt's wait counts as `aging` times that much of its prefill done) lets an
+// old long prompt finish before newer long ones overtake it, and the starvation rule gives the
+// best long prompt a step whenever short ones have taken every step for `starvation_s`.
+std::vector<Sequence*> Scheduler::prefill_order(const StepBudget& budget) const {
+  std::vector<Sequence*> order;
+  for (const auto& s : running_) {
+    if (s->state == RequestState::Prefilling) order.push_back(s.get());
+  }
+  if (!options_.shortest_first) {
+    std::stable_sort(order.begin(), order.end(), [](const Sequence* a, const Sequence* b) { return a->ranks_before(*b); });
+    return order;
+  }
+  const double tokens_per_waited_s = budget.cost ? options_.aging / budget.cost->per_token_s() : 0.0;
+  const auto now = SteadyClock::now();
+  auto seconds_since = [&](SteadyClock::time_point t) { return std::chrono::duration<double>(now - t).count(); };
+  struct Keyed {
+    Sequence* seq;
+    bool is_short;
+    double key;
+  };
+  std::vector<Keyed> keyed;
+  for (Sequence* s : order) {
+    keyed.push_back({s, s->pending() <= options_.short_prompt_tokens,
+                     static_cast<double>(s->pending()) - tokens_per_waited_s * seconds_since(s->times.arrival)});
+  }
+  auto before = [](const Keyed& a, const Keyed& b) {
+    if (a.seq->request.priority != b.seq->request.priority) return a.seq->request.priority > b.seq->request.priority;
+    if (a.is_short != b.is_short) return a.is_short;
+    if (a.key != b.key) return a.key < b.key;
+    return a.seq->order < b.seq->order;
+  };
+  std::stable_sort(keyed.begin(), keyed.end(), before);
+  const auto best_long = std::find_if(keyed.begin(), keyed.end(), [](const Keyed& k) { return !k.is_short; });
+  if (best_long != keyed.end() &&
+      seconds_since(std::max(best_long->seq->times.arrival, best_long->seq->last_chunk)) > options_.starvation_s) {
+    // Ahead of the short prompts of its priority, not of anyone of a higher one.
+    const auto first_short = std::find_if(keyed.begin(), best_long, [&](const Keyed& k) {
+      return k.seq->request.priority == best_long->seq->request.priority;
+    });
+    std::rotate(first_short, best_long, best_long + 1);
+  }
+  for (std::size_t i = 0; i < keyed.size(); ++i) order[i] = keyed[i].seq;
+  return order;
 }
 
 // Why: a chat's follow-up turn over a cached history computes only its new tokens (tens), so its
@@ -236,7 +305,7 @@ void Scheduler::isolate_short_prompt(StepPlan& plan) {
   isolated_last_ = true;
 }
 
-StepPlan Scheduler::plan(std::size_t budget) {
+StepPlan Scheduler::plan(const StepBudget& budget) {
   StepPlan plan;
   const bool after_giving_way = isolated_last_ || std::exchange(interrupted_last_, false);
   auto by_rank = [](const auto& a, const auto& b) { return a->ranks_before(*b); };
@@ -250,49 +319,52 @@ StepPlan Scheduler::plan(std::size_t budget) {
     return std::any_of(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == s; });
   };
 
+  Room room{budget.max_tokens, 0, budget.cost};
   for (Sequence* s : ranked) {  // every decoding sequence's next token first
-    if (budget == 0) break;
+    if (room.tokens_left == 0) break;
     if (!still_running(s) || s->state != RequestState::Decoding) continue;
     if (!ensure_blocks(*s, s->n_computed + 1)) continue;
     plan.chunks.push_back({s, 1, true});
     s->in_batch = true;
     ++plan.n_decode;
-    --budget;
+    room.add(s->n_computed, 1);
+  }
+  if (budget.max_seconds > 0 && budget.cost) {
+    room.seconds = std::max(budget.max_seconds, 2 * budget.cost->predict(room.tokens, room.attended));
   }
   std::stable_sort(waiting_.begin(), waiting_.end(), by_rank);
   auto admit_waiting = [&](bool with_chunks) {
-    while (budget > 0 && !waiting_.empty() && running_.size() < options_.max_running) {
+    while (room.tokens_left > 0 && !waiting_.empty() && running_.size() < options_.max_running) {
       Sequence& s = *waiting_.front();
       if (!admit(s)) break;  // strict rank order: a big request is not overtaken forever by small ones
       running_.push_back(std::move(waiting_.front()));
       waiting_.erase(waiting_.begin());
-      if (with_chunks) schedule_prefill(s, budget, plan);
+      if (with_chunks) schedule_prefill(s, room, plan);
     }
   };
   // With short prompts first, this step may run a short prompt alone (isolate_short_prompt), so
   // short prompts, new ones included, get their tokens before long prompts' chunks: a follow-up
-  // arriving while a long prompt prefills would otherwise wait for every chunk of it. Otherwise the
-  // prompts already being prefilled go first and new ones are admitted with what budget is left.
+  // arriving while a long prompt prefills would otherwise wait for every chunk of it. With shortest
+  // first, new prompts compete with those already prefilling. Otherwise the prompts already being
+  // prefilled go first and new ones are admitted with what budget is left.
   const bool short_first = options_.short_prompt_first > 0 && !isolated_last_;
-  if (short_first) admit_waiting(false);
-  std::vector<Sequence*> prefilling;
-  for (auto& s : running_) {
-    if (s->state == RequestState::Prefilling) prefilling.push_back(s.get());
-  }
-  std::stable_sort(prefilling.begin(), prefilling.end(), by_rank);
+  const bool admit_first = short_first || options_.shortest_first;
+  if (admit_first) admit_waiting(false);
+  const std::vector<Sequence*> prefilling = prefill_order(budget);
   // Never ahead of a prompt of higher priority.
   const int top_priority = prefilling.empty() ? 0 : prefilling.front()->request.priority;
   auto goes_first = [&](const Sequence* s) {
-    return short_first && s->pending() <= options_.short_prompt_first && s->request.priority == top_priority;
+    return options_.shortest_first ||
+           (short_first && s->pending() <= options_.short_prompt_first && s->request.priority == top_priority);
   };
   for (bool first_pass : {true, false}) {
     for (Sequence* s : prefilling) {
-      if (budget == 0) break;
+      if (room.tokens_left == 0) break;
       if (!still_running(s) || s->state != RequestState::Prefilling || s->in_batch) continue;
-      if (first_pass == goes_first(s)) schedule_prefill(*s, budget, plan);
+      if (first_pass == goes_first(s)) schedule_prefill(*s, room, plan);
     }
   }
-  if (!short_first) admit_waiting(true);
+  if (!admit_first) admit_waiting(true);
   isolate_short_prompt(plan);
   plan.may_give_way = options_.short_prompt_first > 0 && !after_giving_way && !isolated_last_ && !plan.chunks.empty() &&
                       std::none_of(plan.chunks.begin(), plan.chunks.end(),

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/request.h"
+#include "engine/step_cost.h"
 #include "kv/kv_cache.h"
 #include "kv/prefix_tree.h"
 #include "model/batch.h"
@@ -44,6 +45,7 @@ struct Sequence {
   std::size_t inserted_blocks = 0;   // full blocks already offered to the prefix tree
   bool prompt_done = false;          // the prompt's first pass is over (cached_tokens is final)
   bool in_batch = false;             // part of the step being planned
+  SteadyClock::time_point last_chunk;  // when its latest prompt chunk was planned (aging)
   SteadyClock::time_point deadline = SteadyClock::time_point::max();
   RequestTimes times;
   RequestUsage usage;
@@ -68,6 +70,30 @@ struct SchedulerOptions {
   // decoding sequences' tokens and other prompts' chunks to the next step (see
   // Scheduler::isolate_short_prompt).
   std::size_t short_prompt_first = 0;
+  // Prompts get their chunks shortest remaining prefill first (within a priority), short prompts
+  // before long ones, with aging, instead of by arrival: see Scheduler::prefill_order.
+  bool shortest_first = false;
+  // shortest_first: prompts with at most this many tokens left to compute (a chat's follow-up over
+  // its cached history, a short new question) go before longer ones, whatever the longer ones' age.
+  std::size_t short_prompt_tokens = 256;
+  // shortest_first: among prompts of a kind, one that has waited t seconds ranks as if it were
+  // shorter by the tokens this many times t seconds of prefill computes (from the step budget's cost
+  // model; no aging without one).
+  double aging = 0.25;
+  // shortest_first: when the best long prompt has had no chunk for this long (short prompts took
+  // every step), it goes before them for a step, so that a stream of short prompts cannot stall it.
+  double starvation_s = 2.0;
+};
+
+// What one step may hold: at most `max_tokens` tokens and, with a cost model, at most `max_seconds`
+// of predicted forward-pass time (0: no time limit). Every decoding sequence's token always goes in;
+// the prompts' chunks get whatever fits, and never less than the decode tokens' own time (a step
+// crowded with streams still moves a long prompt at half speed or better), and a step with nothing
+// else in it computes at least one token.
+struct StepBudget {
+  std::size_t max_tokens = 512;
+  double max_seconds = 0;
+  const StepCostModel* cost = nullptr;
 };
 
 struct SchedulerCounters {
@@ -105,8 +131,9 @@ class Scheduler {
   // Sequences the scheduler itself had to end (no memory even alone), with finish reason set.
   std::vector<std::pair<std::unique_ptr<Sequence>, FinishReason>> take_ended();
 
-  // Builds the next batch of at most `budget` tokens (see the file comment).
-  StepPlan plan(std::size_t budget);
+  // Builds the next batch within `budget` (see the file comment).
+  StepPlan plan(const StepBudget& budget);
+  StepPlan plan(std::size_t max_tokens) { return plan(StepBudget{max_tokens}); }
   // After the forward pass: advances the chunks' sequences and offers their new full blocks.
   void commit(const StepPlan& plan);
   // Whether the step of `plan`, already running, should stop for `newcomer` (submitted, not yet
@@ -140,7 +167,17 @@ class Scheduler {
   void extend_from_cache(Sequence& s);
   bool waits_for_leader(const Sequence& s) const;
   bool admit(Sequence& s);
-  void schedule_prefill(Sequence& s, std::size_t& budget, StepPlan& plan);
+  // The room left in the step being planned.
+  struct Room {
+    std::size_t tokens_left;
+    double seconds = 0;  // > 0: the predicted time the step may take
+    const StepCostModel* cost = nullptr;
+    double tokens = 0, attended = 0;  // what the step holds so far, in the cost model's terms
+    void add(std::size_t start, std::size_t n);
+  };
+  void schedule_prefill(Sequence& s, Room& room, StepPlan& plan);
+  // The prefilling sequences in the order their chunks are scheduled.
+  std::vector<Sequence*> prefill_order(const StepBudget& budget) const;
   void isolate_short_prompt(StepPlan& plan);
   void end(Sequence& s, FinishReason reason);
 

@@ -90,6 +90,16 @@ struct Server::Impl {
                         [this] { return static_cast<double>(engine.stats().prefix_cache_hits); });
     registry.counter_fn("num_preemptions_total", "Requests preempted for KV cache memory (recomputed later)",
                         [this] { return static_cast<double>(engine.stats().preemptions); });
+    // The step cost model (engine/step_cost.h): what the engine believes a step costs on this
+    // machine now, and the step time it sizes steps to.
+    registry.gauge("engine_step_time_limit_seconds", "Predicted time an engine step is sized to (0: no ITL target)",
+                   [this] { return engine.stats().step_limit_ms / 1000; });
+    registry.gauge("engine_step_cost_fixed_seconds", "Learned fixed cost of an engine step",
+                   [this] { return engine.stats().step_fixed_ms / 1000; });
+    registry.gauge("engine_step_cost_per_token_seconds", "Learned cost of each token in an engine step",
+                   [this] { return engine.stats().step_per_token_ms / 1000; });
+    registry.gauge("engine_step_cost_per_attended_position_seconds", "Learned cost of each position a step's tokens attend to",
+                   [this] { return engine.stats().step_per_1k_attended_ms / 1e6; });
     registry.counter_fn("engine_steps_interrupted_total", "Engine steps stopped early so that a follow-up could run first",
                         [this] { return static_cast<double>(engine.stats().steps_interrupted); });
     for (FinishReason r : {FinishReason::Stop, FinishReason::Length, FinishReason::Cancelled, FinishReason::Timeout, FinishReason::Error}) {

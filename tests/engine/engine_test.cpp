@@ -177,6 +177,7 @@ TEST(Engine, BatchEquivalenceAcrossRandomMixesAndChunkSizes) {
 TEST(Engine, StepsStoppedForFollowUpsChangeNoOutput) {
   EngineOptions o;
   o.threads = 2;
+  o.itl_target_ms = 0;  // steps stop for follow-ups only without an ITL target
   Engine engine(stories().model, &stories().tokenizer, o);
   Collector c;
   std::mt19937 rng(11);

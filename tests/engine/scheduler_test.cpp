@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <chrono>
 #include <numeric>
+#include <vector>
 
 namespace promptly {
 namespace {
@@ -239,6 +241,176 @@ TEST(Scheduler, ShortPromptFirstIsOffByDefault) {
   const StepPlan plan = scheduler.plan(512);
   EXPECT_EQ(plan.n_decode, 1u);
   EXPECT_EQ(plan.batch.size(), 11u);
+}
+
+
+// Shortest remaining prefill first: the chunks go to the prompt closest to its first token.
+SchedulerOptions shortest_first() {
+  SchedulerOptions o{32, false};
+  o.shortest_first = true;
+  return o;
+}
+
+std::vector<std::uint64_t> chunk_ids(const StepPlan& plan) {
+  std::vector<std::uint64_t> ids;
+  for (const StepPlan::Chunk& c : plan.chunks) ids.push_back(c.seq->id);
+  return ids;
+}
+
+TEST(Scheduler, ShortestRemainingPrefillGoesFirst) {
+  Fixture f;
+  SchedulerOptions o = shortest_first();
+  o.short_prompt_tokens = 0;  // no short class: shortest first throughout
+  Scheduler scheduler(f.cache, o);
+  scheduler.add(sequence(1, 300));
+  scheduler.add(sequence(2, 50));
+  scheduler.add(sequence(3, 120));
+  StepPlan plan = scheduler.plan(64);
+  EXPECT_EQ(chunk_ids(plan), (std::vector<std::uint64_t>{2, 3}));
+  EXPECT_EQ(plan.chunks[0].n_tokens, 50u);
+  EXPECT_TRUE(plan.chunks[0].sample);
+  EXPECT_EQ(plan.chunks[1].n_tokens, 14u);
+  run(scheduler, plan);
+  // Sequence 3 (106 left) stays ahead of sequence 1 (300), behind the new decode token.
+  plan = scheduler.plan(64);
+  EXPECT_EQ(chunk_ids(plan), (std::vector<std::uint64_t>{2, 3}));
+  EXPECT_EQ(plan.n_decode, 1u);
+}
+
+TEST(Scheduler, EqualPromptsCompleteOneAfterAnother) {
+  // A burst of equal prompts: by arrival, each finished before the next starts, instead of all
+  // advancing together and finishing together.
+  Fixture f;
+  Scheduler scheduler(f.cache, shortest_first());
+  for (std::uint64_t id = 1; id <= 4; ++id) scheduler.add(sequence(id, 100));
+  std::vector<std::uint64_t> finished;
+  for (int step = 0; step < 12 && finished.size() < 4; ++step) {
+    const StepPlan plan = scheduler.plan(StepBudget{64});
+    for (const StepPlan::Chunk& c : plan.chunks) {
+      if (c.sample && c.seq->state == RequestState::Prefilling) finished.push_back(c.seq->id);
+    }
+    std::size_t started_unfinished = 0;  // prompts with computed tokens but not done, after this step
+    run(scheduler, plan);
+    for (Sequence* s : scheduler.all()) started_unfinished += s->state == RequestState::Prefilling && s->n_computed > 0;
+    EXPECT_LE(started_unfinished, 1u) << "step " << step;
+  }
+  EXPECT_EQ(finished, (std::vector<std::uint64_t>{1, 2, 3, 4}));
+}
+
+TEST(Scheduler, ShortestFirstStillServesHigherPriorityFirst) {
+  Fixture f;
+  Scheduler scheduler(f.cache, shortest_first());
+  scheduler.add(sequence(1, 300, /*priority=*/1));
+  scheduler.add(sequence(2, 20));
+  const StepPlan plan = scheduler.plan(64);
+  EXPECT_EQ(chunk_ids(plan), (std::vector<std::uint64_t>{1}));
+}
+
+std::unique_ptr<Sequence> arrived(std::unique_ptr<Sequence> s, double seconds_ago) {
+  s->times.arrival = SteadyClock::now() - std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(seconds_ago));
+  return s;
+}
+
+TEST(Scheduler, AgingLetsAnOldLongPromptGoBeforeANewShorterOne) {
+  SchedulerOptions o = shortest_first();
+  o.aging = 0.1;
+  // 1 ms a token: a second waited counts as 100 tokens done.
+  const StepCostModel cost(0.001, 0.001, 0);
+  const StepBudget budget{64, 0, &cost};
+  Fixture f;
+  Scheduler scheduler(f.cache, o);
+  scheduler.add(arrived(sequence(1, 600), 1.0));  // 600 - 100: behind a fresh 400-token prompt
+  scheduler.add(arrived(sequence(2, 400), 0.0));
+  EXPECT_EQ(chunk_ids(scheduler.plan(budget)).front(), 2u);
+  Fixture g;
+  Scheduler aged(g.cache, o);
+  aged.add(arrived(sequence(1, 600), 3.0));  // 600 - 300: ahead of it
+  aged.add(arrived(sequence(2, 400), 0.0));
+  EXPECT_EQ(chunk_ids(aged.plan(budget)).front(), 1u);
+}
+
+TEST(Scheduler, ShortPromptsGoBeforeAnAgedLongOne) {
+  SchedulerOptions o = shortest_first();
+  o.starvation_s = 1000;
+  const StepCostModel cost(0.001, 0.001, 0);
+  Fixture f;
+  Scheduler scheduler(f.cache, o);
+  scheduler.add(arrived(sequence(1, 600), 30.0));  // aged far below a short prompt's length
+  scheduler.add(arrived(sequence(2, 200), 0.0));
+  const StepPlan plan = scheduler.plan(StepBudget{64, 0, &cost});
+  EXPECT_EQ(chunk_ids(plan), (std::vector<std::uint64_t>{2}));
+}
+
+TEST(Scheduler, ALongPromptShortOnesKeptWaitingGetsAStep) {
+  SchedulerOptions o = shortest_first();
+  o.starvation_s = 0.5;
+  Fixture f;
+  Scheduler scheduler(f.cache, o);
+  scheduler.add(arrived(sequence(1, 600), 1.0));  // no chunk for a second
+  scheduler.add(arrived(sequence(2, 200), 0.0));
+  StepPlan plan = scheduler.plan(64);
+  EXPECT_EQ(chunk_ids(plan), (std::vector<std::uint64_t>{1}));
+  run(scheduler, plan);
+  // It just had its chunk: the short prompt goes first again.
+  plan = scheduler.plan(64);
+  EXPECT_EQ(chunk_ids(plan), (std::vector<std::uint64_t>{2}));
+}
+
+TEST(Scheduler, TimeBudgetSizesTheChunks) {
+  Fixture f;
+  Scheduler scheduler(f.cache, shortest_first());
+  const StepCostModel cost(0.010, 0.001, 0);  // 10 ms + 1 ms a token
+  const StepBudget budget{512, 0.0505, &cost};  // 40 tokens' 50 ms and a rounding margin
+  scheduler.add(sequence(1, 20));
+  StepPlan plan = scheduler.plan(budget);
+  EXPECT_EQ(plan.batch.size(), 20u);
+  run(scheduler, plan);
+  scheduler.add(sequence(2, 500));
+  plan = scheduler.plan(budget);
+  // 50 ms: 40 tokens, one of them the decode token.
+  EXPECT_EQ(plan.n_decode, 1u);
+  EXPECT_EQ(plan.batch.size(), 40u);
+  EXPECT_LE(cost.predict(40, 0), budget.max_seconds);
+}
+
+TEST(Scheduler, TimeBudgetCountsAttention) {
+  Fixture f;
+  Scheduler scheduler(f.cache, shortest_first());
+  const StepCostModel cost(0.010, 0.001, 1e-5);  // and 10 us per attended position
+  const StepBudget budget{512, 0.050, &cost};
+  scheduler.add(sequence(1, 900));
+  StepPlan plan = scheduler.plan(budget);
+  const std::size_t first = plan.batch.size();
+  for (int i = 0; i < 10; ++i) {
+    run(scheduler, plan);
+    plan = scheduler.plan(budget);
+  }
+  // Deeper into the prompt each token attends to more positions: smaller chunks, still in budget.
+  EXPECT_LT(plan.batch.size(), first);
+  const std::size_t start = static_cast<std::size_t>(plan.batch.positions.front());
+  EXPECT_LE(cost.predict(static_cast<double>(plan.batch.size()), StepCostModel::attended_by(start, plan.batch.size())), 0.050);
+}
+
+TEST(Scheduler, ManyDecodersStillLeavePrefillAsMuchTimeAsTheirs) {
+  Fixture f;
+  Scheduler scheduler(f.cache, shortest_first());
+  const StepCostModel cost(0.0, 0.001, 0);
+  for (std::uint64_t id = 1; id <= 30; ++id) scheduler.add(sequence(id, 10));
+  run(scheduler, scheduler.plan(512));
+  scheduler.add(sequence(31, 500));
+  // 30 decode tokens take 30 ms, over the 20 ms asked for: the prompt still gets 30 ms.
+  const StepPlan plan = scheduler.plan(StepBudget{512, 0.020, &cost});
+  EXPECT_EQ(plan.n_decode, 30u);
+  EXPECT_EQ(plan.batch.size(), 60u);
+}
+
+TEST(Scheduler, APromptAloneInItsStepGetsATokenWhateverTheBudget) {
+  Fixture f;
+  Scheduler scheduler(f.cache, shortest_first());
+  const StepCostModel cost(0.5, 0.5, 0);  // one token: 1 s
+  scheduler.add(sequence(1, 30));
+  const StepPlan plan = scheduler.plan(StepBudget{512, 0.1, &cost});
+  EXPECT_EQ(plan.batch.size(), 1u);
 }
 
 }  // namespace
