@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/answer_cache.h"
 #include "server/api.h"
 #include "util/error.h"
 
@@ -58,6 +59,9 @@ struct Server::Impl {
   std::atomic<std::uint64_t> next_request{1};
   std::mutex live_mutex;
   std::set<std::uint64_t> live_engine_ids;  // engine requests in flight (for shutdown)
+  // Recent answers' ids, put back into the next turns' prompts (see answer_cache.h). 64 MiB: a
+  // few hundred conversations of a few thousand tokens.
+  AnswerCache answers{tokenizer, std::size_t{64} << 20};
 
   metrics::Registry registry{"promptly:"};
   metrics::Histogram *ttft, *itl, *e2e, *queue, *prefill;
@@ -118,6 +122,7 @@ namespace {
 struct Choice {
   std::uint64_t engine_id = 0;
   std::size_t n_prompt = 0;
+  std::vector<std::int32_t> prompt, generated;  // for the answer cache
   std::string text;
   std::vector<EngineEvent> tokens;  // only kept when logprobs were asked for
   std::size_t n_tokens = 0;
@@ -352,6 +357,7 @@ class Session : public std::enable_shared_from_this<Session> {
     } else {
       for (const std::string& p : api_.prompts) prompts.push_back(server_.tokenizer.encode(p, true, false));
     }
+    for (auto& p : prompts) server_.answers.restore(p);
     const std::size_t ctx = server_.engine.ctx_size();
     for (const auto& p : prompts) {
       const std::size_t want = p.size() + static_cast<std::size_t>(api_.max_tokens.value_or(0));
@@ -398,6 +404,7 @@ class Session : public std::enable_shared_from_this<Session> {
         net::post(self->stream_.get_executor(), [self, i, e] { self->on_event(i, e); });
       };
       choices_[i].n_prompt = prompts[i].size();
+      choices_[i].prompt = prompts[i];
       try {
         choices_[i].engine_id = server_.engine.submit(std::move(r));
       } catch (const Error& e) {
@@ -444,6 +451,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (c.last_token != SteadyClock::time_point{}) server_.itl->observe(std::chrono::duration<double>(e.time - c.last_token).count());
       c.last_token = e.time;
       ++c.n_tokens;
+      c.generated.push_back(e.token);
       c.text += e.text;
       if (api_.top_logprobs >= 0) c.tokens.push_back(e);
       if (api_.stream && !peer_gone_ && (!e.text.empty() || api_.top_logprobs >= 0)) stream_piece(index, e.text, api_.top_logprobs >= 0 ? &e : nullptr);
@@ -454,6 +462,7 @@ class Session : public std::enable_shared_from_this<Session> {
     c.end = e;
     ++n_finished_;
     record(c);
+    if (e.finish_reason != FinishReason::Error) server_.answers.remember(c.prompt, c.generated, c.text);
     {
       std::lock_guard lock(server_.live_mutex);
       server_.live_engine_ids.erase(c.engine_id);

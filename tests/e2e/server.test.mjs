@@ -113,6 +113,26 @@ test('a second turn is served from the prefix cache', async () => {
   assert.ok(cached < second.usage.prompt_tokens);
 });
 
+test('a second turn reuses the whole answer, even one its text would tokenize differently', async () => {
+  // Sampled answers are often spelled with other ids than the tokenizer would pick for their text;
+  // the server puts the generated ids back (answer_cache.h), so the cache covers the whole answer.
+  for (const seed of [1, 2, 3]) {
+    const messages = [{ role: 'user', content: `A story about a frog, number ${seed}.` }];
+    const first = await client.chat.completions.create({ model: 'stories260K', messages, max_tokens: 40, temperature: 1.5, seed });
+    if (first.choices[0].finish_reason !== 'length' || first.choices[0].message.content.includes('\ufffd')) continue;
+    const second = await client.chat.completions.create({
+      model: 'stories260K',
+      messages: [...messages, { role: 'assistant', content: first.choices[0].message.content }, { role: 'user', content: 'More.' }],
+      max_tokens: 3,
+      temperature: 0,
+    });
+    // Every position the first turn computed: its prompt and all but the last generated token.
+    const computed = first.usage.prompt_tokens + first.usage.completion_tokens - 1;
+    assert.ok(second.usage.prompt_tokens_details.cached_tokens >= computed,
+      `seed ${seed}: cached ${second.usage.prompt_tokens_details.cached_tokens} of ${second.usage.prompt_tokens}, first turn computed ${computed}`);
+  }
+});
+
 test('logprobs, seed and sampling parameters', async () => {
   const r = await client.chat.completions.create({
     model: 'stories260K', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 3,
