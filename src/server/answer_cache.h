@@ -20,6 +20,7 @@
 #include <list>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "tokenizer/tokenizer.h"
@@ -43,16 +44,22 @@ class AnswerCache {
   struct Entry {
     std::vector<std::int32_t> prompt, answer;
     std::string text;
+    std::uint64_t prompt_hash;
     std::size_t bytes() const { return (prompt.size() + answer.size()) * sizeof(std::int32_t) + text.size(); }
   };
+  using Entries = std::list<Entry>;
   // How many of the ids after e.prompt (which `ids` starts with) spell exactly e.text, ending on a
   // token boundary (0: they do not).
   std::size_t spelled(const std::vector<std::int32_t>& ids, const Entry& e) const;
+  void forget(Entries::iterator it);
 
   const Tokenizer& tokenizer_;
   const std::size_t max_bytes_;
   mutable std::mutex mutex_;
-  std::list<Entry> entries_;  // most recently used first
+  Entries entries_;  // most recently used first
+  // By the hash of their prompt (a prefix hash of the ids: one pass over a prompt finds every
+  // entry whose prompt it starts with, however many conversations there are).
+  std::unordered_multimap<std::uint64_t, Entries::iterator> by_prompt_;
   std::size_t bytes_ = 0;
 };
 

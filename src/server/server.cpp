@@ -121,11 +121,9 @@ namespace {
 // One prompt's generation inside a request (completions may carry several prompts).
 struct Choice {
   std::uint64_t engine_id = 0;
-  std::size_t n_prompt = 0;
-  std::vector<std::int32_t> prompt, generated;  // for the answer cache
+  std::vector<std::int32_t> prompt, generated;  // as submitted and as generated (the answer cache keeps them)
   std::string text;
   std::vector<EngineEvent> tokens;  // only kept when logprobs were asked for
-  std::size_t n_tokens = 0;
   bool finished = false;
   EngineEvent end;
   SteadyClock::time_point last_token;
@@ -403,7 +401,6 @@ class Session : public std::enable_shared_from_this<Session> {
       r.on_event = [self, i](const EngineEvent& e) {
         net::post(self->stream_.get_executor(), [self, i, e] { self->on_event(i, e); });
       };
-      choices_[i].n_prompt = prompts[i].size();
       choices_[i].prompt = prompts[i];
       try {
         choices_[i].engine_id = server_.engine.submit(std::move(r));
@@ -450,7 +447,6 @@ class Session : public std::enable_shared_from_this<Session> {
     if (e.kind == EngineEvent::Kind::Token) {
       if (c.last_token != SteadyClock::time_point{}) server_.itl->observe(std::chrono::duration<double>(e.time - c.last_token).count());
       c.last_token = e.time;
-      ++c.n_tokens;
       c.generated.push_back(e.token);
       c.text += e.text;
       if (api_.top_logprobs >= 0) c.tokens.push_back(e);

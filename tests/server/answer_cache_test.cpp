@@ -127,6 +127,23 @@ TEST(AnswerCache, RestoresEveryTurnOfAConversation) {
   EXPECT_EQ(stories().decode(third), text);
 }
 
+TEST(AnswerCache, FindsTheAnswerAmongManyConversationsAndRegeneratedTurns) {
+  Turn t;
+  AnswerCache cache(stories(), 64 << 20);
+  for (int i = 0; i < 300; ++i) {
+    const std::string opening = "Once upon a time " + std::to_string(i);
+    cache.remember(stories().encode(opening), as_bytes(t.answer), t.answer);
+  }
+  const std::string other = " a dog ran";
+  cache.remember(t.prompt, as_bytes(other), other);  // the same turn answered twice: two texts
+  cache.remember(t.prompt, t.generated, t.answer);
+  cache.remember(t.prompt, as_bytes(" the end"), " the end");
+  std::vector<std::int32_t> ids = t.next;
+  EXPECT_EQ(cache.restore(ids), 1u);
+  EXPECT_TRUE(std::equal(t.generated.begin(), t.generated.end(), ids.begin() + static_cast<long>(t.prompt.size())));
+  EXPECT_EQ(stories().decode(ids), stories().decode(t.next));
+}
+
 TEST(AnswerCache, DropsTheLeastRecentlyUsedPastItsBudget) {
   Turn t;
   const std::size_t one = (t.prompt.size() + t.generated.size()) * 4 + t.answer.size();
