@@ -306,8 +306,7 @@ void Engine::step() {
     for (const StepPlan::Chunk& c : plan.chunks) finish(*c.seq, FinishReason::Error, e.what());
     return;
   }
-  double attended = 0;
-  for (std::int32_t p : plan.batch.positions) attended += static_cast<double>(p) + 1;
+  const double attended = StepCostModel::attended_by(plan.batch.positions);
   const double step_s = std::chrono::duration<double>(SteadyClock::now() - t0).count();
   const double predicted_s = cost_.predict(static_cast<double>(plan.batch.size()), attended);
   // PROMPTLY_STEP_LOG=1: one line a step on stderr, for seeing how steps are sized and what they cost.

@@ -1,13 +1,15 @@
 #pragma once
 // Decides what each engine step computes, and owns the KV memory that makes it possible.
 //
-// A step is one ragged batch within a token budget: every DECODING request contributes its next
-// token, then PREFILLING requests contribute chunks of what they have left (chunked prefill: a long
-// prompt streams in over several steps instead of stalling everyone's next token), then WAITING
-// requests are admitted, highest priority first, then earliest arrival. Optionally
-// (SchedulerOptions::short_prompt_first) short prompts of the top priority get their tokens before
-// long prompts' chunks, and a step that finishes a short prompt runs that prompt alone; the decode
-// tokens and other prompts' chunks go in the next step.
+// A step is one ragged batch within a budget (StepBudget: tokens and, with a cost model, predicted
+// seconds): every DECODING request contributes its next token, then PREFILLING requests contribute
+// chunks of what they have left, cut to the time left (chunked prefill: a long prompt streams in
+// over several steps instead of stalling everyone's next token). WAITING requests are admitted
+// highest priority first, then earliest arrival. Prompts get their chunks by priority, then either
+// by arrival or (SchedulerOptions::shortest_first) short prompts first and shortest remaining first
+// with aging (prefill_order). Optionally (SchedulerOptions::short_prompt_first) short prompts of the
+// top priority get their tokens before long prompts' chunks, and a step that finishes a short
+// prompt runs that prompt alone; the decode tokens and other prompts' chunks go in the next step.
 //
 // Memory: requests start from the longest cached prefix of their tokens (PrefixTree), and every
 // block a request fills is offered to the tree at once, so a request that shares a prefix with one

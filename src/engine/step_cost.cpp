@@ -63,13 +63,18 @@ void StepCostModel::observe(double tokens, double attended, double seconds) {
     cov_[i][i] = std::max(cov_[i][i], 1e-6 * prior_[i] * prior_[i]);
     for (std::size_t j = 0; j < i; ++j) cov_[i][j] = cov_[j][i] = 0.5 * (cov_[i][j] + cov_[j][i]);
   }
-  ++observations_;
 }
 
 double StepCostModel::attended_by(std::size_t start, std::size_t n) {
   // Positions start+1 .. start+n (a token attends to itself too).
   const double a = static_cast<double>(start), k = static_cast<double>(n);
   return k * a + k * (k + 1) / 2;
+}
+
+double StepCostModel::attended_by(const std::vector<std::int32_t>& positions) {
+  double sum = 0;
+  for (std::int32_t p : positions) sum += static_cast<double>(p) + 1;
+  return sum;
 }
 
 std::size_t StepCostModel::tokens_within(double seconds, double tokens, double attended, std::size_t start,
@@ -98,12 +103,12 @@ void StepOverrun::observe(double predicted_s, double actual_s) {
     next_ = (next_ + 1) % kWindow;
   }
   if (ratios_.size() < kMinSamples) return;
-  std::vector<float> sorted = ratios_;
-  const std::size_t k = sorted.size() - 1 - sorted.size() / 100;
-  std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(k), sorted.end());
+  scratch_.assign(ratios_.begin(), ratios_.end());
+  const std::size_t k = scratch_.size() - 1 - scratch_.size() / 100;
+  std::nth_element(scratch_.begin(), scratch_.begin() + static_cast<long>(k), scratch_.end());
   // Never below 1: a run of fast steps must not size the next ones past the limit; never above 3:
   // past that the machine is stalling, not running slow, and smaller steps would not help.
-  p99_ = std::clamp(static_cast<double>(sorted[k]), 1.0, 3.0);
+  p99_ = std::clamp(static_cast<double>(scratch_[k]), 1.0, 3.0);
 }
 
 }  // namespace promptly

@@ -18,6 +18,7 @@
 // attention term starts from the FLOP ratio).
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace promptly {
@@ -37,11 +38,12 @@ class StepCostModel {
   // The attention work of a run of `n` tokens at positions [start, start + n): each attends to its
   // own position and every one before it.
   static double attended_by(std::size_t start, std::size_t n);
+  // The same for a batch's tokens, whatever their positions.
+  static double attended_by(const std::vector<std::int32_t>& positions);
 
   double fixed_s() const { return theta_[0]; }
   double per_token_s() const { return theta_[1]; }
   double per_attended_s() const { return theta_[2]; }
-  std::size_t observations() const { return observations_; }
 
  private:
   // Uncertainties are relative to the prior (the calibration), so that one filter serves a 260K and
@@ -49,7 +51,6 @@ class StepCostModel {
   std::array<double, 3> prior_{};
   std::array<double, 3> theta_{};
   std::array<std::array<double, 3>, 3> cov_{};
-  std::size_t observations_ = 0;
 };
 
 // How far above their prediction this machine's steps run: the 99th percentile of actual /
@@ -66,6 +67,7 @@ class StepOverrun {
  private:
   static constexpr std::size_t kWindow = 1000, kMinSamples = 100;
   std::vector<float> ratios_;  // a ring of the latest kWindow
+  std::vector<float> scratch_;  // for the percentile, kept so that a step allocates nothing
   std::size_t next_ = 0;
   double p99_ = 1.2;
 };

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <vector>
 
 namespace promptly {
 namespace {
@@ -85,6 +86,8 @@ TEST(StepCost, AttendedCountsEveryPositionATokenReads) {
   EXPECT_EQ(StepCostModel::attended_by(0, 1), 1);
   EXPECT_EQ(StepCostModel::attended_by(0, 3), 1 + 2 + 3);
   EXPECT_EQ(StepCostModel::attended_by(10, 2), 11 + 12);
+  // A batch's positions (a decode token at 500, a chunk at 10..11) count the same way.
+  EXPECT_EQ(StepCostModel::attended_by(std::vector<std::int32_t>{500, 10, 11}), StepCostModel::attended_by(500, 1) + StepCostModel::attended_by(10, 2));
 }
 
 TEST(StepOverrun, IsThe99thPercentileOfActualOverPredicted) {
