@@ -45,6 +45,22 @@ struct QuantizeOptions {
 };
 int quantize(const QuantizeOptions& o);
 
+struct PerplexityOptions {
+  std::string model;
+  std::string text_file;
+  std::size_t ctx = 512;
+  std::size_t batch = 0;  // 0: one chunk per pass
+  long chunks = -1;       // -1: all the text holds
+  int threads = 0;
+  std::string kv_type = "f16";
+  std::string kld_ref;      // reference model evaluated alongside
+  std::string save_logits;  // write the reference's top-k here
+  std::string kld_base;     // compare against a file written by --save-logits
+  std::size_t top_k = 64;
+  bool json = false;
+};
+int perplexity(const PerplexityOptions& o);
+
 struct TokenizeOptions {
   std::string model;  // GGUF (full or vocab-only) or tokenizer.json
   std::string text;

@@ -75,6 +75,22 @@ int main(int argc, char** argv) {
   quant_cmd->add_option("type", quant.type, "Q8_0, Q4_0, Q4_K, Q4_K_M, Q6_K, F16, BF16, F32")->required();
   quant_cmd->add_option("-t,--threads", quant.threads, "Threads");
 
+  cli::PerplexityOptions ppl;
+  auto* ppl_cmd = app.add_subcommand("perplexity",
+                                     "Perplexity of a model on a text (llama.cpp's method), and KL divergence from a reference model");
+  ppl_cmd->add_option("-m,--model", ppl.model, "GGUF model (the candidate in KL mode)")->required();
+  ppl_cmd->add_option("-f,--file", ppl.text_file, "Text to evaluate (tokenized whole, with BOS)");
+  ppl_cmd->add_option("--ctx", ppl.ctx, "Tokens per chunk; the second half of each is scored")->capture_default_str();
+  ppl_cmd->add_option("--batch", ppl.batch, "Tokens per forward pass (default: one chunk; a multiple of --ctx runs chunks side by side)");
+  ppl_cmd->add_option("--chunks", ppl.chunks, "Chunks to evaluate (-1: all)")->capture_default_str();
+  ppl_cmd->add_option("-t,--threads", ppl.threads, "Threads (default: all cores)");
+  ppl_cmd->add_option("--kv-type", ppl.kv_type, "KV cache element type: f16 (llama.cpp's default), q8_0, f32")->capture_default_str();
+  ppl_cmd->add_option("--kld-ref", ppl.kld_ref, "Reference model (e.g. the F16 file): evaluated on the same chunks, KL divergence reported");
+  ppl_cmd->add_option("--save-logits", ppl.save_logits, "Store the reference's (or the model's) top-k log-probabilities in this file");
+  ppl_cmd->add_option("--kld-base", ppl.kld_base, "Compare against a file written by --save-logits instead of loading the reference");
+  ppl_cmd->add_option("--top-k", ppl.top_k, "Log-probabilities kept per position by --save-logits")->capture_default_str();
+  ppl_cmd->add_flag("--json", ppl.json, "Print one JSON object");
+
   cli::TokenizeOptions tokz;
   auto* tok_cmd = app.add_subcommand("tokenize", "Print the token ids of a text as a JSON array");
   tok_cmd->add_option("-m,--model", tokz.model, "GGUF model or vocab file, or a tokenizer.json")->required();
@@ -169,6 +185,7 @@ int main(int argc, char** argv) {
     if (*info_cmd) return cli::info(info);
     if (*gen_cmd) return cli::gen_model(gen);
     if (*quant_cmd) return cli::quantize(quant);
+    if (*ppl_cmd) return cli::perplexity(ppl);
     if (*tok_cmd) return cli::tokenize(tokz);
     if (*tmpl_cmd) return cli::render_template(tmpl);
     if (*btok_cmd) return cli::bench_tokenize(btok);
