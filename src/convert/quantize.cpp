@@ -40,7 +40,12 @@ std::string quantize_model(const std::string& in_path, const std::string& out_pa
   std::shared_ptr<gguf::File> in = gguf::File::open(in_path);
 
   int n_layers = 0;
-  for (const auto& t : in->tensors()) n_layers = std::max(n_layers, layer_of(t.name) + 1);
+  bool has_output = false;
+  for (const auto& t : in->tensors()) {
+    n_layers = std::max(n_layers, layer_of(t.name) + 1);
+    has_output = has_output || t.name == "output.weight";
+  }
+  const bool quantized = *base != DType::F32 && *base != DType::F16 && *base != DType::BF16;
 
   gguf::Writer w;
   for (const auto& [key, value] : in->metadata()) w.set(key, value);
@@ -52,10 +57,13 @@ std::string quantize_model(const std::string& in_path, const std::string& out_pa
     DType type = t.type;
     if (t.dims.size() >= 2 && ends_with(t.name, ".weight")) {
       type = *base;
+      // llama.cpp's mixes: the output matrix, or token_embd where the output is tied to it, gets
+      // Q6_K in every quantized mix but Q8_0 (it shapes every logit).
+      const bool is_output = t.name == "output.weight" || (!has_output && t.name == "token_embd.weight");
+      if (quantized && is_output && *base != DType::Q8_0) type = DType::Q6_K;
       if (mix_m) {
         const int layer = layer_of(t.name);
-        if (t.name == "output.weight" ||
-            ((ends_with(t.name, "attn_v.weight") || ends_with(t.name, "ffn_down.weight")) && use_more_bits(layer, n_layers))) {
+        if ((ends_with(t.name, "attn_v.weight") || ends_with(t.name, "ffn_down.weight")) && use_more_bits(layer, n_layers)) {
           type = DType::Q6_K;
         }
       }

@@ -151,5 +151,20 @@ TEST(Quantize, QuantizedModelStaysCloseToF32) {
   }
 }
 
+// llama.cpp's mixes give the output matrix Q6_K; where the output is tied to token_embd (no
+// output.weight, as in the code models), token_embd is that matrix.
+TEST(Quantize, TiedEmbeddingGetsTheOutputsType) {
+  test::TempDir dir;
+  ThreadPool pool(2);
+  const std::string target = test::shared_model("code/code-target-f16.gguf");
+  ASSERT_EQ(gguf::File::open(target)->find_tensor("output.weight"), nullptr);
+  quantize_model(target, dir.file("q4.gguf"), "Q4_0", pool);
+  auto q4 = gguf::File::open(dir.file("q4.gguf"));
+  EXPECT_EQ(q4->find_tensor("token_embd.weight")->type, DType::Q6_K);
+  EXPECT_EQ(q4->find_tensor("blk.0.attn_q.weight")->type, DType::Q4_0);
+  quantize_model(target, dir.file("q8.gguf"), "Q8_0", pool);
+  EXPECT_EQ(gguf::File::open(dir.file("q8.gguf"))->find_tensor("token_embd.weight")->type, DType::Q8_0);
+}
+
 }  // namespace
 }  // namespace promptly
