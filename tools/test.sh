@@ -18,6 +18,12 @@ cmake --build --preset release -j "$jobs"
 ctest --preset release -j "$jobs" | tee "$log"
 count_passed
 
+echo "== quick start: the built-in model without -m (tools/quickstart.sh's command)"
+./build/release/promptly run -p 'def fibonacci(n):' -n 96 --temp 0 | tee "$log"
+grep -q '"""' "$log" || { echo "quick start: no docstring in the built-in model's continuation"; exit 1; }
+echo "quick start: ok"
+passed=$((passed + 1))
+
 echo "== end-to-end: promptly serve through the OpenAI Node SDK, then a bounded load test"
 (cd tests/e2e && npm install --no-audit --no-fund --silent)
 PROMPTLY_BINARY="$PWD/build/release/promptly" PROMPTLY_SHARED_MODELS="$(cd ../shared/models && pwd)" \

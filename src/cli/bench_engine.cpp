@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "model/builtin_model.h"
 #include "engine/engine.h"
 #include "gguf/gguf.h"
 #include "kernels/cpu.h"
@@ -476,7 +477,7 @@ json Scenario::throughput() {
 }  // namespace
 
 int bench_engine(const BenchEngineOptions& o) {
-  std::shared_ptr<const gguf::File> file = gguf::File::open(o.model);
+  std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   Model model(file);
   const ModelConfig& c = model.config();
   const std::vector<std::string> all = {"multiturn", "sessions", "shared-prefix", "burst", "head-of-line", "throughput"};

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "model/builtin_model.h"
 #include "gguf/gguf.h"
 #include "kernels/cpu.h"
 #include "kernels/matmul.h"
@@ -107,7 +108,7 @@ double measure_int8_tops(ThreadPool& pool) {
 int bench_model(const BenchModelOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_thread_count();
   ThreadPool pool(threads);
-  std::shared_ptr<const gguf::File> file = gguf::File::open(o.model);
+  std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   Model model(file);
   const ModelConfig& c = model.config();
 

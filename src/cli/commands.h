@@ -10,7 +10,7 @@
 namespace promptly::cli {
 
 struct RunOptions {
-  std::string model;  // empty: generate and use the demo model
+  std::string model;  // empty: the built-in model
   std::string prompt;
   std::string prompt_file;
   GenerateOptions gen;
@@ -150,8 +150,5 @@ struct ServeOptions {
   double shutdown_grace_s = 10;
 };
 int serve(const ServeOptions& o);
-
-// Path of the demo model, generated on first use (tiny preset), for `run` without -m.
-std::string ensure_demo_model(int threads);
 
 }  // namespace promptly::cli

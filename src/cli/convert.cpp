@@ -1,5 +1,4 @@
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -35,28 +34,6 @@ int quantize(const QuantizeOptions& o) {
   const std::string summary = quantize_model(o.in, o.out, o.type, pool);
   std::fprintf(stderr, "%s (%.1f s)\n", summary.c_str(), seconds_since(t0));
   return 0;
-}
-
-std::string ensure_demo_model(int threads) {
-  namespace fs = std::filesystem;
-  fs::path dir;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
-    dir = fs::path(xdg) / "promptly";
-  } else if (const char* home = std::getenv("HOME"); home && *home) {
-    dir = fs::path(home) / ".cache" / "promptly";
-  } else {
-    dir = fs::temp_directory_path() / "promptly";
-  }
-  const fs::path path = dir / "demo-tiny-f32.gguf";
-  if (fs::exists(path)) return path.string();
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error("cannot create cache directory '" + dir.string() + "': " + ec.message());
-  ThreadPool pool(threads);
-  const fs::path tmp = path.string() + ".tmp";
-  write_synthetic_model(synthetic_preset("tiny"), DType::F32, 42, tmp.string(), pool);
-  fs::rename(tmp, path);  // atomic: a concurrent run never sees half a file
-  return path.string();
 }
 
 }  // namespace promptly::cli

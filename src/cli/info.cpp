@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "model/builtin_model.h"
 #include "gguf/gguf.h"
 #include "model/config.h"
 #include "tokenizer/vocab.h"
@@ -11,7 +12,7 @@
 namespace promptly::cli {
 
 int info(const InfoOptions& o) {
-  std::shared_ptr<const gguf::File> f = gguf::File::open(o.model);
+  std::shared_ptr<const gguf::File> f = open_model_file(o.model);
   std::printf("file:          %s (%.2f MB, GGUF v%u, %zu metadata keys, %zu tensors, alignment %u)\n", f->path().c_str(),
               static_cast<double>(f->file_size()) / 1e6, f->version(), f->metadata().size(), f->tensors().size(), f->alignment());
   if (auto name = f->get_string("general.name")) std::printf("name:          %s\n", name->c_str());

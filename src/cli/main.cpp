@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
 
   cli::RunOptions run;
   auto* run_cmd = app.add_subcommand("run", "Generate a continuation of a prompt, streaming it to stdout");
-  run_cmd->add_option("-m,--model", run.model, "GGUF model file (default: a generated demo model)");
+  run_cmd->add_option("-m,--model", run.model, "GGUF model file (default: the built-in promptly-code-23m, a 23M-parameter Python code model)");
   run_cmd->add_option("-p,--prompt", run.prompt, "Prompt text (empty: start from BOS alone)");
   run_cmd->add_option("-f,--file", run.prompt_file, "Read the prompt from a file");
   run_cmd->add_option("-n,--n-predict", run.gen.max_tokens, "Tokens to generate (-1: until the context is full)")->capture_default_str();
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   cli::PerplexityOptions ppl;
   auto* ppl_cmd = app.add_subcommand("perplexity",
                                      "Perplexity of a model on a text (llama.cpp's method), and KL divergence from a reference model");
-  ppl_cmd->add_option("-m,--model", ppl.model, "GGUF model (the candidate in KL mode)")->required();
+  ppl_cmd->add_option("-m,--model", ppl.model, "GGUF model (the candidate in KL mode), or promptly-code-23m for the built-in one")->required();
   ppl_cmd->add_option("-f,--file", ppl.text_file, "Text to evaluate (tokenized whole, with BOS)");
   ppl_cmd->add_option("--ctx", ppl.ctx, "Tokens per chunk; the second half of each is scored")->capture_default_str();
   ppl_cmd->add_option("--batch", ppl.batch, "Tokens per forward pass (default: one chunk; a multiple of --ctx runs chunks side by side)");
@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
 
   cli::BenchModelOptions bmod;
   auto* bmod_cmd = bench_cmd->add_subcommand("model", "Prompt processing and generation speed against this machine's floors");
-  bmod_cmd->add_option("-m,--model", bmod.model, "GGUF model")->required();
+  bmod_cmd->add_option("-m,--model", bmod.model, "GGUF model file, or promptly-code-23m for the built-in one")->required();
   bmod_cmd->add_option("-p,--n-prompt", bmod.n_prompt, "Prompt tokens (one batch)")->capture_default_str();
   bmod_cmd->add_option("-n,--n-gen", bmod.n_gen, "Generated tokens (one at a time)")->capture_default_str();
   bmod_cmd->add_option("-d,--depth", bmod.depth, "Tokens already in the KV cache when prompt processing and generation start")
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   cli::BenchEngineOptions beng;
   auto* beng_cmd = bench_cmd->add_subcommand(
       "engine", "The serving engine in chat scenarios: multi-turn, cold sessions, shared prefix, bursts, head-of-line, throughput");
-  beng_cmd->add_option("-m,--model", beng.model, "GGUF model")->required();
+  beng_cmd->add_option("-m,--model", beng.model, "GGUF model file, or promptly-code-23m for the built-in one")->required();
   beng_cmd->add_option("--scenario", beng.scenario, "multiturn, sessions, shared-prefix, burst, head-of-line, throughput or all")
       ->capture_default_str();
   add_engine_flags(beng_cmd, beng.engine);
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
 
   cli::ServeOptions srv;
   auto* serve_cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat/completions, completions, models, health, metrics)");
-  serve_cmd->add_option("-m,--model", srv.model, "GGUF model")->required();
+  serve_cmd->add_option("-m,--model", srv.model, "GGUF model file (default: the built-in promptly-code-23m)");
   serve_cmd->add_option("--host", srv.host, "Address to bind")->capture_default_str();
   serve_cmd->add_option("--port", srv.port, "Port (0: any free port)")->capture_default_str();
   add_engine_flags(serve_cmd, srv.engine);

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "model/builtin_model.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "quality/logits_file.h"
@@ -24,7 +25,7 @@ struct Loaded {
 
 Loaded load(const std::string& path) {
   Loaded l;
-  l.file = gguf::File::open(path);
+  l.file = open_model_file(path);
   l.model = std::make_unique<Model>(l.file);
   return l;
 }

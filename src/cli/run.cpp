@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "gguf/gguf.h"
+#include "model/builtin_model.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
@@ -16,18 +17,13 @@ namespace promptly::cli {
 
 int run(const RunOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_thread_count();
-  std::string model_path = o.model;
-  if (model_path.empty()) {
-    model_path = ensure_demo_model(threads);
-    std::fprintf(stderr, "no model given (-m); using the generated demo model %s (random weights)\n", model_path.c_str());
-  }
   std::string prompt = o.prompt;
   if (!o.prompt_file.empty()) {
     prompt = read_file(o.prompt_file, "prompt file");
   }
 
   const auto t_load = SteadyClock::now();
-  std::shared_ptr<const gguf::File> file = gguf::File::open(model_path);
+  std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   Model model(file);
   Tokenizer tokenizer(Vocab::from_gguf(*file));
   ThreadPool pool(threads);

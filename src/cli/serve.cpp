@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "engine/engine.h"
 #include "gguf/gguf.h"
+#include "model/builtin_model.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -13,7 +14,7 @@
 namespace promptly::cli {
 
 int serve(const ServeOptions& o) {
-  std::shared_ptr<const gguf::File> file = gguf::File::open(o.model);
+  std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   Model model(file);
   Tokenizer tokenizer(Vocab::from_gguf(*file));
 
@@ -27,7 +28,7 @@ int serve(const ServeOptions& o) {
   so.port = o.port;
   so.max_queue = o.max_queue;
   so.api_key = o.api_key;
-  so.model_id = !o.alias.empty() ? o.alias : std::filesystem::path(o.model).stem().string();
+  so.model_id = !o.alias.empty() ? o.alias : o.model.empty() ? kBuiltinModelName : std::filesystem::path(o.model).stem().string();
   if (!o.chat_template_file.empty()) so.chat_template = read_file(o.chat_template_file, "chat template");
   so.shutdown_grace_s = o.shutdown_grace_s;
   server::Server server(model, tokenizer, engine, so);

@@ -115,14 +115,23 @@ TEST(Cli, BadInputGivesAClearErrorAndExitCode) {
   EXPECT_NE(r.status, 0);
 }
 
-TEST(Cli, RunWithoutModelUsesTheGeneratedDemo) {
-  test::TempDir dir;
-  const std::string env = "XDG_CACHE_HOME=" + dir.file("cache");
-  const Result r = promptly("run -p hi -n 4 --ignore-eos --json", false, env);
-  ASSERT_EQ(r.status, 0);
-  EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].size(), 4u);
-  EXPECT_FALSE(test::read_file(dir.file("cache/promptly/demo-tiny-f32.gguf")).empty());
-  EXPECT_EQ(promptly("run -p hi -n 2 --json", false, env).status, 0);  // second run reuses it
+// Quick start's command: no -m, the built-in code model, and a continuation that is Python.
+TEST(Cli, RunWithoutModelUsesTheBuiltinCodeModel) {
+  const Result r = promptly("run -p 'def fibonacci(n):' -n 48 --temp 0 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  const std::string text = j["text"].get<std::string>();
+  EXPECT_EQ(j["ids"].size(), 48u);
+  EXPECT_EQ(text.rfind("\n    ", 0), 0u) << text;  // the body, indented
+  EXPECT_NE(text.find("\"\"\""), std::string::npos) << text;  // a docstring, as the model learned
+  // The same tokens as the model file the binary was built from.
+  const Result from_file = promptly("run -m " + std::string(PROMPTLY_SOURCE_DIR) + "/models/promptly-code-23m-q8_0.gguf -p 'def fibonacci(n):' -n 48 --temp 0 --json");
+  ASSERT_EQ(from_file.status, 0);
+  EXPECT_EQ(nlohmann::json::parse(from_file.out)["ids"], j["ids"]);
+  // Other commands take it by name.
+  const Result info = promptly("info promptly-code-23m");
+  ASSERT_EQ(info.status, 0);
+  EXPECT_NE(info.out.find("Q8_0"), std::string::npos) << info.out;
 }
 
 }  // namespace

@@ -281,3 +281,18 @@ test('a generated model carrying a real chat template', async () => {
     await s.stop();
   }
 });
+
+test('serve without -m answers with the built-in code model at once', async () => {
+  const s = await startServer([]);
+  try {
+    const models = await (await fetch(`${s.baseURL}/v1/models`)).json();
+    assert.equal(models.data[0].id, 'promptly-code-23m');
+    const c = new OpenAI({ baseURL: `${s.baseURL}/v1`, apiKey: 'x', maxRetries: 0 });
+    const r = await c.completions.create({ model: 'promptly-code-23m', prompt: 'def fibonacci(n):', max_tokens: 32, temperature: 0 });
+    assert.equal(r.usage.completion_tokens, 32);
+    assert.match(r.choices[0].text, /^\n    /);
+    assert.equal(r.choices[0].text, runGreedy('promptly-code-23m', 'def fibonacci(n):', 32).text);
+  } finally {
+    await s.stop();
+  }
+});
