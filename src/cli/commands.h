@@ -1,13 +1,29 @@
 #pragma once
 // One function per `promptly` sub-command; main.cpp parses flags into these option structs.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "engine/engine.h"
 #include "engine/generate.h"
+#include "spec/proposer.h"
+#include "tokenizer/vocab.h"
 
 namespace promptly::cli {
+
+// Speculative decoding flags shared by run and bench spec.
+struct SpecFlags {
+  std::string draft;         // --draft: a draft model of the target's vocabulary
+  std::string mode;          // --spec none|ngram|draft; empty: draft when --draft is given, else none
+  std::size_t tokens = 0;    // --spec-tokens: most guesses a pass verifies (0: the mode's default)
+  std::size_t ngram = 3;     // --spec-ngram: longest suffix n-gram lookup matches
+  float draft_min_p = -1;    // --spec-draft-min-p: greedy drafting stops below this confidence (<0: default)
+};
+// The proposer the flags ask for (null for none); `draft_model` keeps the draft model alive.
+std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Vocab& target_vocab, std::size_t ctx,
+                                              KvType kv_type, const SamplingParams& sampling, ThreadPool& pool,
+                                              std::unique_ptr<Model>& draft_model, std::size_t& spec_tokens);
 
 struct RunOptions {
   std::string model;  // empty: the built-in model
@@ -19,6 +35,7 @@ struct RunOptions {
   bool no_bos = false;
   bool parse_special = false;
   std::string kv_type = "f32";
+  SpecFlags spec;
 };
 int run(const RunOptions& o);
 
@@ -97,6 +114,21 @@ struct BenchModelOptions {
   bool json = false;
 };
 int bench_model(const BenchModelOptions& o);
+
+struct BenchSpecOptions {
+  std::string model;
+  SpecFlags spec;
+  std::string modes = "none,ngram,draft";
+  std::string prompts = "../shared/models/code/val.txt";
+  std::size_t n_prompts = 20;
+  std::size_t prompt_bytes = 1200;
+  bool repeat = false;  // each prompt ends with its own first lines again (prompt lookup's case)
+  int n_gen = 256;
+  int repetitions = 3;
+  int threads = 0;
+  bool json = false;
+};
+int bench_spec(const BenchSpecOptions& o);
 
 // The serving engine's flags, shared by `serve` and `bench engine`.
 struct EngineFlags {

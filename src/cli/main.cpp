@@ -25,6 +25,13 @@ void add_engine_flags(CLI::App* cmd, promptly::cli::EngineFlags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  auto add_spec_flags = [](CLI::App* cmd, cli::SpecFlags& f) {
+    cmd->add_option("--draft", f.draft, "Draft model for speculative decoding (same vocabulary as the target)");
+    cmd->add_option("--spec", f.mode, "Speculation: none, ngram (prompt lookup) or draft (default: draft with --draft, else none)");
+    cmd->add_option("--spec-tokens", f.tokens, "Most guesses one target pass verifies (default: 6 for draft, 8 for ngram)");
+    cmd->add_option("--spec-ngram", f.ngram, "Longest n-gram prompt lookup matches (it falls back to shorter)")->capture_default_str();
+    cmd->add_option("--spec-draft-min-p", f.draft_min_p, "Greedy drafting stops once the draft's top probability is below this (default 0.3)");
+  };
   CLI::App app{"Promptly: low-latency LLM inference for GGUF models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "promptly 0.1.0");
@@ -52,6 +59,7 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--no-bos", run.no_bos, "Do not add BOS/EOS to the prompt");
   run_cmd->add_flag("--special", run.parse_special, "Parse control tokens written in the prompt");
   run_cmd->add_flag("--json", run.json, "Print one JSON object with ids, text and timings instead of streaming");
+  add_spec_flags(run_cmd, run.spec);
 
   cli::InfoOptions info;
   auto* info_cmd = app.add_subcommand("info", "Describe a GGUF model: architecture, shape, tensor types, tokenizer");
@@ -129,6 +137,20 @@ int main(int argc, char** argv) {
   bmod_cmd->add_option("--int8-peak-tops", bmod.int8_peak_tops, "int8 peak of this machine, for the prefill fraction")->capture_default_str();
   bmod_cmd->add_flag("--json", bmod.json, "Print JSON");
 
+  cli::BenchSpecOptions bspec;
+  auto* bspec_cmd = bench_cmd->add_subcommand("spec", "Single-stream decode with and without speculative decoding, on the same prompts");
+  bspec_cmd->add_option("-m,--model", bspec.model, "Target GGUF model, or promptly-code-23m for the built-in one")->required();
+  add_spec_flags(bspec_cmd, bspec.spec);
+  bspec_cmd->add_option("--modes", bspec.modes, "Modes to compare, comma-separated (none always runs: it is the baseline)")->capture_default_str();
+  bspec_cmd->add_option("--prompts", bspec.prompts, "Text file the prompts are cut from, at line starts")->capture_default_str();
+  bspec_cmd->add_option("--n-prompts", bspec.n_prompts, "Prompts")->capture_default_str();
+  bspec_cmd->add_option("--prompt-bytes", bspec.prompt_bytes, "Bytes per prompt (about 3 per token on code)")->capture_default_str();
+  bspec_cmd->add_flag("--repeat", bspec.repeat, "End each prompt with its own first lines again, so the continuation repeats the prompt");
+  bspec_cmd->add_option("-n,--n-gen", bspec.n_gen, "Tokens generated per prompt (greedy, EOS ignored)")->capture_default_str();
+  bspec_cmd->add_option("-r,--repetitions", bspec.repetitions, "Rounds; the modes alternate within each")->capture_default_str();
+  bspec_cmd->add_option("-t,--threads", bspec.threads, "Threads (default: all cores)");
+  bspec_cmd->add_flag("--json", bspec.json, "Print JSON");
+
   cli::BenchEngineOptions beng;
   auto* beng_cmd = bench_cmd->add_subcommand(
       "engine", "The serving engine in chat scenarios: multi-turn, cold sessions, shared prefix, bursts, head-of-line, throughput");
@@ -190,6 +212,7 @@ int main(int argc, char** argv) {
     if (*tmpl_cmd) return cli::render_template(tmpl);
     if (*btok_cmd) return cli::bench_tokenize(btok);
     if (*bmod_cmd) return cli::bench_model(bmod);
+    if (*bspec_cmd) return cli::bench_spec(bspec);
     if (*beng_cmd) return cli::bench_engine(beng);
     if (*serve_cmd) return cli::serve(srv);
   } catch (const Error& e) {

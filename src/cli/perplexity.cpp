@@ -60,7 +60,10 @@ int perplexity(const PerplexityOptions& o) {
   std::vector<std::int32_t> tokens;
   double tokenize_ms = 0;
   if (!o.text_file.empty()) {
-    const std::string text = read_file(o.text_file, "text file");
+    std::string text = read_file(o.text_file, "text file");
+    // llama-perplexity's -f drops one trailing newline; so do we, so that the token counts (and the
+    // last chunk) are the same as its own.
+    if (!text.empty() && text.back() == '\n') text.pop_back();
     const auto t0 = SteadyClock::now();
     tokens = tokenizer.encode(text, true, false);
     tokenize_ms = seconds_since(t0) * 1000.0;
@@ -98,6 +101,7 @@ int perplexity(const PerplexityOptions& o) {
     j["n_chunks"] = r.plan.n_chunks;
     j["ctx"] = r.plan.ctx;
     j["n_tokens"] = r.plan.n_chunks * r.plan.ctx;
+    if (!tokens.empty()) j["text_tokens"] = tokens.size();  // the whole text's, as llama-perplexity counts them
     j["n_scored"] = n_scored;
     j["tokens_per_s"] = r.tokens_per_s();
     j["seconds"] = r.seconds;

@@ -42,6 +42,11 @@ int run(const RunOptions& o) {
   if (!o.json) stream(prompt);
   GenerateOptions gen = o.gen;
   gen.kv_type = parse_kv_type(o.kv_type);
+  std::unique_ptr<Model> draft_model;
+  const std::size_t ctx = gen.ctx_size ? gen.ctx_size : model.config().n_ctx_train;
+  const std::unique_ptr<spec::Proposer> proposer =
+      make_proposer(o.spec, tokenizer.vocab(), ctx, gen.kv_type, gen.sampling, pool, draft_model, gen.spec_tokens);
+  gen.proposer = proposer.get();
   const GenerateResult r = generate(model, tokenizer, prompt_ids, gen, pool, o.json ? nullptr : std::function<void(const std::string&)>(stream));
   const GenerateTimings& t = r.timings;
 
@@ -54,6 +59,14 @@ int run(const RunOptions& o) {
     j["timings"] = {{"load_ms", load_ms}, {"ttft_ms", t.ttft_ms}, {"prompt_ms", t.prompt_ms}, {"prompt_tps", t.prompt_tps()},
                     {"gen_ms", t.gen_ms}, {"gen_tps", t.gen_tps()}, {"n_prompt", t.n_prompt}, {"n_gen", t.n_gen},
                     {"threads", threads}};
+    if (proposer) {
+      j["timings"]["spec"] = proposer->name();
+      j["timings"]["spec_passes"] = t.spec_passes;
+      j["timings"]["spec_drafted"] = t.spec_drafted;
+      j["timings"]["spec_accepted"] = t.spec_accepted;
+      j["timings"]["accept_rate"] = t.spec_drafted ? static_cast<double>(t.spec_accepted) / static_cast<double>(t.spec_drafted) : 0.0;
+      j["timings"]["tokens_per_pass"] = t.spec_passes ? static_cast<double>(t.n_gen - 1) / static_cast<double>(t.spec_passes) : 0.0;
+    }
     // Invalid UTF-8 cannot occur in text (the detokenizer holds partial sequences), but replace rather than throw.
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
@@ -62,6 +75,11 @@ int run(const RunOptions& o) {
                  "\nload: %.1f ms | prompt: %zu tokens, %.1f tokens/s | time to first token: %.1f ms | "
                  "generation: %zu tokens, %.1f tokens/s | threads: %d | finish: %s\n",
                  load_ms, t.n_prompt, t.prompt_tps(), t.ttft_ms, t.n_gen, t.gen_tps(), threads, r.finish_reason.c_str());
+    if (proposer && t.spec_passes > 0) {
+      std::fprintf(stderr, "speculation (%s): %zu target passes for %zu tokens (%.2f a pass), %zu of %zu guesses accepted (%.0f%%)\n",
+                   proposer->name(), t.spec_passes, t.n_gen - 1, static_cast<double>(t.n_gen - 1) / static_cast<double>(t.spec_passes),
+                   t.spec_accepted, t.spec_drafted, t.spec_drafted ? 100.0 * static_cast<double>(t.spec_accepted) / static_cast<double>(t.spec_drafted) : 0.0);
+    }
   }
   return 0;
 }

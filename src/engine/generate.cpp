@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "spec/verify.h"
 #include "util/clock.h"
 #include "util/error.h"
 
@@ -44,27 +45,54 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
   result.timings.prompt_ms = seconds_since(t0) * 1000.0;
 
   SteadyClock::time_point t_first{};
-  for (std::size_t n = 0; n < budget; ++n) {
-    if (n > 0) {
-      batch.clear();
-      batch.add(history.back(), static_cast<std::int32_t>(history.size() - 1), kSeq, true);
-      model.forward(batch, cache, pool, logits);
-    }
-    if (keep_logits) result.logits.push_back(logits);
-    const std::int32_t id = sampler.sample(logits.data(), cfg.n_vocab, history);
+  spec::Proposal proposal;
+  std::vector<std::int32_t> committed;  // this round's tokens: accepted guesses, then the target's own
+  std::vector<float> p;
+  std::size_t n = 0;
+  bool stopped = false;
+  while (n < budget && !stopped) {
+    committed.clear();
     if (n == 0) {
+      // The prompt's last logits give the first token, as without speculation.
+      if (keep_logits) result.logits.push_back(logits);
+      committed.push_back(sampler.sample(logits.data(), cfg.n_vocab, history));
       t_first = SteadyClock::now();
       result.timings.ttft_ms = std::chrono::duration<double, std::milli>(t_first - t0).count();
+    } else {
+      // The cache holds history but its last token; that token and the guesses run as one batch
+      // whose rows predict, in turn, what follows each prefix of the guess.
+      proposal.clear();
+      if (options.proposer && options.spec_tokens > 0) {
+        const std::size_t room = std::min(budget - n, ctx - history.size()) - 1;
+        options.proposer->propose(history, std::min(options.spec_tokens, room), proposal);
+        result.timings.spec_drafted += proposal.tokens.size();
+      }
+      ++result.timings.spec_passes;
+      const std::size_t k = proposal.tokens.size();
+      const std::size_t base = history.size() - 1;
+      batch.clear();
+      batch.add(history.back(), static_cast<std::int32_t>(base), kSeq, true);
+      for (std::size_t i = 0; i < k; ++i) batch.add(proposal.tokens[i], static_cast<std::int32_t>(base + 1 + i), kSeq, true);
+      model.forward(batch, cache, pool, logits);
+      const std::size_t accepted = spec::verify_chain(logits.data(), cfg.n_vocab, proposal, history, sampler, p, committed,
+                                                      keep_logits ? &result.logits : nullptr);
+      result.timings.spec_accepted += accepted;
+      // Only the accepted guesses' K/V stay: the rest lie past the length and are overwritten later.
+      cache.set_length(kSeq, base + 1 + accepted);
     }
-    if (!options.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
-      result.finish_reason = "stop";
-      break;
+    for (const std::int32_t id : committed) {
+      if (!options.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
+        result.finish_reason = "stop";
+        stopped = true;
+        break;
+      }
+      history.push_back(id);
+      result.ids.push_back(id);
+      const std::string text = detok.push(id);
+      result.text += text;
+      if (on_text && !text.empty()) on_text(text);
+      if (++n == budget) break;
     }
-    history.push_back(id);
-    result.ids.push_back(id);
-    const std::string text = detok.push(id);
-    result.text += text;
-    if (on_text && !text.empty()) on_text(text);
   }
   const std::string tail = detok.flush();
   result.text += tail;

@@ -9,6 +9,7 @@
 
 #include "model/model.h"
 #include "sampling/sampler.h"
+#include "spec/proposer.h"
 #include "tokenizer/tokenizer.h"
 #include "util/thread_pool.h"
 
@@ -22,6 +23,11 @@ struct GenerateOptions {
   std::size_t prefill_chunk = 512;   // prompt tokens per forward call
   // F32 keeps results bit-for-bit comparable with reference implementations; F16 halves the cache.
   KvType kv_type = KvType::F32;
+  // Speculative decoding: when set, each target pass verifies up to spec_tokens proposed tokens
+  // (spec/). The output is the same as without it: token for token when greedy, the same
+  // distribution when sampling.
+  spec::Proposer* proposer = nullptr;
+  std::size_t spec_tokens = 4;
 };
 
 struct GenerateTimings {
@@ -30,6 +36,9 @@ struct GenerateTimings {
   double gen_ms = 0;     // decode wall time after the first token
   std::size_t n_prompt = 0;
   std::size_t n_gen = 0;
+  std::size_t spec_passes = 0;    // target passes after the first token
+  std::size_t spec_drafted = 0;   // proposed tokens the target checked
+  std::size_t spec_accepted = 0;  // of those, the ones it kept
   double prompt_tps() const { return prompt_ms > 0 ? n_prompt * 1000.0 / prompt_ms : 0; }
   // The first token's time belongs to the prompt, so generation speed counts the n_gen - 1 after it.
   double gen_tps() const { return gen_ms > 0 && n_gen > 1 ? (n_gen - 1) * 1000.0 / gen_ms : 0; }

@@ -72,6 +72,33 @@ double exp_weights(const float* x, std::size_t n, float scale, float shift, floa
   return _mm_cvtsd_f64(_mm_add_sd(sum, _mm_unpackhi_pd(sum, sum)));
 }
 
+// The index i where the running sum of w[0..i] first passes u (0 <= u < total = the sum of w),
+// walked 16 weights at a time, then one by one inside the chunk where the sum passes u: a walk over
+// a whole vocabulary one dependent addition at a time took longer than the weights. A zero weight is
+// never returned; where rounding leaves u at the very end, the last positive weight is.
+std::size_t walk(const float* w, std::size_t n, double u) {
+  double cum = 0;
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    double chunk = 0;
+    for (std::size_t j = 0; j < 16; ++j) chunk += w[i + j];
+    if (u < cum + chunk) break;
+    cum += chunk;
+  }
+  for (; i < n; ++i) {
+    cum += w[i];
+    if (u < cum) return i;
+  }
+  for (std::size_t k = n; k-- > 0;) {
+    if (w[k] > 0) return k;
+  }
+  return 0;
+}
+
+// Uniform in [0, 1) from the top 53 bits. The draws are written out (not std::discrete_distribution
+// or std::uniform_real_distribution) so a seed gives the same tokens with every standard library.
+double uniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
 }  // namespace
 
 // The first token with the largest value: the same answer as std::max_element.
@@ -90,30 +117,30 @@ double log_sum_exp(const float* logits, std::size_t n) {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
 
-std::int32_t Sampler::sample(float* logits, std::size_t n_vocab, const std::vector<std::int32_t>& history) {
+void Sampler::apply_penalties(float* logits, std::size_t n_vocab, const std::vector<std::int32_t>& history) const {
   const SamplingParams& p = params_;
   const bool penalize = p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-  if (penalize && p.repeat_last_n != 0 && !history.empty()) {
-    const std::size_t window = p.repeat_last_n < 0 ? history.size() : std::min<std::size_t>(history.size(), static_cast<std::size_t>(p.repeat_last_n));
-    std::unordered_map<std::int32_t, int> counts;
-    for (std::size_t i = history.size() - window; i < history.size(); ++i) ++counts[history[i]];
-    for (const auto& [id, count] : counts) {
-      if (id < 0 || static_cast<std::size_t>(id) >= n_vocab) continue;
-      float& l = logits[id];
-      // Dividing a negative logit would raise it, so the repeat penalty multiplies those instead.
-      l = l > 0 ? l / p.repeat_penalty : l * p.repeat_penalty;
-      l -= static_cast<float>(count) * p.frequency_penalty + p.presence_penalty;
-    }
+  if (!penalize || p.repeat_last_n == 0 || history.empty()) return;
+  const std::size_t window = p.repeat_last_n < 0 ? history.size() : std::min<std::size_t>(history.size(), static_cast<std::size_t>(p.repeat_last_n));
+  std::unordered_map<std::int32_t, int> counts;
+  for (std::size_t i = history.size() - window; i < history.size(); ++i) ++counts[history[i]];
+  for (const auto& [id, count] : counts) {
+    if (id < 0 || static_cast<std::size_t>(id) >= n_vocab) continue;
+    float& l = logits[id];
+    // Dividing a negative logit would raise it, so the repeat penalty multiplies those instead.
+    l = l > 0 ? l / p.repeat_penalty : l * p.repeat_penalty;
+    l -= static_cast<float>(count) * p.frequency_penalty + p.presence_penalty;
   }
+}
 
-  if (p.temperature <= 0.0f) return argmax(logits, n_vocab);
-
+Sampler::Kept Sampler::filter_and_weigh(const float* logits, std::size_t n_vocab) {
+  const SamplingParams& p = params_;
   // The tokens the filters keep, best first, in candidates_[0, n). Why not one sort of the whole
   // vocabulary, as this once did: it cost 4 ms a token at 32K tokens and 23 ms at Qwen3's 152K
   // with the OpenAI defaults (temperature 1, no top-k), on the engine thread, for every stream in
   // every step, where the forward pass of an 8-stream TinyLlama step takes ~19 ms. Each filter
   // keeps a head of the sorted order, so only a head long enough for the cuts is selected and
-  // sorted; with no filter at all nothing is sorted (the draw below then walks the vocabulary in
+  // sorted; with no filter at all nothing is sorted (sample() then walks the vocabulary in
   // id order: the same distribution).
   auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
   const bool top_k = p.top_k > 0 && static_cast<std::size_t>(p.top_k) < n_vocab;
@@ -177,8 +204,6 @@ std::int32_t Sampler::sample(float* logits, std::size_t n_vocab, const std::vect
     n = std::max<std::size_t>(1, keep);
   }
 
-  // The draw is written out (not std::discrete_distribution) so a seed gives the same tokens with
-  // every standard library.
   // Weights e^((logit - max) / T) of the kept tokens, in the kept order (by id when unsorted).
   const float inv_t = 1.0f / p.temperature;
   const float* kept = logits;
@@ -189,23 +214,51 @@ std::int32_t Sampler::sample(float* logits, std::size_t n_vocab, const std::vect
   }
   weights_.resize(n);
   const double total = exp_weights(kept, n, inv_t, mx * inv_t, weights_.data());
-  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
-  const auto id = [&](std::size_t i) { return sorted ? candidates_[i].second : static_cast<std::int32_t>(i); };
-  // Walked 16 weights at a time, then one by one inside the chunk where the sum passes u: a walk
-  // over a whole vocabulary one dependent addition at a time took longer than the weights.
-  double cum = 0;
+  return {n, sorted, total};
+}
+
+std::int32_t Sampler::sample(float* logits, std::size_t n_vocab, const std::vector<std::int32_t>& history) {
+  apply_penalties(logits, n_vocab, history);
+  if (params_.temperature <= 0.0f) return argmax(logits, n_vocab);
+  const Kept kept = filter_and_weigh(logits, n_vocab);
+  return kept_id(kept, walk(weights_.data(), kept.n, uniform(rng_) * kept.total));
+}
+
+void Sampler::distribution(float* logits, std::size_t n_vocab, const std::vector<std::int32_t>& history, std::vector<float>& probs) {
+  apply_penalties(logits, n_vocab, history);
+  if (n_vocab == 0) {
+    probs.clear();
+    return;
+  }
+  if (params_.temperature <= 0.0f) {
+    probs.assign(n_vocab, 0.0f);
+    probs[static_cast<std::size_t>(argmax(logits, n_vocab))] = 1.0f;
+    return;
+  }
+  // sample() returns kept token i with probability weights_[i] / total (its u is uniform over
+  // [0, total) and each token owns an interval of its weight's length).
+  const Kept kept = filter_and_weigh(logits, n_vocab);
+  const double inv_total = 1.0 / kept.total;
+  if (!kept.sorted) {  // every token kept, in id order
+    probs.resize(n_vocab);
+    for (std::size_t i = 0; i < n_vocab; ++i) probs[i] = static_cast<float>(weights_[i] * inv_total);
+    return;
+  }
+  probs.assign(n_vocab, 0.0f);
+  for (std::size_t i = 0; i < kept.n; ++i) probs[static_cast<std::size_t>(kept_id(kept, i))] = static_cast<float>(weights_[i] * inv_total);
+}
+
+std::int32_t Sampler::draw(const std::vector<float>& weights) {
+  // Eight independent sums: one chain of dependent additions over a 150K vocabulary would take
+  // several times as long as the walk.
+  double lane[8] = {};
   std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    double chunk = 0;
-    for (std::size_t j = 0; j < 16; ++j) chunk += weights_[i + j];
-    if (u < cum + chunk) break;
-    cum += chunk;
+  for (; i + 8 <= weights.size(); i += 8) {
+    for (std::size_t j = 0; j < 8; ++j) lane[j] += weights[i + j];
   }
-  for (; i < n; ++i) {
-    cum += weights_[i];
-    if (u < cum) return id(i);
-  }
-  return id(n - 1);  // rounding left u at the very end
+  double total = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  for (; i < weights.size(); ++i) total += weights[i];
+  return static_cast<std::int32_t>(walk(weights.data(), weights.size(), uniform(rng_) * total));
 }
 
 }  // namespace promptly

@@ -27,9 +27,40 @@ class Sampler {
   // `logits` is modified (penalties applied). `history` is the sequence so far (prompt + output).
   std::int32_t sample(float* logits, std::size_t n_vocab, const std::vector<std::int32_t>& history);
 
+  // The distribution sample() draws from for the same logits, history and params, in `probs`
+  // (resized to n_vocab): the kept tokens' normalized weights, 0 for every filtered token; at
+  // temperature <= 0, 1 on the token sample() returns (the first largest logit) and 0 elsewhere.
+  // Speculative decoding needs it: rejection sampling compares the target's and the draft's
+  // probabilities, which must be those their tokens are really drawn with. Both go through the same
+  // code (penalties, filters, weights), so they cannot drift apart. Like sample(), it applies the
+  // penalties to `logits` in place: call one of the two per row of logits, not both. Uses no
+  // randomness.
+  void distribution(float* logits, std::size_t n_vocab, const std::vector<std::int32_t>& history, std::vector<float>& probs);
+
+  // A token drawn with probability weights[i] / sum(weights) from non-negative weights, not
+  // necessarily normalized (distribution()'s output, a residual), with this sampler's generator:
+  // draw(distribution(l)) is distributed as sample(l), though for a given generator state the two
+  // need not return the same token. A zero weight is never drawn; with no positive weight, 0.
+  std::int32_t draw(const std::vector<float>& weights);
+
+  // The generator sample() and draw() use, for callers (rejection sampling) whose draws should come
+  // from the same seeded stream.
+  std::mt19937_64& rng() { return rng_; }
+
   const SamplingParams& params() const { return params_; }
 
  private:
+  // The tokens the filters keep, weighed: weights_[i] for i < n is the i-th kept token's weight,
+  // that token being candidates_[i].second when `sorted`, else token i; `total` is their sum.
+  struct Kept {
+    std::size_t n;
+    bool sorted;
+    double total;
+  };
+  void apply_penalties(float* logits, std::size_t n_vocab, const std::vector<std::int32_t>& history) const;
+  Kept filter_and_weigh(const float* logits, std::size_t n_vocab);
+  std::int32_t kept_id(const Kept& kept, std::size_t i) const { return kept.sorted ? candidates_[i].second : static_cast<std::int32_t>(i); }
+
   SamplingParams params_;
   std::mt19937_64 rng_;
   // Reused across calls: a vocabulary-sized allocation per token would be page-faulted each time.

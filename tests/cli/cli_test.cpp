@@ -115,6 +115,24 @@ TEST(Cli, BadInputGivesAClearErrorAndExitCode) {
   EXPECT_NE(r.status, 0);
 }
 
+// llama-perplexity's -f drops one trailing newline before tokenizing; the counts must agree with it.
+TEST(Cli, PerplexityTokenizesTheFileAsLlamaCppDoes) {
+  test::TempDir dir;
+  std::string text;
+  for (int i = 0; i < 12; ++i) text += "Once upon a time there was a little girl. She liked to play.\n";
+  {
+    std::FILE* f = std::fopen(dir.file("t.txt").c_str(), "wb");
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
+  const Result r = promptly("perplexity -m " + stories() + " -f " + dir.file("t.txt") + " --ctx 32 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  text.pop_back();
+  const Result ids = promptly("tokenize -m " + stories() + " '" + text + "'");
+  ASSERT_EQ(ids.status, 0);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["text_tokens"].get<std::size_t>(), nlohmann::json::parse(ids.out).size());
+}
+
 // Quick start's command: no -m, the built-in code model, and a continuation that is Python.
 TEST(Cli, RunWithoutModelUsesTheBuiltinCodeModel) {
   const Result r = promptly("run -p 'def fibonacci(n):' -n 48 --temp 0 --json");

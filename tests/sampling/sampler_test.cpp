@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
+#include <sstream>
 #include <vector>
 
 namespace promptly {
@@ -195,6 +197,244 @@ TEST(Sampler, FiltersKeepWhatAFullSortKeeps) {
       EXPECT_GT(deepest, 256) << "a long kept head is drawn from beyond the first 256";
     }
   }
+}
+
+
+// Pearson's chi-square goodness of fit of `counts` to `probs`, passed while the statistic stays
+// under the 0.999 quantile of the chi-square distribution (a correct sampler fails one seed in a
+// thousand; the seeds here are fixed). Bins expected to hold fewer than 5 draws are pooled into
+// one. A draw of a probability-0 token fails outright.
+::testing::AssertionResult FitsDistribution(const std::vector<int>& counts, const std::vector<float>& probs) {
+  double n = 0, total_p = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    n += counts[i];
+    total_p += probs[i];
+  }
+  double stat = 0, pooled_expected = 0, pooled_observed = 0;
+  int bins = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    const double expected = n * probs[i] / total_p;
+    if (probs[i] == 0 && counts[i] > 0) return ::testing::AssertionFailure() << "token " << i << " has probability 0 and was drawn " << counts[i] << " times";
+    if (expected < 5) {
+      pooled_expected += expected;
+      pooled_observed += counts[i];
+      continue;
+    }
+    stat += (counts[i] - expected) * (counts[i] - expected) / expected;
+    ++bins;
+  }
+  if (pooled_expected > 0) {
+    stat += (pooled_observed - pooled_expected) * (pooled_observed - pooled_expected) / pooled_expected;
+    ++bins;
+  }
+  const int dof = bins - 1;
+  if (dof < 1) return ::testing::AssertionSuccess() << "one bin";
+  // The 0.999 quantiles for 1-10 degrees of freedom, then the Wilson-Hilferty approximation (within
+  // 0.5% from 10 up).
+  static const double table[] = {10.828, 13.816, 16.266, 18.467, 20.515, 22.458, 24.322, 26.124, 27.877, 29.588};
+  const double h = 2.0 / (9.0 * dof);
+  const double critical = dof <= 10 ? table[dof - 1] : dof * std::pow(1 - h + 3.090232 * std::sqrt(h), 3);
+  std::ostringstream what;
+  what << "chi-square " << stat << " with " << dof << " degrees of freedom, critical value at p=0.001: " << critical;
+  return stat < critical ? ::testing::AssertionSuccess() << what.str() : ::testing::AssertionFailure() << what.str();
+}
+
+struct ParamMix {
+  const char* name;
+  float temperature;
+  int top_k;
+  float top_p, min_p;
+  float repeat_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
+};
+
+SamplingParams params_of(const ParamMix& m, std::uint64_t seed) {
+  SamplingParams p;
+  p.temperature = m.temperature;
+  p.top_k = m.top_k;
+  p.top_p = m.top_p;
+  p.min_p = m.min_p;
+  p.repeat_penalty = m.repeat_penalty;
+  p.presence_penalty = m.presence_penalty;
+  p.frequency_penalty = m.frequency_penalty;
+  p.seed = seed;
+  return p;
+}
+
+const ParamMix kMixes[] = {
+    {"temperature only", 1.3f, 0, 1.0f, 0.0f},
+    {"top-k", 1.0f, 7, 1.0f, 0.0f},
+    {"top-p", 0.9f, 0, 0.8f, 0.0f},
+    {"min-p", 1.0f, 0, 1.0f, 0.3f},
+    {"defaults", 0.8f, 40, 0.95f, 0.05f},
+    {"penalties and every filter", 1.1f, 20, 0.9f, 0.05f, 1.3f, 0.4f, 0.2f},
+    {"penalties only", 1.0f, 0, 1.0f, 0.0f, 1.5f, 0.5f, 0.3f},
+};
+
+// What speculative decoding rests on: distribution() is the distribution sample() draws from, for
+// every mix of settings. Its support is the set of tokens sample() returns (no token outside it is
+// ever drawn; every token in it that 20000 draws should see ten times or more is drawn) and sample()'s
+// frequencies pass a chi-square test against it. The penalties change the logits alike.
+TEST(Sampler, DistributionIsWhatSampleDraws) {
+  const std::size_t n_vocab = 32;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> dist(-1.5f, 1.5f);
+  std::vector<float> logits(n_vocab);
+  for (float& v : logits) v = dist(rng);
+  // Penalized tokens: repeated ones, and the best one, so that penalties change the order at the top.
+  const std::int32_t best = argmax(logits.data(), n_vocab);
+  const std::vector<std::int32_t> history = {3, 9, 9, best, 17, 3, 9, best, 30};
+  for (const ParamMix& m : kMixes) {
+    SCOPED_TRACE(m.name);
+    Sampler s(params_of(m, 99));
+    std::vector<float> lp = logits, ls = logits, probs;
+    s.distribution(lp.data(), n_vocab, history, probs);
+    s.sample(ls.data(), n_vocab, history);
+    ASSERT_EQ(lp, ls) << "distribution() and sample() penalize the logits alike";
+    ASSERT_EQ(probs.size(), n_vocab);
+    double sum = 0;
+    for (float q : probs) {
+      ASSERT_GE(q, 0.0f);
+      sum += q;
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-6);
+
+    const int draws = 20000;
+    std::vector<int> counts(n_vocab, 0);
+    for (int d = 0; d < draws; ++d) {
+      std::vector<float> l = logits;
+      ++counts[static_cast<std::size_t>(s.sample(l.data(), n_vocab, history))];
+    }
+    for (std::size_t i = 0; i < n_vocab; ++i) {
+      if (probs[i] == 0) {
+        EXPECT_EQ(counts[i], 0) << "token " << i << " is outside distribution()'s support";
+      } else if (probs[i] * draws >= 10) {
+        EXPECT_GT(counts[i], 0) << "token " << i << " has probability " << probs[i] << " and was never drawn";
+      }
+    }
+    EXPECT_TRUE(FitsDistribution(counts, probs));
+  }
+}
+
+// distribution() against an independent double-precision reference: the penalties, the whole
+// vocabulary sorted (ties by id), top-k, then top-p and min-p on the temperature-1 probabilities of
+// what top-k kept, then a softmax at the temperature over what is left, zeros elsewhere. At sizes
+// from a toy vocabulary to Qwen's 152K, where the sampler sorts only a head of the vocabulary.
+TEST(Sampler, DistributionMatchesFullSortReference) {
+  std::mt19937 rng(3);
+  for (const std::size_t n_vocab : {32u, 3000u, 152064u}) {
+    for (const float spread : {0.5f, 3.0f}) {
+      std::normal_distribution<float> dist(0.0f, spread);
+      std::vector<float> logits(n_vocab);
+      for (float& v : logits) v = dist(rng);
+      std::vector<std::int32_t> history;
+      for (int i = 0; i < 40; ++i) history.push_back(static_cast<std::int32_t>(rng() % std::min<std::size_t>(n_vocab, 50)));
+      for (const ParamMix& m : kMixes) {
+        SCOPED_TRACE(::testing::Message() << m.name << ", " << n_vocab << " tokens, spread " << spread);
+        const SamplingParams params = params_of(m, 1);
+        // The penalties, as documented (history is shorter than repeat_last_n).
+        std::vector<double> l(logits.begin(), logits.end());
+        std::map<std::int32_t, int> counts;
+        for (std::int32_t t : history) ++counts[t];
+        if (params.repeat_penalty != 1.0f || params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f) {
+          for (const auto& [id, count] : counts) {
+            float v = logits[static_cast<std::size_t>(id)];
+            v = v > 0 ? v / params.repeat_penalty : v * params.repeat_penalty;
+            v -= static_cast<float>(count) * params.frequency_penalty + params.presence_penalty;
+            l[static_cast<std::size_t>(id)] = v;
+          }
+        }
+        std::vector<std::int32_t> order(n_vocab);
+        for (std::size_t i = 0; i < n_vocab; ++i) order[i] = static_cast<std::int32_t>(i);
+        std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+        std::size_t n = params.top_k > 0 ? std::min<std::size_t>(n_vocab, static_cast<std::size_t>(params.top_k)) : n_vocab;
+        double z = 0;
+        for (std::size_t i = 0; i < n; ++i) z += std::exp(l[order[i]] - l[order[0]]);
+        const auto prob = [&](std::size_t i) { return std::exp(l[order[i]] - l[order[0]]) / z; };
+        if (params.top_p < 1.0f) {
+          double cum = 0;
+          for (std::size_t i = 0; i < n; ++i) {
+            if ((cum += prob(i)) >= params.top_p) {
+              n = i + 1;
+              break;
+            }
+          }
+        }
+        if (params.min_p > 0.0f) {
+          std::size_t k = 1;
+          while (k < n && prob(k) >= prob(0) * params.min_p) ++k;
+          n = k;
+        }
+        std::vector<double> expected(n_vocab, 0.0);
+        double zt = 0;
+        for (std::size_t i = 0; i < n; ++i) zt += std::exp((l[order[i]] - l[order[0]]) / params.temperature);
+        for (std::size_t i = 0; i < n; ++i) expected[order[i]] = std::exp((l[order[i]] - l[order[0]]) / params.temperature) / zt;
+
+        Sampler s(params);
+        std::vector<float> work = logits, probs;
+        s.distribution(work.data(), n_vocab, history, probs);
+        ASSERT_EQ(probs.size(), n_vocab);
+        std::size_t support = 0;
+        for (std::size_t i = 0; i < n_vocab; ++i) {
+          support += probs[i] > 0;
+          ASSERT_NEAR(probs[i], expected[i], 1e-7 + 1e-5 * expected[i]) << "token " << i;
+        }
+        EXPECT_EQ(support, n);
+      }
+    }
+  }
+}
+
+// Greedy: all the mass on the token sample() returns, the first of tied best logits, after the
+// penalties.
+TEST(Sampler, GreedyDistributionIsOneHotOnTheSampledToken) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.repeat_penalty = 1.5f;
+  Sampler s(p);
+  for (const auto& [logits, history] : std::vector<std::pair<std::vector<float>, std::vector<std::int32_t>>>{
+           {{0.1f, 3.0f, 2.9f, -1.0f}, {}}, {{0.1f, 3.0f, 2.9f, -1.0f}, {1}}, {{0.5f, 2.0f, -1.0f, 2.0f, 2.0f}, {}}, {{2.0f, 2.0f, 1.0f}, {0}}}) {
+    std::vector<float> lp = logits, ls = logits, probs;
+    s.distribution(lp.data(), logits.size(), history, probs);
+    const std::int32_t token = s.sample(ls.data(), logits.size(), history);
+    std::vector<float> one_hot(logits.size(), 0.0f);
+    one_hot[static_cast<std::size_t>(token)] = 1.0f;
+    EXPECT_EQ(probs, one_hot) << "sample() returned " << token;
+  }
+}
+
+// distribution() draws nothing: sample()'s tokens for a seed stay the same with calls in between.
+TEST(Sampler, DistributionLeavesTheGeneratorAlone) {
+  const SamplingParams p = params_of(kMixes[4], 77);
+  Sampler a(p), b(p);
+  std::vector<float> probs;
+  for (int i = 0; i < 100; ++i) {
+    std::vector<float> l1 = {1, 2, 3, 4, 5, 0.5f, 2.5f}, l2 = l1, l3 = l1;
+    a.distribution(l1.data(), l1.size(), {}, probs);
+    EXPECT_EQ(a.sample(l2.data(), l2.size(), {}), b.sample(l3.data(), l3.size(), {}));
+  }
+}
+
+// draw() from unnormalized weights with zeros among them: zeros never come out, frequencies follow
+// the weights; with no positive weight, 0. draw(distribution()) then samples as sample() does.
+TEST(Sampler, DrawFollowsTheWeights) {
+  Sampler s(SamplingParams{});
+  std::vector<float> w(40);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = i % 5 == 3 ? 0.0f : static_cast<float>(1 + (i * 7) % 11) * 0.37f;
+  std::vector<int> counts(w.size(), 0);
+  for (int d = 0; d < 20000; ++d) ++counts[static_cast<std::size_t>(s.draw(w))];
+  EXPECT_TRUE(FitsDistribution(counts, w));
+  EXPECT_EQ(s.draw(std::vector<float>(10, 0.0f)), 0);
+  EXPECT_EQ(s.draw({0.0f, 0.0f, 2.0f}), 2);
+  EXPECT_EQ(s.draw({0.0f, 3.0f, 0.0f}), 1);
+
+  // The defaults (top-k, top-p and min-p all cutting) at a vocabulary of 32.
+  std::vector<float> logits(32), probs;
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(static_cast<float>(i)) * 2.0f;
+  std::vector<float> l = logits;
+  s.distribution(l.data(), l.size(), {}, probs);
+  counts.assign(logits.size(), 0);
+  for (int d = 0; d < 20000; ++d) ++counts[static_cast<std::size_t>(s.draw(probs))];
+  EXPECT_TRUE(FitsDistribution(counts, probs));
 }
 
 }  // namespace

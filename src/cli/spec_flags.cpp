@@ -1,0 +1,57 @@
+// Turns the speculative decoding flags into a proposer, with the errors a user needs.
+#include <string>
+
+#include "cli/commands.h"
+#include "model/builtin_model.h"
+#include "spec/draft_model.h"
+#include "spec/ngram.h"
+#include "util/error.h"
+
+namespace promptly::cli {
+
+namespace {
+// Defaults chosen with `promptly bench spec` (README, "Speculative decoding").
+constexpr std::size_t kDefaultDraftTokens = 6;
+constexpr std::size_t kDefaultNgramTokens = 8;
+constexpr float kDefaultDraftMinP = 0.3f;
+constexpr std::size_t kMaxSpecTokens = 64;
+}  // namespace
+
+std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Vocab& target_vocab, std::size_t ctx,
+                                              KvType kv_type, const SamplingParams& sampling, ThreadPool& pool,
+                                              std::unique_ptr<Model>& draft_model, std::size_t& spec_tokens) {
+  const std::string mode = !flags.mode.empty() ? flags.mode : flags.draft.empty() ? "none" : "draft";
+  if (mode != "none" && mode != "ngram" && mode != "draft") {
+    throw Error("unknown --spec '" + mode + "'; supported: none, ngram (prompt lookup), draft (needs --draft)");
+  }
+  if (flags.tokens > kMaxSpecTokens) {
+    throw Error("--spec-tokens " + std::to_string(flags.tokens) + " is more than " + std::to_string(kMaxSpecTokens) +
+                " guesses a pass; a few (4-8) is where speculation pays");
+  }
+  if (mode == "none") {
+    if (!flags.draft.empty()) throw Error("--draft is given but --spec none turns speculation off; drop one of them");
+    spec_tokens = 0;
+    return nullptr;
+  }
+  if (mode == "ngram") {
+    spec_tokens = flags.tokens ? flags.tokens : kDefaultNgramTokens;
+    return std::make_unique<spec::NgramProposer>(flags.ngram);
+  }
+  if (flags.draft.empty()) throw Error("--spec draft needs a draft model: --draft FILE (a small model with the target's vocabulary)");
+  std::shared_ptr<const gguf::File> file = open_model_file(flags.draft);
+  try {
+    draft_model = std::make_unique<Model>(file);
+    spec::check_same_vocabulary(target_vocab, Vocab::from_gguf(*file));
+  } catch (const Error& e) {
+    throw Error("draft model '" + flags.draft + "': " + e.what());
+  }
+  spec_tokens = flags.tokens ? flags.tokens : kDefaultDraftTokens;
+  spec::DraftOptions d;
+  d.ctx = ctx;
+  d.kv_type = kv_type;
+  d.sampling = sampling;
+  d.min_confidence = flags.draft_min_p >= 0 ? flags.draft_min_p : kDefaultDraftMinP;
+  return std::make_unique<spec::DraftModelProposer>(*draft_model, d, pool);
+}
+
+}  // namespace promptly::cli

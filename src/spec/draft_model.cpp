@@ -1,0 +1,92 @@
+#include "spec/draft_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "util/error.h"
+
+namespace promptly::spec {
+
+namespace {
+constexpr int kSeq = 0;
+constexpr std::size_t kPrefillChunk = 512;
+}  // namespace
+
+void check_same_vocabulary(const Vocab& target, const Vocab& draft) {
+  const std::size_t n = std::min(target.size(), draft.size());
+  for (std::size_t id = 0; id < n; ++id) {
+    if (target.tokens[id] != draft.tokens[id]) {
+      throw Error("the draft model's vocabulary differs from the target's at id " + std::to_string(id) + " ('" + draft.tokens[id] +
+                  "' against '" + target.tokens[id] + "'): speculative decoding needs a draft with the same tokenizer");
+    }
+  }
+  if (target.size() != draft.size()) {
+    throw Error("the draft model has " + std::to_string(draft.size()) + " tokens but the target has " + std::to_string(target.size()) +
+                " (first id past the shorter one: " + std::to_string(n) + "): speculative decoding needs the same vocabulary");
+  }
+}
+
+DraftModelProposer::DraftModelProposer(const Model& draft, const DraftOptions& options, ThreadPool& pool)
+    : model_(draft),
+      options_(options),
+      pool_(pool),
+      cache_(draft.make_cache(std::min<std::size_t>(options.ctx ? options.ctx : draft.config().n_ctx_train, draft.config().n_ctx_train),
+                              options.kv_type)),
+      sampler_(options.sampling) {}
+
+void DraftModelProposer::run(std::int32_t token, std::size_t pos) {
+  batch_.clear();
+  batch_.add(token, static_cast<std::int32_t>(pos), kSeq, true);
+  model_.forward(batch_, cache_, pool_, logits_);
+  cached_.push_back(token);
+  ++passes_;
+}
+
+void DraftModelProposer::catch_up(const std::vector<std::int32_t>& context) {
+  // The last context token always runs again: its logits are what the first guess comes from.
+  std::size_t common = static_cast<std::size_t>(std::mismatch(cached_.begin(), cached_.end(), context.begin(), context.end()).first - cached_.begin());
+  common = std::min(common, context.size() - 1);
+  if (!cached_.empty()) cache_.set_length(kSeq, common);  // the sequence exists once a pass has run
+  cached_.resize(common);
+  for (std::size_t start = common; start < context.size(); start += kPrefillChunk) {
+    const std::size_t end = std::min(context.size(), start + kPrefillChunk);
+    batch_.clear();
+    for (std::size_t i = start; i < end; ++i) batch_.add(context[i], static_cast<std::int32_t>(i), kSeq, i + 1 == context.size());
+    model_.forward(batch_, cache_, pool_, logits_);
+    ++passes_;
+  }
+  cached_ = context;
+}
+
+void DraftModelProposer::propose(const std::vector<std::int32_t>& context, std::size_t max_tokens, Proposal& out) {
+  out.clear();
+  // The last guess is never run, so guesses need positions up to context.size() + max_tokens - 2.
+  const std::size_t room = cache_.max_positions();
+  if (context.empty() || context.size() >= room) return;
+  max_tokens = std::min(max_tokens, room - context.size() + 1);
+  if (max_tokens == 0) return;
+  catch_up(context);
+  const std::size_t n_vocab = model_.config().n_vocab;
+  const bool sampled = options_.sampling.temperature > 0;
+  history_ = context;
+  for (std::size_t i = 0; i < max_tokens; ++i) {
+    std::int32_t token;
+    if (sampled) {
+      sampler_.distribution(logits_.data(), n_vocab, history_, probs_);
+      token = sampler_.draw(probs_);
+      out.q.push_back(probs_);
+    } else {
+      token = sampler_.sample(logits_.data(), n_vocab, history_);  // greedy, after the same penalties as the target's
+      if (options_.min_confidence > 0) {
+        const double p_top = std::exp(static_cast<double>(logits_[static_cast<std::size_t>(token)]) - log_sum_exp(logits_.data(), n_vocab));
+        if (p_top < options_.min_confidence) break;
+      }
+    }
+    out.tokens.push_back(token);
+    history_.push_back(token);
+    if (i + 1 < max_tokens) run(token, context.size() + i);
+  }
+}
+
+}  // namespace promptly::spec

@@ -1,0 +1,56 @@
+#pragma once
+// A small model of the same vocabulary guesses the target's next tokens. It keeps its own KV cache
+// of the context it has seen and, on each call, reuses the longest prefix it shares with the new
+// context: after a verification only the rejected guesses are dropped and only the target's
+// correction is fed again.
+#include <memory>
+
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "sampling/sampler.h"
+#include "spec/proposer.h"
+#include "tokenizer/vocab.h"
+#include "util/thread_pool.h"
+
+namespace promptly::spec {
+
+// Throws Error unless both vocabularies have the same size and the same token at every id, naming
+// the first id that differs: a draft that spells tokens differently proposes nonsense.
+void check_same_vocabulary(const Vocab& target, const Vocab& draft);
+
+struct DraftOptions {
+  std::size_t ctx = 0;       // positions the draft may hold (the target's context)
+  KvType kv_type = KvType::F32;
+  // Greedy drafting stops early once the draft's own top probability falls below this: a guess
+  // the draft itself doubts is mostly rejected, and each one costs a draft pass and a verify row.
+  float min_confidence = 0.0f;
+  SamplingParams sampling;   // temperature > 0: tokens are drawn from the draft's distribution (q)
+};
+
+class DraftModelProposer final : public Proposer {
+ public:
+  DraftModelProposer(const Model& draft, const DraftOptions& options, ThreadPool& pool);
+  void propose(const std::vector<std::int32_t>& context, std::size_t max_tokens, Proposal& out) override;
+  const char* name() const override { return "draft"; }
+
+  std::size_t draft_passes() const { return passes_; }
+
+ private:
+  // Brings the cache to `context` minus its last token, then runs that token: logits_ then predict
+  // what follows the context.
+  void catch_up(const std::vector<std::int32_t>& context);
+  void run(std::int32_t token, std::size_t pos);
+
+  const Model& model_;
+  DraftOptions options_;
+  ThreadPool& pool_;
+  KvCache cache_;
+  Sampler sampler_;
+  std::vector<std::int32_t> cached_;  // the tokens whose K/V the cache holds, in order
+  std::vector<std::int32_t> history_;  // scratch: context + drafted tokens, for penalties
+  std::vector<float> logits_, probs_;
+  Batch batch_;
+  std::size_t passes_ = 0;
+};
+
+}  // namespace promptly::spec

@@ -1,0 +1,170 @@
+// Speculative decoding changes how fast tokens come, never which: greedy output with every proposer
+// equals plain decoding token for token, on trained and random-weight models and every kernel path.
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "../test_util.h"
+#include "convert/synthetic_model.h"
+#include "engine/generate.h"
+#include "kernels/cpu.h"
+#include "model/model.h"
+#include "spec/draft_model.h"
+#include "spec/ngram.h"
+#include "spec/verify.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+namespace promptly {
+namespace {
+
+struct Loaded {
+  std::shared_ptr<const gguf::File> file;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  explicit Loaded(const std::string& path)
+      : file(gguf::File::open(path)), model(std::make_unique<Model>(file)), tokenizer(std::make_unique<Tokenizer>(Vocab::from_gguf(*file))) {}
+};
+
+GenerateOptions greedy(int n) {
+  GenerateOptions g;
+  g.max_tokens = n;
+  g.sampling.temperature = 0;
+  g.ignore_eos = true;
+  return g;
+}
+
+// Runs the prompt without speculation and with `proposer`; returns both results.
+std::pair<GenerateResult, GenerateResult> both(const Loaded& target, const std::vector<std::int32_t>& prompt, GenerateOptions g,
+                                               spec::Proposer* proposer, std::size_t k, ThreadPool& pool) {
+  GenerateResult plain = generate(*target.model, *target.tokenizer, prompt, g, pool);
+  g.proposer = proposer;
+  g.spec_tokens = k;
+  GenerateResult fast = generate(*target.model, *target.tokenizer, prompt, g, pool);
+  return {std::move(plain), std::move(fast)};
+}
+
+TEST(Ngram, ProposesWhatFollowedTheLatestLongestMatch) {
+  spec::NgramProposer ngram(3);
+  spec::Proposal p;
+  // "1 2 3 9 ... 1 2 3 7 8 ... 2 3": the 2-gram "2 3" last occurred before "7 8".
+  ngram.propose({1, 2, 3, 9, 5, 1, 2, 3, 7, 8, 4, 2, 3}, 2, p);
+  EXPECT_EQ(p.tokens, (std::vector<std::int32_t>{7, 8}));
+  // The 3-gram "1 2 3" beats the later 1-gram "3".
+  ngram.propose({1, 2, 3, 4, 5, 6, 3, 0, 1, 2, 3}, 3, p);
+  EXPECT_EQ(p.tokens, (std::vector<std::int32_t>{4, 5, 6}));
+  // Past the context's end the copy continues from its own output (a period-2 run).
+  ngram.propose({5, 0, 1, 0, 1}, 5, p);
+  EXPECT_EQ(p.tokens, (std::vector<std::int32_t>{0, 1, 0, 1, 0}));
+  ngram.propose({1, 2, 3}, 4, p);  // nothing repeats
+  EXPECT_TRUE(p.tokens.empty());
+  EXPECT_TRUE(p.q.empty());
+  EXPECT_THROW(spec::NgramProposer(0), Error);
+}
+
+TEST(Spec, VerifyChainGreedyAcceptsThePrefixTheTargetAgreesWith) {
+  // Three rows over a 4-token vocabulary: the target wants 2, then 1, then 3.
+  std::vector<float> rows = {0, 0, 5, 0, 0, 5, 0, 0, 0, 0, 0, 5};
+  SamplingParams sp;
+  sp.temperature = 0;
+  Sampler sampler(sp);
+  std::vector<std::int32_t> history = {0}, out;
+  std::vector<float> p;
+  spec::Proposal proposal;
+  proposal.tokens = {2, 3};  // the first guess holds, the second does not
+  EXPECT_EQ(spec::verify_chain(rows.data(), 4, proposal, history, sampler, p, out), 1u);
+  EXPECT_EQ(out, (std::vector<std::int32_t>{2, 1}));
+  EXPECT_EQ(history, (std::vector<std::int32_t>{0}));
+  out.clear();
+  proposal.tokens = {2, 1};  // both hold: the last row adds the target's third token
+  EXPECT_EQ(spec::verify_chain(rows.data(), 4, proposal, history, sampler, p, out), 2u);
+  EXPECT_EQ(out, (std::vector<std::int32_t>{2, 1, 3}));
+}
+
+TEST(Spec, GreedyDraftAndNgramEqualPlainDecodingOnTheCodePair) {
+  Loaded target(test::shared_model("code/code-target-f16.gguf"));
+  Loaded draft(test::shared_model("code/code-draft-f16.gguf"));
+  ThreadPool pool(2);
+  const std::string code = test::read_file(test::shared_model("code/val.txt")).substr(4000, 900);
+  const auto prompt = target.tokenizer->encode(code, true, false);
+  spec::DraftOptions d;
+  d.sampling.temperature = 0;
+  for (float min_p : {0.0f, 0.3f}) {
+    d.min_confidence = min_p;
+    spec::DraftModelProposer proposer(*draft.model, d, pool);
+    const auto [plain, fast] = both(target, prompt, greedy(96), &proposer, 6, pool);
+    EXPECT_EQ(fast.ids, plain.ids) << "min_p " << min_p;
+    EXPECT_GT(fast.timings.spec_accepted, 20u);  // a trained draft guesses code well
+    EXPECT_LT(fast.timings.spec_passes, 80u);
+  }
+  spec::NgramProposer ngram(3);
+  const auto [plain, fast] = both(target, prompt, greedy(96), &ngram, 8, pool);
+  EXPECT_EQ(fast.ids, plain.ids);
+}
+
+TEST(Spec, GreedyEqualsPlainOnStoriesAndRandomModelsOnEveryKernelPath) {
+  test::TempDir dir;
+  ThreadPool pool(2);
+  write_synthetic_model(synthetic_preset("tiny"), DType::Q8_0, 1, dir.file("target.gguf"), pool);
+  write_synthetic_model(synthetic_preset("tiny"), DType::F32, 2, dir.file("draft.gguf"), pool);
+  std::vector<kernels::Isa> paths = {kernels::Isa::Scalar};
+  if (static_cast<int>(kernels::best_isa()) >= static_cast<int>(kernels::Isa::Avx2)) paths.push_back(kernels::Isa::Avx2);
+  if (static_cast<int>(kernels::best_isa()) >= static_cast<int>(kernels::Isa::Avx512)) paths.push_back(kernels::Isa::Avx512);
+  if (kernels::best_isa() == kernels::Isa::Amx) paths.push_back(kernels::Isa::Amx);
+  struct Restore {
+    ~Restore() { kernels::set_isa(kernels::best_isa()); }
+  } restore;
+  for (const kernels::Isa isa : paths) {
+    kernels::set_isa(isa);
+    for (const auto& [target_path, draft_path] : {std::pair{test::shared_model("stories260K.gguf"), test::shared_model("stories260K.gguf")},
+                                                  std::pair{dir.file("target.gguf"), dir.file("draft.gguf")}}) {
+      Loaded target(target_path), draft(draft_path);
+      spec::check_same_vocabulary(target.tokenizer->vocab(), draft.tokenizer->vocab());
+      const auto prompt = target.tokenizer->encode("Once upon a time, there was a little dog. The dog", true, false);
+      spec::DraftOptions d;
+      d.sampling.temperature = 0;
+      spec::DraftModelProposer proposer(*draft.model, d, pool);
+      const auto [plain, fast] = both(target, prompt, greedy(60), &proposer, 5, pool);
+      EXPECT_EQ(fast.ids, plain.ids) << target_path << " on " << kernels::kernel_table(isa).name;
+      spec::NgramProposer ngram(2);
+      const auto [plain2, fast2] = both(target, prompt, greedy(60), &ngram, 6, pool);
+      EXPECT_EQ(fast2.ids, plain.ids) << target_path << " on " << kernels::kernel_table(isa).name;
+      if (target_path == draft_path) {
+        EXPECT_EQ(fast.timings.spec_accepted, fast.timings.spec_drafted);  // a model agrees with itself
+      }
+    }
+  }
+}
+
+TEST(Spec, StopsAtEosAndAtTheTokenBudgetInsideAnAcceptedRun) {
+  Loaded target(test::shared_model("stories260K.gguf"));
+  ThreadPool pool(1);
+  spec::DraftOptions d;
+  d.sampling.temperature = 0;
+  spec::DraftModelProposer proposer(*target.model, d, pool);
+  const auto prompt = target.tokenizer->encode("Once upon a time", true, false);
+  for (int n : {1, 2, 7, 13}) {
+    const auto [plain, fast] = both(target, prompt, greedy(n), &proposer, 6, pool);
+    EXPECT_EQ(fast.ids.size(), static_cast<std::size_t>(n));
+    EXPECT_EQ(fast.ids, plain.ids);
+  }
+  GenerateOptions g = greedy(400);
+  g.ignore_eos = false;  // stories end with EOS within 400 tokens? either way both must agree
+  const auto [plain, fast] = both(target, prompt, g, &proposer, 6, pool);
+  EXPECT_EQ(fast.ids, plain.ids);
+  EXPECT_EQ(fast.finish_reason, plain.finish_reason);
+}
+
+TEST(Spec, ADraftWithAnotherVocabularyIsRefusedNamingTheId) {
+  Loaded target(test::shared_model("code/code-target-f16.gguf"));
+  Loaded other(test::shared_model("stories260K.gguf"));
+  try {
+    spec::check_same_vocabulary(target.tokenizer->vocab(), other.tokenizer->vocab());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("differs from the target's at id"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace promptly
