@@ -16,7 +16,7 @@ namespace promptly::cli {
 struct SpecFlags {
   std::string draft;         // --draft: a draft model of the target's vocabulary
   std::string mode;          // --spec none|ngram|draft; empty: draft when --draft is given, else none
-  std::size_t tokens = 0;    // --spec-tokens: most guesses a pass verifies (0: the mode's default)
+  long tokens = -1;          // --spec-tokens: most guesses a pass verifies (-1: the mode's default)
   std::size_t ngram = 3;     // --spec-ngram: longest suffix n-gram lookup matches
   float draft_min_p = -1;    // --spec-draft-min-p: greedy drafting stops below this confidence (<0: default)
 };

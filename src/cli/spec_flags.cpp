@@ -24,9 +24,9 @@ std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Voca
   if (mode != "none" && mode != "ngram" && mode != "draft") {
     throw Error("unknown --spec '" + mode + "'; supported: none, ngram (prompt lookup), draft (needs --draft)");
   }
-  if (flags.tokens > kMaxSpecTokens) {
-    throw Error("--spec-tokens " + std::to_string(flags.tokens) + " is more than " + std::to_string(kMaxSpecTokens) +
-                " guesses a pass; a few (4-8) is where speculation pays");
+  if (flags.tokens == 0 || flags.tokens < -1 || flags.tokens > static_cast<long>(kMaxSpecTokens)) {
+    throw Error("--spec-tokens " + std::to_string(flags.tokens) + " is out of range: 1 to " + std::to_string(kMaxSpecTokens) +
+                " guesses a pass (a few, 4-8, is where speculation pays; --spec none turns it off)");
   }
   if (mode == "none") {
     if (!flags.draft.empty()) throw Error("--draft is given but --spec none turns speculation off; drop one of them");
@@ -34,7 +34,7 @@ std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Voca
     return nullptr;
   }
   if (mode == "ngram") {
-    spec_tokens = flags.tokens ? flags.tokens : kDefaultNgramTokens;
+    spec_tokens = flags.tokens > 0 ? static_cast<std::size_t>(flags.tokens) : kDefaultNgramTokens;
     return std::make_unique<spec::NgramProposer>(flags.ngram);
   }
   if (flags.draft.empty()) throw Error("--spec draft needs a draft model: --draft FILE (a small model with the target's vocabulary)");
@@ -45,7 +45,7 @@ std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Voca
   } catch (const Error& e) {
     throw Error("draft model '" + flags.draft + "': " + e.what());
   }
-  spec_tokens = flags.tokens ? flags.tokens : kDefaultDraftTokens;
+  spec_tokens = flags.tokens > 0 ? static_cast<std::size_t>(flags.tokens) : kDefaultDraftTokens;
   spec::DraftOptions d;
   d.ctx = ctx;
   d.kv_type = kv_type;

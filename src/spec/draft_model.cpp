@@ -27,13 +27,25 @@ void check_same_vocabulary(const Vocab& target, const Vocab& draft) {
   }
 }
 
+namespace {
+// The draft draws from its own stream: were it the target's seed, the draft's i-th uniform would
+// be one the target also uses for its acceptance tests, and guesses and verdicts would correlate.
+SamplingParams draft_sampling(SamplingParams p) {
+  std::uint64_t z = p.seed + 0x9E3779B97F4A7C15ull;  // splitmix64's finaliser
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  p.seed = z ^ (z >> 31);
+  return p;
+}
+}  // namespace
+
 DraftModelProposer::DraftModelProposer(const Model& draft, const DraftOptions& options, ThreadPool& pool)
     : model_(draft),
       options_(options),
       pool_(pool),
       cache_(draft.make_cache(std::min<std::size_t>(options.ctx ? options.ctx : draft.config().n_ctx_train, draft.config().n_ctx_train),
                               options.kv_type)),
-      sampler_(options.sampling) {}
+      sampler_(draft_sampling(options.sampling)) {}
 
 void DraftModelProposer::run(std::int32_t token, std::size_t pos) {
   batch_.clear();

@@ -133,6 +133,45 @@ TEST(Cli, PerplexityTokenizesTheFileAsLlamaCppDoes) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["text_tokens"].get<std::size_t>(), nlohmann::json::parse(ids.out).size());
 }
 
+TEST(Cli, RunWithADraftModelReportsSpeculationAndKeepsTheTokens) {
+  const std::string code = test::shared_model("code/");
+  const std::string args = "run -m " + code + "code-target-f16.gguf -p 'def fibonacci(n):' -n 40 --temp 0 --json";
+  const Result plain = promptly(args);
+  const Result fast = promptly(args + " --draft " + code + "code-draft-f16.gguf");
+  ASSERT_EQ(plain.status, 0);
+  ASSERT_EQ(fast.status, 0) << fast.out;
+  const auto a = nlohmann::json::parse(plain.out), b = nlohmann::json::parse(fast.out);
+  EXPECT_EQ(a["ids"], b["ids"]);
+  EXPECT_EQ(b["timings"]["spec"], "draft");
+  EXPECT_GT(b["timings"]["spec_accepted"].get<int>(), 0);
+  EXPECT_LT(b["timings"]["spec_passes"].get<int>(), 39);
+  EXPECT_GT(b["timings"]["accept_rate"].get<double>(), 0.0);
+  EXPECT_FALSE(a["timings"].contains("spec_passes"));
+  const Result ngram = promptly(args + " --spec ngram --spec-ngram 2");
+  ASSERT_EQ(ngram.status, 0) << ngram.out;
+  EXPECT_EQ(nlohmann::json::parse(ngram.out)["ids"], a["ids"]);
+}
+
+TEST(Cli, BadSpeculationFlagsAreClearErrors) {
+  const std::string target = "run -m " + test::shared_model("code/code-target-f16.gguf") + " -p x -n 2 ";
+  const std::pair<std::string, std::string> cases[] = {
+      {"--draft " + stories(), "differs from the target's at id"},
+      {"--draft " + test::shared_model("code/val.txt"), "not a GGUF file"},
+      {"--draft /nonexistent.gguf", "cannot open"},
+      {"--spec tree", "supported: none, ngram"},
+      {"--spec draft", "needs a draft model"},
+      {"--spec ngram --spec-tokens 1000", "out of range: 1 to 64"},
+      {"--spec ngram --spec-tokens 0", "out of range: 1 to 64"},
+      {"--spec ngram --spec-ngram 0", "--spec-ngram must be between 1 and 64"},
+      {"--spec none --draft " + test::shared_model("code/code-draft-f16.gguf"), "turns speculation off"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const Result r = promptly(target + flags, true);
+    EXPECT_EQ(r.status, 1) << flags;
+    EXPECT_NE(r.out.find(message), std::string::npos) << flags << ": " << r.out;
+  }
+}
+
 // Quick start's command: no -m, the built-in code model, and a continuation that is Python.
 TEST(Cli, RunWithoutModelUsesTheBuiltinCodeModel) {
   const Result r = promptly("run -p 'def fibonacci(n):' -n 48 --temp 0 --json");
