@@ -28,9 +28,9 @@ int main(int argc, char** argv) {
   auto add_spec_flags = [](CLI::App* cmd, cli::SpecFlags& f) {
     cmd->add_option("--draft", f.draft, "Draft model for speculative decoding (same vocabulary as the target)");
     cmd->add_option("--spec", f.mode, "Speculation: none, ngram (prompt lookup) or draft (default: draft with --draft, else none)");
-    cmd->add_option("--spec-tokens", f.tokens, "Most guesses one target pass verifies (default: 6 for draft, 8 for ngram)");
+    cmd->add_option("--spec-tokens", f.tokens, "Most guesses one target pass verifies (default: 3 for draft, 4 for ngram)");
     cmd->add_option("--spec-ngram", f.ngram, "Longest n-gram prompt lookup matches (it falls back to shorter)")->capture_default_str();
-    cmd->add_option("--spec-draft-min-p", f.draft_min_p, "Greedy drafting stops once the draft's top probability is below this (default 0.3)");
+    cmd->add_option("--spec-draft-min-p", f.draft_min_p, "Greedy drafting stops once the draft's top probability is below this (default 0.2)");
   };
   CLI::App app{"Promptly: low-latency LLM inference for GGUF models"};
   app.require_subcommand(1);

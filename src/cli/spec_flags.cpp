@@ -11,9 +11,9 @@ namespace promptly::cli {
 
 namespace {
 // Defaults chosen with `promptly bench spec` (README, "Speculative decoding").
-constexpr std::size_t kDefaultDraftTokens = 6;
-constexpr std::size_t kDefaultNgramTokens = 8;
-constexpr float kDefaultDraftMinP = 0.3f;
+constexpr std::size_t kDefaultDraftTokens = 3;
+constexpr std::size_t kDefaultNgramTokens = 4;
+constexpr float kDefaultDraftMinP = 0.2f;
 constexpr std::size_t kMaxSpecTokens = 64;
 }  // namespace
 
