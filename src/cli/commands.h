@@ -25,6 +25,10 @@ std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Voca
                                               KvType kv_type, const SamplingParams& sampling, ThreadPool& pool,
                                               std::unique_ptr<Model>& draft_model, std::size_t& spec_tokens);
 
+// The engine's speculation settings from the flags (validated as make_proposer does); the draft
+// model, when there is one, is loaded into `draft_model`.
+void apply_spec_flags(const SpecFlags& flags, const Vocab& target_vocab, EngineOptions& engine, std::unique_ptr<Model>& draft_model);
+
 struct RunOptions {
   std::string model;  // empty: the built-in model
   std::string prompt;
@@ -180,6 +184,8 @@ struct ServeOptions {
   std::string alias;
   std::string chat_template_file;
   double shutdown_grace_s = 10;
+  SpecFlags spec;
+  std::size_t spec_max_streams = 2;
 };
 int serve(const ServeOptions& o);
 

@@ -179,6 +179,9 @@ int main(int argc, char** argv) {
   auto* serve_cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat/completions, completions, models, health, metrics)");
   serve_cmd->add_option("-m,--model", srv.model, "GGUF model file (default: the built-in promptly-code-23m)");
   serve_cmd->add_option("--host", srv.host, "Address to bind")->capture_default_str();
+  add_spec_flags(serve_cmd, srv.spec);
+  serve_cmd->add_option("--spec-max-streams", srv.spec_max_streams, "Speculate only while at most this many streams decode (and no prompt is prefilling)")
+      ->capture_default_str();
   serve_cmd->add_option("--port", srv.port, "Port (0: any free port)")->capture_default_str();
   add_engine_flags(serve_cmd, srv.engine);
   serve_cmd->add_option("-c,--ctx-size", srv.ctx_size, "Context per request (default: the model's)");

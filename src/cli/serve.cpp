@@ -21,6 +21,9 @@ int serve(const ServeOptions& o) {
   EngineOptions eo = o.engine.to_options();
   eo.ctx_size = o.ctx_size;
   eo.max_running = o.max_running;
+  std::unique_ptr<Model> draft_model;
+  apply_spec_flags(o.spec, tokenizer.vocab(), eo, draft_model);
+  eo.spec_max_streams = o.spec_max_streams;
   Engine engine(model, &tokenizer, eo);
 
   server::ServerOptions so;
@@ -42,6 +45,11 @@ int serve(const ServeOptions& o) {
                  "promptly: steps sized to %.0f ms (ITL target %.0f ms; --itl-target-ms 0: off) by their measured cost: %.2f ms + %.3f ms a "
                  "token + %.3f ms per 1000 positions attended\n",
                  st.step_limit_ms, eo.itl_target_ms, st.step_fixed_ms, st.step_per_token_ms, st.step_per_1k_attended_ms);
+  }
+  if (eo.spec != EngineOptions::Spec::None) {
+    std::fprintf(stderr, "promptly: speculative decoding with %s, up to %zu guesses a stream while at most %zu streams decode\n",
+                 eo.spec == EngineOptions::Spec::Draft ? ("the draft model " + o.spec.draft).c_str() : "n-gram prompt lookup", eo.spec_tokens,
+                 eo.spec_max_streams);
   }
   std::fflush(stderr);
   server.run();

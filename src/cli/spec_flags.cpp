@@ -54,4 +54,18 @@ std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Voca
   return std::make_unique<spec::DraftModelProposer>(*draft_model, d, pool);
 }
 
+void apply_spec_flags(const SpecFlags& flags, const Vocab& target_vocab, EngineOptions& engine, std::unique_ptr<Model>& draft_model) {
+  ThreadPool none(1);
+  std::size_t tokens = 0;
+  // The same checks and defaults as for run; the proposers themselves are made per stream by the engine.
+  const std::unique_ptr<spec::Proposer> probe =
+      make_proposer(flags, target_vocab, 0, KvType::F16, SamplingParams{}, none, draft_model, tokens);
+  if (!probe) return;
+  engine.spec = draft_model ? EngineOptions::Spec::Draft : EngineOptions::Spec::Ngram;
+  engine.draft = draft_model.get();
+  engine.spec_tokens = tokens;
+  engine.spec_ngram = flags.ngram;
+  engine.spec_draft_min_p = flags.draft_min_p >= 0 ? flags.draft_min_p : kDefaultDraftMinP;
+}
+
 }  // namespace promptly::cli

@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <functional>
 
+#include "spec/draft_model.h"
+#include "spec/ngram.h"
+#include "spec/verify.h"
 #include "util/error.h"
 #include "util/process.h"
 
@@ -138,6 +141,9 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, EngineOptions opt
                                           options.shortest_prefill_first}) {
   if (options_.max_batch_tokens == 0) throw Error("--max-batch-tokens must be at least 1");
   if (tokenizer_) eog_ids_ = tokenizer_->vocab().end_of_generation_ids();
+  if (options_.spec == EngineOptions::Spec::Ngram) ngram_ = std::make_unique<spec::NgramProposer>(options_.spec_ngram);
+  if (options_.spec == EngineOptions::Spec::Draft && !options_.draft) throw Error("speculation with a draft model needs the draft model");
+  spec_accepted_per_pos_.assign(options_.spec_tokens, 0);
   publish_stats();
   thread_ = std::thread([this] { loop(); });
 }
@@ -287,6 +293,7 @@ void Engine::step() {
     }
     return;
   }
+  const std::vector<std::size_t> first_row = add_guesses(plan);
   const auto t0 = SteadyClock::now();
   // A follow-up arriving while this step runs may have it stop at a layer boundary, while at most
   // half of its layers have run (past that, finishing costs the newcomer less than the others lose).
@@ -323,16 +330,106 @@ void Engine::step() {
   scheduler_.commit(plan);
   // The picks in parallel (the pool is idle between forward passes; a draw over a whole vocabulary
   // is tens to hundreds of microseconds, per stream), then their effects in batch order.
+  // A speculated stream's rows are verified instead (its committed tokens: the accepted guesses,
+  // then the target's own).
   std::vector<Sequence*> sampled;
-  for (const StepPlan::Chunk& c : plan.chunks) {
-    if (c.sample) sampled.push_back(c.seq);
+  std::vector<std::size_t> chunk_of;
+  for (std::size_t ci = 0; ci < plan.chunks.size(); ++ci) {
+    if (!plan.chunks[ci].sample) continue;
+    sampled.push_back(plan.chunks[ci].seq);
+    chunk_of.push_back(ci);
   }
   std::vector<Pick> picks(sampled.size());
+  std::vector<std::vector<std::int32_t>> committed(sampled.size());
+  std::vector<std::size_t> accepted(sampled.size(), 0);
   const std::size_t n_vocab = model_.config().n_vocab;
   pool_.parallel_for(sampled.size(), 1, [&](std::size_t b, std::size_t e, int) {
-    for (std::size_t i = b; i < e; ++i) picks[i] = pick(*sampled[i], &logits_[i * n_vocab]);
+    std::vector<float> p;
+    for (std::size_t i = b; i < e; ++i) {
+      const std::size_t ci = chunk_of[i];
+      float* rows = &logits_[first_row[ci] * n_vocab];
+      if (guesses_[ci].tokens.empty()) {
+        picks[i] = pick(*sampled[i], rows);
+      } else {
+        accepted[i] = spec::verify_chain(rows, n_vocab, guesses_[ci], sampled[i]->tokens, sampled[i]->sampler, p, committed[i]);
+      }
+    }
   });
-  for (std::size_t i = 0; i < sampled.size(); ++i) accept(*sampled[i], std::move(picks[i]));
+  for (std::size_t i = 0; i < sampled.size(); ++i) {
+    Sequence& s = *sampled[i];
+    const spec::Proposal& g = guesses_[chunk_of[i]];
+    if (g.tokens.empty()) {
+      accept(s, std::move(picks[i]));
+      continue;
+    }
+    ++spec_drafts_;
+    spec_draft_tokens_ += g.tokens.size();
+    spec_accepted_tokens_ += accepted[i];
+    for (std::size_t pos = 0; pos < accepted[i] && pos < spec_accepted_per_pos_.size(); ++pos) ++spec_accepted_per_pos_[pos];
+    for (std::size_t j = 0; j < committed[i].size(); ++j) {
+      if (!accept(s, Pick{committed[i][j], 0.0f, {}})) break;  // finished: s is gone
+      // An accepted guess's K/V, computed this step from the token now before it, becomes part of
+      // the sequence: only now, so that the computed tokens never run ahead of the sequence.
+      if (j < accepted[i]) scheduler_.accept_guess(s);
+    }
+  }
+}
+
+spec::Proposer* Engine::proposer_for(Sequence& s) {
+  if (options_.spec == EngineOptions::Spec::Ngram) return ngram_.get();
+  auto& draft = drafts_[s.id];
+  if (!draft) {
+    spec::DraftOptions d;
+    d.ctx = ctx_;
+    d.kv_type = KvType::F16;
+    d.min_confidence = options_.spec_draft_min_p;
+    d.sampling = s.request.sampling;
+    draft = std::make_unique<spec::DraftModelProposer>(*options_.draft, d, pool_);
+  }
+  return draft.get();
+}
+
+std::vector<std::size_t> Engine::add_guesses(StepPlan& plan) {
+  std::vector<std::size_t> first_row(plan.chunks.size());
+  guesses_.resize(std::max(guesses_.size(), plan.chunks.size()));
+  for (auto& g : guesses_) g.clear();
+  // Only steps of a few decoding streams and no prompt: see EngineOptions::spec.
+  const bool all_decode = std::all_of(plan.chunks.begin(), plan.chunks.end(), [](const StepPlan::Chunk& c) {
+    return c.n_tokens == 1 && c.sample && c.seq->state == RequestState::Decoding;
+  });
+  bool any = false;
+  if (options_.spec != EngineOptions::Spec::None && all_decode && plan.n_decode <= options_.spec_max_streams) {
+    for (std::size_t ci = 0; ci < plan.chunks.size(); ++ci) {
+      Sequence& s = *plan.chunks[ci].seq;
+      if (!s.request.speculative || s.request.top_logprobs >= 0 || !s.request.logit_bias.empty()) continue;
+      const std::size_t left = s.max_new > s.n_generated ? s.max_new - s.n_generated : 0;
+      const std::size_t room = std::min(left, ctx_ - std::min(ctx_, s.tokens.size()));
+      if (room < 2) continue;
+      spec::Proposal& g = guesses_[ci];
+      proposer_for(s)->propose(s.tokens, std::min(options_.spec_tokens, room - 1), g);
+      // Positions for the token and its guesses; none to spare (another stream's, a cached
+      // prefix's): no guesses this step.
+      if (!g.tokens.empty() && !scheduler_.reserve_guesses(s, s.n_computed + 1 + g.tokens.size())) g.clear();
+      any = any || !g.tokens.empty();
+    }
+  }
+  std::size_t row = 0;
+  if (any) plan.batch.clear();
+  for (std::size_t ci = 0; ci < plan.chunks.size(); ++ci) {
+    const StepPlan::Chunk& c = plan.chunks[ci];
+    first_row[ci] = row;
+    if (c.sample) row += 1 + guesses_[ci].tokens.size();
+    if (!any) continue;
+    for (std::size_t i = 0; i < c.n_tokens; ++i) {
+      const std::size_t pos = c.seq->n_computed + i;
+      plan.batch.add(c.seq->tokens[pos], static_cast<std::int32_t>(pos), c.seq->seq_id, c.sample && i + 1 == c.n_tokens);
+    }
+    const std::size_t next = c.seq->n_computed + c.n_tokens;
+    for (std::size_t j = 0; j < guesses_[ci].tokens.size(); ++j) {
+      plan.batch.add(guesses_[ci].tokens[j], static_cast<std::int32_t>(next + j), c.seq->seq_id, true);
+    }
+  }
+  return first_row;
 }
 
 Engine::Pick Engine::pick(Sequence& s, float* logits) const {
@@ -360,7 +457,7 @@ Engine::Pick Engine::pick(Sequence& s, float* logits) const {
   return {id, logprob, std::move(top)};
 }
 
-void Engine::accept(Sequence& s, Pick pick) {
+bool Engine::accept(Sequence& s, Pick pick) {
   const std::int32_t id = pick.id;
   const auto now = SteadyClock::now();
   if (s.n_generated == 0 && s.times.first_token == SteadyClock::time_point{}) s.times.first_token = now;
@@ -371,16 +468,20 @@ void Engine::accept(Sequence& s, Pick pick) {
   const bool end_of_generation = !s.request.ignore_eos && std::find(eog_ids_.begin(), eog_ids_.end(), id) != eog_ids_.end();
   if (end_of_generation) {
     finish(s, FinishReason::Stop);
-    return;
+    return false;
   }
   s.tokens.push_back(id);
   ++s.n_generated;
   ++generation_tokens_;
   if (emit_token(s, id, pick.logprob, std::move(pick.top))) {
     finish(s, FinishReason::Stop);  // a stop string ended it
-  } else if (s.n_generated >= s.max_new || s.tokens.size() >= ctx_) {
-    finish(s, FinishReason::Length);
+    return false;
   }
+  if (s.n_generated >= s.max_new || s.tokens.size() >= ctx_) {
+    finish(s, FinishReason::Length);
+    return false;
+  }
+  return true;
 }
 
 bool Engine::emit_token(Sequence& s, std::int32_t id, float logprob, std::vector<TokenLogprob> top) {
@@ -422,6 +523,7 @@ bool Engine::emit_token(Sequence& s, std::int32_t id, float logprob, std::vector
 }
 
 void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) {
+  drafts_.erase(s.id);
   std::unique_ptr<Sequence> owned = scheduler_.remove(&s);  // null when the scheduler already let it go
   EngineEvent e;
   e.kind = EngineEvent::Kind::Finished;
@@ -492,6 +594,10 @@ void Engine::publish_stats() {
   st.step_per_1k_attended_ms = cost_.per_attended_s() * 1e6;
   st.step_limit_ms = step_budget().max_seconds * 1000;
   std::copy(std::begin(finished_), std::end(finished_), std::begin(st.finished));
+  st.spec_drafts = spec_drafts_;
+  st.spec_draft_tokens = spec_draft_tokens_;
+  st.spec_accepted_tokens = spec_accepted_tokens_;
+  st.spec_accepted_per_pos = spec_accepted_per_pos_;
   std::lock_guard lock(mutex_);
   // Requests still in the inbox are waiting too.
   st.waiting += inbox_.size();

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/request.h"
@@ -17,6 +18,7 @@
 #include "engine/step_cost.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "spec/proposer.h"
 #include "tokenizer/tokenizer.h"
 #include "util/thread_pool.h"
 
@@ -50,6 +52,19 @@ struct EngineOptions {
   std::size_t ctx_size = 0;         // per-request positions; 0: the model's training context
   bool prefix_cache = true;
   int threads = 0;                  // 0: one per core
+  // Speculative decoding inside the step: a decoding stream's guesses (n-gram prompt lookup, or a
+  // draft model with a KV cache per stream) join the batch after its token and are verified by the
+  // same pass (spec/verify.h). Only while the step holds at most spec_max_streams decoding streams
+  // and no prompt chunk: with more, the batch already uses the pass's spare arithmetic, and guesses
+  // would take it from other streams' tokens. Requests with logprobs or logit_bias are not
+  // speculated (their per-token extras are computed row by row on the plain path).
+  enum class Spec { None, Ngram, Draft };
+  Spec spec = Spec::None;
+  const Model* draft = nullptr;     // Spec::Draft: same vocabulary as the model (checked by the caller)
+  std::size_t spec_tokens = 3;      // guesses a stream adds to a step, at most
+  std::size_t spec_ngram = 3;
+  float spec_draft_min_p = 0.2f;
+  std::size_t spec_max_streams = 2;
 };
 
 struct EngineStats {
@@ -68,6 +83,10 @@ struct EngineStats {
   // (0: none, no ITL target).
   double step_fixed_ms = 0, step_per_token_ms = 0, step_per_1k_attended_ms = 0, step_limit_ms = 0;
   std::uint64_t finished[6] = {};  // by FinishReason
+  // Speculative decoding (vLLM's spec_decode counters): verification rounds with guesses, guesses,
+  // accepted guesses, and accepted guesses by their position in the chain.
+  std::uint64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+  std::vector<std::uint64_t> spec_accepted_per_pos;
   // Blocks in use by running requests as a fraction of the pool (what vLLM calls kv_cache_usage).
   double kv_usage() const { return kv_blocks_total ? static_cast<double>(kv_blocks_used) / kv_blocks_total : 0.0; }
 };
@@ -106,7 +125,12 @@ class Engine {
   };
   Pick pick(Sequence& s, float* logits) const;
   // Then, one sequence after another: the token joins the sequence and goes out as an event.
-  void accept(Sequence& s, Pick pick);
+  // Returns false once the sequence has finished (it is gone then).
+  bool accept(Sequence& s, Pick pick);
+  // Guesses for the step's decoding streams where speculation applies; rebuilds plan.batch with
+  // them after each stream's token. Returns each chunk's first logits row.
+  std::vector<std::size_t> add_guesses(StepPlan& plan);
+  spec::Proposer* proposer_for(Sequence& s);
   // Streams the token's text; true when it completed a stop string.
   bool emit_token(Sequence& s, std::int32_t id, float logprob, std::vector<TokenLogprob> top);
   void finish(Sequence& s, FinishReason reason, const std::string& error = {});
@@ -138,6 +162,14 @@ class Engine {
   EngineStats stats_;
   std::uint64_t finished_[6] = {};
   std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, steps_interrupted_ = 0;
+  // Speculation: the n-gram proposer (stateless, shared), draft proposers per stream, this step's
+  // guesses per chunk, and the counters.
+  std::unique_ptr<spec::Proposer> ngram_;
+  std::unordered_map<std::uint64_t, std::unique_ptr<spec::Proposer>> drafts_;
+  std::vector<spec::Proposal> guesses_;
+  std::vector<float> spec_p_;
+  std::uint64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;
+  std::vector<std::uint64_t> spec_accepted_per_pos_;
   std::thread thread_;
 };
 

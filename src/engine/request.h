@@ -80,6 +80,7 @@ struct Request {
   int priority = 0;                  // higher runs first
   double timeout_s = 0;              // > 0: finished as "timeout" this long after submit
   int top_logprobs = -1;             // < 0: none; 0: the chosen token's; n: also the n most likely
+  bool speculative = true;           // false: this request is never speculated (see EngineOptions::spec)
   EventCallback on_event;
 };
 

@@ -400,6 +400,14 @@ bool Scheduler::gives_way(const StepPlan& plan, const Sequence& newcomer) const 
 
 void Scheduler::interrupted() { interrupted_last_ = true; }
 
+bool Scheduler::reserve_guesses(Sequence& s, std::size_t n_positions) { return cache_.try_reserve(s.seq_id, n_positions); }
+
+void Scheduler::accept_guess(Sequence& s) {
+  ++s.n_computed;
+  ++counters_.tokens_computed;
+  offer_blocks(s);
+}
+
 void Scheduler::commit(const StepPlan& plan) {
   for (const StepPlan::Chunk& c : plan.chunks) {
     c.seq->n_computed += c.n_tokens;

@@ -150,6 +150,10 @@ class Scheduler {
   // The forward pass of `plan` stopped early: nothing is committed, the next plan starts over from
   // the same state.
   void interrupted();
+  // Speculation: room for a decoding sequence's guesses, from free blocks only (guesses never evict
+  // cached prefixes or preempt anyone); and one accepted guess, whose K/V the step computed.
+  bool reserve_guesses(Sequence& s, std::size_t n_positions);
+  void accept_guess(Sequence& s);
 
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }

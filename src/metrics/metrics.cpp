@@ -64,9 +64,9 @@ void Registry::gauge(const std::string& name, const std::string& help, std::func
   add(name, help, "gauge", "").gauge = std::move(read);
 }
 
-void Registry::counter_fn(const std::string& name, const std::string& help, std::function<double()> read) {
+void Registry::counter_fn(const std::string& name, const std::string& help, std::function<double()> read, const std::string& labels) {
   std::lock_guard lock(mutex_);
-  add(name, help, "counter", "").gauge = std::move(read);
+  add(name, help, "counter", labels).gauge = std::move(read);
 }
 
 namespace {

@@ -54,7 +54,7 @@ class Registry {
   // Gauges (and counters kept elsewhere, e.g. by the engine) are read when rendered, so they never
   // go stale.
   void gauge(const std::string& name, const std::string& help, std::function<double()> read);
-  void counter_fn(const std::string& name, const std::string& help, std::function<double()> read);
+  void counter_fn(const std::string& name, const std::string& help, std::function<double()> read, const std::string& labels = "");
 
   std::string render() const;
 

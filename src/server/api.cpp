@@ -195,6 +195,7 @@ ApiRequest parse_api_request(std::string_view body, bool chat) {
   r.priority = static_cast<int>(integer(j, "priority", -1000000, 1000000).value_or(0));
   r.timeout_s = number(j, "timeout", 0.0, 86400.0 * 365, 0.0);
   r.ignore_eos = boolean(j, "ignore_eos", false);
+  r.speculative = boolean(j, "speculative", true);
   if (const json* kw = field(j, "chat_template_kwargs")) {
     if (!kw->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
     r.chat_template_kwargs = *kw;

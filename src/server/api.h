@@ -49,6 +49,7 @@ struct ApiRequest {
   int priority = 0;
   double timeout_s = 0;
   bool ignore_eos = false;
+  bool speculative = true;  // extension: false opts the request out of speculative decoding
   bool echo = false;                       // completions only
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
 };

@@ -106,6 +106,22 @@ struct Server::Impl {
                    [this] { return engine.stats().step_per_1k_attended_ms / 1e6; });
     registry.counter_fn("engine_steps_interrupted_total", "Engine steps stopped early so that a follow-up could run first",
                         [this] { return static_cast<double>(engine.stats().steps_interrupted); });
+    // Speculative decoding, vLLM's names (spec_decode_*).
+    registry.counter_fn("spec_decode_num_drafts_total", "Verification rounds with guesses (one per speculated stream and step)",
+                        [this] { return static_cast<double>(engine.stats().spec_drafts); });
+    registry.counter_fn("spec_decode_num_draft_tokens_total", "Guessed tokens the model verified",
+                        [this] { return static_cast<double>(engine.stats().spec_draft_tokens); });
+    registry.counter_fn("spec_decode_num_accepted_tokens_total", "Guessed tokens the model accepted",
+                        [this] { return static_cast<double>(engine.stats().spec_accepted_tokens); });
+    for (std::size_t pos = 0; pos < engine.options().spec_tokens && engine.options().spec != EngineOptions::Spec::None; ++pos) {
+      registry.counter_fn(
+          "spec_decode_num_accepted_tokens_per_pos_total", "Accepted guesses by their position in the chain",
+          [this, pos] {
+            const EngineStats st = engine.stats();
+            return pos < st.spec_accepted_per_pos.size() ? static_cast<double>(st.spec_accepted_per_pos[pos]) : 0.0;
+          },
+          "position=\"" + std::to_string(pos) + "\"");
+    }
     for (FinishReason r : {FinishReason::Stop, FinishReason::Length, FinishReason::Cancelled, FinishReason::Timeout, FinishReason::Error}) {
       success[r] = &registry.counter("request_success_total", "Finished requests by reason",
                                      "finished_reason=\"" + finish_reason_text(r) + "\"");
@@ -394,6 +410,7 @@ class Session : public std::enable_shared_from_this<Session> {
       r.logit_bias = api_.logit_bias;
       r.stop = api_.stop;
       r.ignore_eos = api_.ignore_eos;
+      r.speculative = api_.speculative;
       r.priority = api_.priority;
       r.timeout_s = api_.timeout_s;
       r.top_logprobs = api_.top_logprobs;

@@ -296,3 +296,25 @@ test('serve without -m answers with the built-in code model at once', async () =
     await s.stop();
   }
 });
+
+test('serve --draft speculates: the same greedy text, the spec_decode metrics, and an opt-out', async () => {
+  const target = path.join(SHARED, 'code', 'code-target-f16.gguf');
+  const s = await startServer(['-m', target, '--draft', path.join(SHARED, 'code', 'code-draft-f16.gguf'), '--kv-type', 'f32', '-t', '2']);
+  try {
+    const c = new OpenAI({ baseURL: `${s.baseURL}/v1`, apiKey: 'x', maxRetries: 0 });
+    const prompt = 'import os\n\n\ndef list_python_files(root):\n    """Return the paths of the Python files under root."""\n';
+    const expected = runGreedy(target, prompt, 48).text;
+    const r = await c.completions.create({ model: 'code-target-f16', prompt, max_tokens: 48, temperature: 0 });
+    assert.equal(r.choices[0].text, expected);
+    const m = await metrics(s.baseURL);
+    const drafted = m.value('promptly:spec_decode_num_draft_tokens_total');
+    assert.ok(drafted > 0, `draft tokens ${drafted}`);
+    assert.ok(m.value('promptly:spec_decode_num_accepted_tokens_total') > 0);
+    assert.ok(m.value('promptly:spec_decode_num_accepted_tokens_per_pos_total{position="0"}') > 0);
+    const off = await c.completions.create({ model: 'code-target-f16', prompt, max_tokens: 48, temperature: 0, speculative: false });
+    assert.equal(off.choices[0].text, expected);
+    assert.equal((await metrics(s.baseURL)).value('promptly:spec_decode_num_draft_tokens_total'), drafted);
+  } finally {
+    await s.stop();
+  }
+});

@@ -496,5 +496,123 @@ TEST(Engine, RejectsRequestsThatCanNeverRun) {
   EXPECT_GT(parse_memory_size("10%"), 0u);
 }
 
+// Speculation inside the engine's steps (EngineOptions::spec) on the trained code pair: streams keep
+// exactly their greedy tokens, with prefix-cache hits, beside other streams and after a cancel.
+struct CodePair {
+  std::shared_ptr<const gguf::File> target_file, draft_file;
+  Model target, draft;
+  Tokenizer tokenizer;
+  CodePair()
+      : target_file(gguf::File::open(test::shared_model("code/code-target-f16.gguf"))),
+        draft_file(gguf::File::open(test::shared_model("code/code-draft-f16.gguf"))),
+        target(target_file),
+        draft(draft_file),
+        tokenizer(Vocab::from_gguf(*target_file)) {}
+};
+const CodePair& code_pair() {
+  static const CodePair m;
+  return m;
+}
+
+std::vector<std::int32_t> code_prompt(std::size_t offset) {
+  const std::string text = test::read_file(test::shared_model("code/val.txt")).substr(offset, 700);
+  return code_pair().tokenizer.encode(text, true, false);
+}
+
+std::vector<std::int32_t> code_solo(const std::vector<std::int32_t>& prompt, int n) {
+  ThreadPool pool(1);
+  GenerateOptions o;
+  o.max_tokens = n;
+  o.sampling.temperature = 0;
+  o.ignore_eos = true;
+  return generate(code_pair().target, code_pair().tokenizer, prompt, o, pool).ids;
+}
+
+Request code_request(std::vector<std::int32_t> prompt, int max_tokens, Collector& c) {
+  Request r = greedy_request(std::move(prompt), max_tokens, c);
+  r.ignore_eos = true;
+  return r;
+}
+
+EngineOptions speculating(EngineOptions::Spec spec) {
+  EngineOptions o;
+  o.kv_type = KvType::F32;
+  o.threads = 2;
+  o.spec = spec;
+  o.draft = &code_pair().draft;
+  o.spec_tokens = 3;
+  return o;
+}
+
+TEST(EngineSpec, StreamsKeepTheirGreedyTokensWithCacheHitsAndNeighbours) {
+  const auto a = code_prompt(1000), b = code_prompt(30000);
+  const auto ref_a = code_solo(a, 60), ref_b = code_solo(b, 60);
+  for (const auto spec : {EngineOptions::Spec::Ngram, EngineOptions::Spec::Draft}) {
+    Engine engine(code_pair().target, &code_pair().tokenizer, speculating(spec));
+    Collector c;
+    const auto first = engine.submit(code_request(a, 60, c));
+    EXPECT_EQ(c.wait(first).tokens, ref_a);
+    // Two streams at once (speculated: spec_max_streams is 2), the first a prefix-cache hit.
+    const auto again = engine.submit(code_request(a, 60, c));
+    const auto other = engine.submit(code_request(b, 60, c));
+    const auto r_again = c.wait(again);
+    EXPECT_EQ(r_again.tokens, ref_a);
+    EXPECT_GT(r_again.end.usage.cached_tokens, 0u);
+    EXPECT_EQ(c.wait(other).tokens, ref_b);
+    // Four at once: more than spec_max_streams, so mostly plain steps; still the same tokens.
+    std::vector<std::uint64_t> ids;
+    for (int i = 0; i < 4; ++i) ids.push_back(engine.submit(code_request(i % 2 ? b : a, 40, c)));
+    for (int i = 0; i < 4; ++i) {
+      const auto ref = i % 2 ? ref_b : ref_a;
+      EXPECT_EQ(c.wait(ids[static_cast<std::size_t>(i)]).tokens, std::vector<std::int32_t>(ref.begin(), ref.begin() + 40));
+    }
+    const EngineStats st = engine.stats();
+    EXPECT_GT(st.spec_drafts, 0u);
+    EXPECT_GT(st.spec_accepted_tokens, 0u);
+    EXPECT_LE(st.spec_accepted_tokens, st.spec_draft_tokens);
+    EXPECT_GT(st.spec_accepted_per_pos[0], 0u);
+    expect_all_memory_released(engine);
+  }
+}
+
+TEST(EngineSpec, CancelMidStreamThenTheNextRequestIsExact) {
+  Engine engine(code_pair().target, &code_pair().tokenizer, speculating(EngineOptions::Spec::Draft));
+  Collector c;
+  const auto prompt = code_prompt(5000);
+  std::promise<void> started;
+  bool signalled = false;
+  Request r = code_request(prompt, 500, c);
+  const EventCallback inner = r.on_event;
+  r.on_event = [&, inner](const EngineEvent& e) {
+    inner(e);
+    if (!signalled && e.kind == EngineEvent::Kind::Token) {
+      signalled = true;
+      started.set_value();
+    }
+  };
+  const auto id = engine.submit(std::move(r));
+  started.get_future().wait();
+  engine.cancel(id);
+  const auto cancelled = c.wait(id);
+  EXPECT_EQ(cancelled.end.finish_reason, FinishReason::Cancelled);
+  EXPECT_LT(cancelled.tokens.size(), 500u);
+  const auto next = engine.submit(code_request(prompt, 50, c));
+  EXPECT_EQ(c.wait(next).tokens, code_solo(prompt, 50));
+  expect_all_memory_released(engine);
+}
+
+TEST(EngineSpec, OptedOutAndLogprobRequestsAreNotSpeculated) {
+  Engine engine(code_pair().target, &code_pair().tokenizer, speculating(EngineOptions::Spec::Ngram));
+  Collector c;
+  const auto prompt = code_prompt(8000);
+  Request off = code_request(prompt, 30, c);
+  off.speculative = false;
+  EXPECT_EQ(c.wait(engine.submit(std::move(off))).tokens, code_solo(prompt, 30));
+  Request logprobs = code_request(prompt, 30, c);
+  logprobs.top_logprobs = 2;
+  EXPECT_EQ(c.wait(engine.submit(std::move(logprobs))).tokens, code_solo(prompt, 30));
+  EXPECT_EQ(engine.stats().spec_drafts, 0u);
+}
+
 }  // namespace
 }  // namespace promptly
