@@ -91,8 +91,22 @@ void quantize_q4_0(const float* x, BlockQ4_0* b, std::size_t nb) {
   }
 }
 
-// Fits x ~= scale * q - min (q in 0..nmax) for one sub-block: starts from the min/max fit and tries
-// a few nearby scales, keeping the one with the least squared error.
+// Squared error of x ~= s * l + m with l the nearest level in 0..nmax.
+float fit_error(const float* x, int n, int nmax, float s, float m) {
+  float err = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = s > 0 ? std::clamp(nearest_int((x[i] - m) / s), 0, nmax) : 0;
+    const float diff = s * l + m - x[i];
+    err += diff * diff;
+  }
+  return err;
+}
+
+// Fits x ~= scale * q - min (q in 0..nmax) for one sub-block: the min/max fit, then 21 scales
+// around it (+-1 level over the range, as llama.cpp's make_qkx2_quants tries), each with the
+// least-squares refit of scale and min for the rounding it produces; the least squared error wins.
+// (Trying only +-0.4 levels left our Q4_K 1.1% above llama.cpp's RMS error on the code model;
+// with the wider search it is 0.2% below.)
 void fit_scale_min(const float* x, int n, int nmax, float& scale, float& min) {
   float lo = x[0], hi = x[0];
   for (int i = 1; i < n; ++i) {
@@ -105,10 +119,10 @@ void fit_scale_min(const float* x, int n, int nmax, float& scale, float& min) {
     min = -lo;
     return;
   }
-  float best_err = INFINITY;
   scale = (hi - lo) / nmax;
   min = -lo;
-  for (int step = -4; step <= 4; ++step) {
+  float best_err = fit_error(x, n, nmax, scale, lo);
+  for (int step = -10; step <= 10; ++step) {
     const float iscale = (nmax + 0.1f * step) / (hi - lo);
     if (iscale <= 0) continue;
     // Least-squares refit of scale and min for the rounding this iscale produces.
@@ -129,12 +143,7 @@ void fit_scale_min(const float* x, int n, int nmax, float& scale, float& min) {
       s = sum_l2 > 0 ? sum_xl / sum_l2 : 0;
     }
     if (s <= 0) continue;
-    float err = 0;
-    for (int i = 0; i < n; ++i) {
-      const int l = std::clamp(nearest_int((x[i] - m) / s), 0, nmax);
-      const float diff = s * l + m - x[i];
-      err += diff * diff;
-    }
+    const float err = fit_error(x, n, nmax, s, m);
     if (err < best_err) {
       best_err = err;
       scale = s;
@@ -194,19 +203,39 @@ void quantize_q4_k(const float* x, BlockQ4_K* b, std::size_t nb) {
 
 void quantize_q6_k(const float* x, BlockQ6_K* b, std::size_t nb) {
   for (std::size_t i = 0; i < nb; ++i, x += kQK_K) {
-    // Per 16-element sub-block, the largest-magnitude value maps to -32 (as Q4_0 does with -8).
+    // Per 16-element sub-block: the scale that maps the largest-magnitude value to -32 (as Q4_0
+    // does with -8), and 18 scales around it (+-0.9 levels), each refitted by least squares for the
+    // levels it rounds to; the one with the least squared error wins (llama.cpp's make_qx_quants
+    // search, unweighted). The plain -32 mapping alone left our Q6_K 5.6% above llama.cpp's RMS
+    // error and 12% above its mean KL divergence on the code model.
     float scales[16];
     float max_scale = 0, max_abs_scale = 0;
     for (int ib = 0; ib < 16; ++ib) {
+      const float* xb = x + 16 * ib;
       float amax = 0, mx = 0;
       for (int l = 0; l < 16; ++l) {
-        const float v = x[16 * ib + l];
-        if (std::fabs(v) > amax) {
-          amax = std::fabs(v);
-          mx = v;
+        if (std::fabs(xb[l]) > amax) {
+          amax = std::fabs(xb[l]);
+          mx = xb[l];
         }
       }
       scales[ib] = mx / -32.0f;
+      // Maximising (sum x l)^2 / sum l^2 over the candidates minimises sum (x - s l)^2 with the
+      // best s = sum x l / sum l^2 for each candidate's levels.
+      float best = 0;
+      for (int step = -9; step <= 9 && amax > 0; ++step) {
+        const float iscale = -(32.0f + 0.1f * step) / mx;
+        float sum_xl = 0, sum_l2 = 0;
+        for (int l = 0; l < 16; ++l) {
+          const int q = std::clamp(nearest_int(iscale * xb[l]), -32, 31);
+          sum_xl += xb[l] * q;
+          sum_l2 += static_cast<float>(q) * q;
+        }
+        if (sum_l2 > 0 && sum_xl * sum_xl > best * sum_l2) {
+          best = sum_xl * sum_xl / sum_l2;
+          scales[ib] = sum_xl / sum_l2;
+        }
+      }
       if (std::fabs(scales[ib]) > max_abs_scale) {
         max_abs_scale = std::fabs(scales[ib]);
         max_scale = scales[ib];
