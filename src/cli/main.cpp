@@ -27,7 +27,7 @@ void add_engine_flags(CLI::App* cmd, promptly::cli::EngineFlags& f) {
 int main(int argc, char** argv) {
   auto add_spec_flags = [](CLI::App* cmd, cli::SpecFlags& f) {
     cmd->add_option("--draft", f.draft, "Draft model for speculative decoding (same vocabulary as the target)");
-    cmd->add_option("--spec", f.mode, "Speculation: none, ngram (prompt lookup) or draft (default: draft with --draft, else none)");
+    cmd->add_option("--spec", f.mode, "Speculation: none, ngram (prompt lookup) or draft (default: draft with --draft; else none for run and bench, ngram for greedy requests in serve)");
     cmd->add_option("--spec-tokens", f.tokens, "Most guesses one target pass verifies (default: 3 for draft, 4 for ngram)");
     cmd->add_option("--spec-ngram", f.ngram, "Longest n-gram prompt lookup matches (it falls back to shorter)")->capture_default_str();
     cmd->add_option("--spec-draft-min-p", f.draft_min_p, "Greedy drafting stops once the draft's top probability is below this (default 0.2)");
@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
   auto* serve_cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat/completions, completions, models, health, metrics)");
   serve_cmd->add_option("-m,--model", srv.model, "GGUF model file (default: the built-in promptly-code-23m)");
   serve_cmd->add_option("--host", srv.host, "Address to bind")->capture_default_str();
-  add_spec_flags(serve_cmd, srv.spec);
+  add_spec_flags(serve_cmd, srv.spec);  // serve's default: --spec ngram for greedy requests (spec_flags.cpp)
   serve_cmd->add_option("--spec-max-streams", srv.spec_max_streams, "Speculate only while at most this many streams decode (and no prompt is prefilling)")
       ->capture_default_str();
   serve_cmd->add_option("--port", srv.port, "Port (0: any free port)")->capture_default_str();

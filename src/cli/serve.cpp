@@ -47,9 +47,9 @@ int serve(const ServeOptions& o) {
                  st.step_limit_ms, eo.itl_target_ms, st.step_fixed_ms, st.step_per_token_ms, st.step_per_1k_attended_ms);
   }
   if (eo.spec != EngineOptions::Spec::None) {
-    std::fprintf(stderr, "promptly: speculative decoding with %s, up to %zu guesses a stream while at most %zu streams decode\n",
-                 eo.spec == EngineOptions::Spec::Draft ? ("the draft model " + o.spec.draft).c_str() : "n-gram prompt lookup", eo.spec_tokens,
-                 eo.spec_max_streams);
+    std::fprintf(stderr, "promptly: speculative decoding with %s for %s requests, up to %zu guesses a stream while at most %zu streams decode%s\n",
+                 eo.spec == EngineOptions::Spec::Draft ? ("the draft model " + o.spec.draft).c_str() : "n-gram prompt lookup",
+                 eo.spec_sampled ? "all" : "greedy", eo.spec_tokens, eo.spec_max_streams, eo.spec_sampled ? "" : " (--spec none: off)");
   }
   std::fflush(stderr);
   server.run();

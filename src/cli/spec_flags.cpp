@@ -54,7 +54,14 @@ std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Voca
   return std::make_unique<spec::DraftModelProposer>(*draft_model, d, pool);
 }
 
-void apply_spec_flags(const SpecFlags& flags, const Vocab& target_vocab, EngineOptions& engine, std::unique_ptr<Model>& draft_model) {
+void apply_spec_flags(const SpecFlags& given, const Vocab& target_vocab, EngineOptions& engine, std::unique_ptr<Model>& draft_model) {
+  // serve's default without --spec or --draft: n-gram lookup for greedy requests (README, Serving
+  // defaults: 2.2x a greedy stream on the built-in model, nothing to load, and sampled requests
+  // keep their seeded reproducibility).
+  SpecFlags flags = given;
+  const bool by_default = flags.mode.empty() && flags.draft.empty();
+  if (by_default) flags.mode = "ngram";
+  engine.spec_sampled = !by_default;
   ThreadPool none(1);
   std::size_t tokens = 0;
   // The same checks and defaults as for run; the proposers themselves are made per stream by the engine.

@@ -402,6 +402,7 @@ std::vector<std::size_t> Engine::add_guesses(StepPlan& plan) {
     for (std::size_t ci = 0; ci < plan.chunks.size(); ++ci) {
       Sequence& s = *plan.chunks[ci].seq;
       if (!s.request.speculative || s.request.top_logprobs >= 0 || !s.request.logit_bias.empty()) continue;
+      if (!options_.spec_sampled && s.request.sampling.temperature > 0) continue;
       const std::size_t left = s.max_new > s.n_generated ? s.max_new - s.n_generated : 0;
       const std::size_t room = std::min(left, ctx_ - std::min(ctx_, s.tokens.size()));
       if (room < 2) continue;

@@ -65,6 +65,10 @@ struct EngineOptions {
   std::size_t spec_ngram = 3;
   float spec_draft_min_p = 0.2f;
   std::size_t spec_max_streams = 2;
+  // false: only greedy requests are speculated. Greedy output is the same token for token either
+  // way; a sampled request's draws would depend on which steps speculated, i.e. on the server's load,
+  // so a seeded request would no longer repeat itself. serve's default (n-gram lookup) is greedy-only.
+  bool spec_sampled = true;
 };
 
 struct EngineStats {

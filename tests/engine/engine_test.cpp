@@ -614,5 +614,22 @@ TEST(EngineSpec, OptedOutAndLogprobRequestsAreNotSpeculated) {
   EXPECT_EQ(engine.stats().spec_drafts, 0u);
 }
 
+// serve's default speculates greedy requests only: a sampled one is left alone (its seeded draws
+// would otherwise depend on which steps speculated).
+TEST(EngineSpec, GreedyOnlySpeculationLeavesSampledRequestsAlone) {
+  EngineOptions o = speculating(EngineOptions::Spec::Ngram);
+  o.spec_sampled = false;
+  Engine engine(code_pair().target, &code_pair().tokenizer, o);
+  Collector c;
+  const auto prompt = code_prompt(12000);
+  Request sampled = code_request(prompt, 40, c);
+  sampled.sampling.temperature = 1.0f;
+  sampled.sampling.seed = 3;
+  c.wait(engine.submit(std::move(sampled)));
+  EXPECT_EQ(engine.stats().spec_drafts, 0u);
+  EXPECT_EQ(c.wait(engine.submit(code_request(prompt, 40, c))).tokens, code_solo(prompt, 40));
+  EXPECT_GT(engine.stats().spec_drafts, 0u);
+}
+
 }  // namespace
 }  // namespace promptly
