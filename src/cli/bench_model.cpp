@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/stats.h"
 #include "model/builtin_model.h"
 #include "gguf/gguf.h"
 #include "kernels/cpu.h"
@@ -22,21 +23,6 @@
 
 namespace promptly::cli {
 namespace {
-
-struct Stats {
-  double mean = 0, stddev = 0, median = 0;
-};
-
-Stats stats(std::vector<double> v) {
-  Stats s;
-  if (v.empty()) return s;
-  s.mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
-  for (double x : v) s.stddev += (x - s.mean) * (x - s.mean);
-  s.stddev = v.size() > 1 ? std::sqrt(s.stddev / static_cast<double>(v.size() - 1)) : 0.0;
-  std::sort(v.begin(), v.end());
-  s.median = v[v.size() / 2];
-  return s;
-}
 
 // Read bandwidth with the benchmark's thread count: a 1 GiB buffer, far larger than any cache
 // (L3 here is 260 MB), streamed by all threads two ways — through the active path's vector dot

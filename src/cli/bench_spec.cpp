@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/stats.h"
 #include "engine/generate.h"
 #include "model/builtin_model.h"
 #include "model/model.h"
@@ -49,11 +50,6 @@ struct ModeRun {
   std::vector<std::vector<std::int32_t>> outputs;
   double tps() const { return gen_ms > 0 ? static_cast<double>(tokens) * 1000.0 / gen_ms : 0; }
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 }  // namespace
 
@@ -149,12 +145,12 @@ int bench_spec(const BenchSpecOptions& o) {
     const double accept = last.drafted ? static_cast<double>(last.accepted) / static_cast<double>(last.drafted) : 0.0;
     const double per_pass = last.passes ? static_cast<double>(last.tokens) / static_cast<double>(last.passes) : 1.0;
     out["modes"][mode.name] = {{"spec_tokens", mode.spec_tokens}, {"accept_rate", accept},    {"tokens_per_pass", per_pass},
-                               {"decode_tps", median(tps)},      {"decode_tps_rounds", tps}, {"speedup", median(speedup)},
+                               {"decode_tps", stats(tps).median},      {"decode_tps_rounds", tps}, {"speedup", stats(speedup).median},
                                {"same_tokens_as_none", same},    {"drafted", last.drafted},  {"accepted", last.accepted},
                                {"passes", last.passes}};
     if (!o.json) {
-      std::printf("| %s | %zu | %.1f%% | %.2f | %.1f | %.2fx | %s |\n", mode.name.c_str(), mode.spec_tokens, 100.0 * accept, per_pass, median(tps),
-                  median(speedup), same ? "yes" : "NO");
+      std::printf("| %s | %zu | %.1f%% | %.2f | %.1f | %.2fx | %s |\n", mode.name.c_str(), mode.spec_tokens, 100.0 * accept, per_pass, stats(tps).median,
+                  stats(speedup).median, same ? "yes" : "NO");
     }
   }
   if (o.json) std::printf("%s\n", out.dump(2).c_str());

@@ -64,8 +64,8 @@ int run(const RunOptions& o) {
       j["timings"]["spec_passes"] = t.spec_passes;
       j["timings"]["spec_drafted"] = t.spec_drafted;
       j["timings"]["spec_accepted"] = t.spec_accepted;
-      j["timings"]["accept_rate"] = t.spec_drafted ? static_cast<double>(t.spec_accepted) / static_cast<double>(t.spec_drafted) : 0.0;
-      j["timings"]["tokens_per_pass"] = t.spec_passes ? static_cast<double>(t.n_gen - 1) / static_cast<double>(t.spec_passes) : 0.0;
+      j["timings"]["accept_rate"] = t.accept_rate();
+      j["timings"]["tokens_per_pass"] = t.tokens_per_pass();
     }
     // Invalid UTF-8 cannot occur in text (the detokenizer holds partial sequences), but replace rather than throw.
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -77,8 +77,7 @@ int run(const RunOptions& o) {
                  load_ms, t.n_prompt, t.prompt_tps(), t.ttft_ms, t.n_gen, t.gen_tps(), threads, r.finish_reason.c_str());
     if (proposer && t.spec_passes > 0) {
       std::fprintf(stderr, "speculation (%s): %zu target passes for %zu tokens (%.2f a pass), %zu of %zu guesses accepted (%.0f%%)\n",
-                   proposer->name(), t.spec_passes, t.n_gen - 1, static_cast<double>(t.n_gen - 1) / static_cast<double>(t.spec_passes),
-                   t.spec_accepted, t.spec_drafted, t.spec_drafted ? 100.0 * static_cast<double>(t.spec_accepted) / static_cast<double>(t.spec_drafted) : 0.0);
+                   proposer->name(), t.spec_passes, t.n_gen - 1, t.tokens_per_pass(), t.spec_accepted, t.spec_drafted, 100.0 * t.accept_rate());
     }
   }
   return 0;

@@ -10,32 +10,36 @@
 namespace promptly::cli {
 
 namespace {
-// Defaults chosen with `promptly bench spec` (README, "Speculative decoding").
-constexpr std::size_t kDefaultDraftTokens = 3;
-constexpr std::size_t kDefaultNgramTokens = 4;
-constexpr float kDefaultDraftMinP = 0.2f;
 constexpr std::size_t kMaxSpecTokens = 64;
-}  // namespace
 
-std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Vocab& target_vocab, std::size_t ctx,
-                                              KvType kv_type, const SamplingParams& sampling, ThreadPool& pool,
-                                              std::unique_ptr<Model>& draft_model, std::size_t& spec_tokens) {
-  const std::string mode = !flags.mode.empty() ? flags.mode : flags.draft.empty() ? "none" : "draft";
-  if (mode != "none" && mode != "ngram" && mode != "draft") {
-    throw Error("unknown --spec '" + mode + "'; supported: none, ngram (prompt lookup), draft (needs --draft)");
+// What the flags ask for, checked, with the defaults filled in; the draft model loaded and its
+// vocabulary checked when there is one. `by_default`: the mode to use when neither --spec nor
+// --draft is given.
+struct ResolvedSpec {
+  std::string mode;  // none, ngram or draft
+  std::size_t tokens = 0;
+  float draft_min_p = spec::kDefaultDraftMinP;
+};
+ResolvedSpec resolve(const SpecFlags& flags, const Vocab& target_vocab, std::unique_ptr<Model>& draft_model, const char* by_default) {
+  ResolvedSpec r;
+  r.mode = !flags.mode.empty() ? flags.mode : flags.draft.empty() ? by_default : "draft";
+  if (r.mode != "none" && r.mode != "ngram" && r.mode != "draft") {
+    throw Error("unknown --spec '" + r.mode + "'; supported: none, ngram (prompt lookup), draft (needs --draft)");
   }
   if (flags.tokens == 0 || flags.tokens < -1 || flags.tokens > static_cast<long>(kMaxSpecTokens)) {
     throw Error("--spec-tokens " + std::to_string(flags.tokens) + " is out of range: 1 to " + std::to_string(kMaxSpecTokens) +
                 " guesses a pass (a few, 4-8, is where speculation pays; --spec none turns it off)");
   }
-  if (mode == "none") {
+  if (flags.draft_min_p >= 0) r.draft_min_p = flags.draft_min_p;
+  if (r.mode == "none") {
     if (!flags.draft.empty()) throw Error("--draft is given but --spec none turns speculation off; drop one of them");
-    spec_tokens = 0;
-    return nullptr;
+    return r;
   }
-  if (mode == "ngram") {
-    spec_tokens = flags.tokens > 0 ? static_cast<std::size_t>(flags.tokens) : kDefaultNgramTokens;
-    return std::make_unique<spec::NgramProposer>(flags.ngram);
+  const std::size_t mode_default = r.mode == "ngram" ? spec::kDefaultNgramTokens : spec::kDefaultDraftTokens;
+  r.tokens = flags.tokens > 0 ? static_cast<std::size_t>(flags.tokens) : mode_default;
+  if (r.mode == "ngram") {
+    spec::NgramProposer check(flags.ngram);  // throws for an --spec-ngram out of range
+    return r;
   }
   if (flags.draft.empty()) throw Error("--spec draft needs a draft model: --draft FILE (a small model with the target's vocabulary)");
   std::shared_ptr<const gguf::File> file = open_model_file(flags.draft);
@@ -45,34 +49,38 @@ std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Voca
   } catch (const Error& e) {
     throw Error("draft model '" + flags.draft + "': " + e.what());
   }
-  spec_tokens = flags.tokens > 0 ? static_cast<std::size_t>(flags.tokens) : kDefaultDraftTokens;
+  return r;
+}
+}  // namespace
+
+std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Vocab& target_vocab, std::size_t ctx,
+                                              KvType kv_type, const SamplingParams& sampling, ThreadPool& pool,
+                                              std::unique_ptr<Model>& draft_model, std::size_t& spec_tokens) {
+  const ResolvedSpec r = resolve(flags, target_vocab, draft_model, "none");
+  spec_tokens = r.tokens;
+  if (r.mode == "none") return nullptr;
+  if (r.mode == "ngram") return std::make_unique<spec::NgramProposer>(flags.ngram);
   spec::DraftOptions d;
   d.ctx = ctx;
   d.kv_type = kv_type;
   d.sampling = sampling;
-  d.min_confidence = flags.draft_min_p >= 0 ? flags.draft_min_p : kDefaultDraftMinP;
+  d.min_confidence = r.draft_min_p;
   return std::make_unique<spec::DraftModelProposer>(*draft_model, d, pool);
 }
 
-void apply_spec_flags(const SpecFlags& given, const Vocab& target_vocab, EngineOptions& engine, std::unique_ptr<Model>& draft_model) {
+void apply_spec_flags(const SpecFlags& flags, const Vocab& target_vocab, EngineOptions& engine, std::unique_ptr<Model>& draft_model) {
   // serve's default without --spec or --draft: n-gram lookup for greedy requests (README, Serving
-  // defaults: 2.2x a greedy stream on the built-in model, nothing to load, and sampled requests
-  // keep their seeded reproducibility).
-  SpecFlags flags = given;
+  // defaults: 1.7x a greedy stream on the built-in model, nothing to load, and sampled requests
+  // keep their seeded reproducibility). The proposers themselves are made per stream by the engine.
   const bool by_default = flags.mode.empty() && flags.draft.empty();
-  if (by_default) flags.mode = "ngram";
+  const ResolvedSpec r = resolve(flags, target_vocab, draft_model, "ngram");
   engine.spec_sampled = !by_default;
-  ThreadPool none(1);
-  std::size_t tokens = 0;
-  // The same checks and defaults as for run; the proposers themselves are made per stream by the engine.
-  const std::unique_ptr<spec::Proposer> probe =
-      make_proposer(flags, target_vocab, 0, KvType::F16, SamplingParams{}, none, draft_model, tokens);
-  if (!probe) return;
-  engine.spec = draft_model ? EngineOptions::Spec::Draft : EngineOptions::Spec::Ngram;
+  if (r.mode == "none") return;
+  engine.spec = r.mode == "draft" ? EngineOptions::Spec::Draft : EngineOptions::Spec::Ngram;
   engine.draft = draft_model.get();
-  engine.spec_tokens = tokens;
+  engine.spec_tokens = r.tokens;
   engine.spec_ngram = flags.ngram;
-  engine.spec_draft_min_p = flags.draft_min_p >= 0 ? flags.draft_min_p : kDefaultDraftMinP;
+  engine.spec_draft_min_p = r.draft_min_p;
 }
 
 }  // namespace promptly::cli

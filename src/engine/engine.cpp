@@ -381,7 +381,7 @@ spec::Proposer* Engine::proposer_for(Sequence& s) {
   if (!draft) {
     spec::DraftOptions d;
     d.ctx = ctx_;
-    d.kv_type = KvType::F16;
+    d.kv_type = options_.kv_type;
     d.min_confidence = options_.spec_draft_min_p;
     d.sampling = s.request.sampling;
     draft = std::make_unique<spec::DraftModelProposer>(*options_.draft, d, pool_);

@@ -61,9 +61,9 @@ struct EngineOptions {
   enum class Spec { None, Ngram, Draft };
   Spec spec = Spec::None;
   const Model* draft = nullptr;     // Spec::Draft: same vocabulary as the model (checked by the caller)
-  std::size_t spec_tokens = 3;      // guesses a stream adds to a step, at most
+  std::size_t spec_tokens = spec::kDefaultDraftTokens;  // guesses a stream adds to a step, at most
   std::size_t spec_ngram = 3;
-  float spec_draft_min_p = 0.2f;
+  float spec_draft_min_p = spec::kDefaultDraftMinP;
   std::size_t spec_max_streams = 2;
   // false: only greedy requests are speculated. Greedy output is the same token for token either
   // way; a sampled request's draws would depend on which steps speculated, i.e. on the server's load,

@@ -42,6 +42,9 @@ struct GenerateTimings {
   double prompt_tps() const { return prompt_ms > 0 ? n_prompt * 1000.0 / prompt_ms : 0; }
   // The first token's time belongs to the prompt, so generation speed counts the n_gen - 1 after it.
   double gen_tps() const { return gen_ms > 0 && n_gen > 1 ? (n_gen - 1) * 1000.0 / gen_ms : 0; }
+  double accept_rate() const { return spec_drafted ? static_cast<double>(spec_accepted) / static_cast<double>(spec_drafted) : 0.0; }
+  // Tokens each target pass after the first token produced (1 without speculation).
+  double tokens_per_pass() const { return spec_passes && n_gen > 1 ? static_cast<double>(n_gen - 1) / static_cast<double>(spec_passes) : 0.0; }
 };
 
 struct GenerateResult {

@@ -7,6 +7,13 @@
 
 namespace promptly::spec {
 
+// Defaults chosen with `promptly bench spec` (README, "Speculative decoding"; the sweeps in
+// docs/speculative-decoding.md): guesses a pass for a draft model and for n-gram lookup, and the
+// confidence below which greedy drafting stops.
+inline constexpr std::size_t kDefaultDraftTokens = 3;
+inline constexpr std::size_t kDefaultNgramTokens = 4;
+inline constexpr float kDefaultDraftMinP = 0.2f;
+
 struct Proposal {
   std::vector<std::int32_t> tokens;
   // When the proposer drew tokens[i] from a distribution (a draft model sampling at temperature > 0),
