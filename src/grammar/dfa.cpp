@@ -1,0 +1,347 @@
+#include "grammar/dfa.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+namespace promptly::grammar {
+
+namespace {
+
+constexpr std::uint32_t kMaxCodePoint = 0x10FFFF;
+
+struct Edge {
+  std::uint8_t lo, hi;
+  int to;
+};
+
+struct NfaState {
+  std::vector<int> eps;
+  std::vector<Edge> edges;
+};
+
+struct TooBig {};
+
+// Thompson construction: each expression becomes a fragment with one entry and one exit state.
+class NfaBuilder {
+ public:
+  NfaBuilder(const Grammar& g, std::size_t max_states) : grammar_(g), max_states_(max_states) {}
+  std::vector<NfaState> states;
+
+  int add() {
+    if (states.size() >= max_states_) throw TooBig{};
+    states.emplace_back();
+    return static_cast<int>(states.size()) - 1;
+  }
+
+  std::pair<int, int> build(const Expr& e, int depth = 0) {
+    if (depth > 200) throw TooBig{};
+    switch (e.kind) {
+      case Expr::Kind::Literal: {
+        int in = add(), cur = in;
+        for (unsigned char c : e.literal) {
+          int nx = add();
+          states[static_cast<std::size_t>(cur)].edges.push_back({c, c, nx});
+          cur = nx;
+        }
+        return {in, cur};
+      }
+      case Expr::Kind::Class: return build_class(e);
+      case Expr::Kind::Ref: return build(grammar_.rules[static_cast<std::size_t>(e.rule)].body, depth + 1);
+      case Expr::Kind::Seq: {
+        int in = add(), cur = in;
+        for (const Expr& c : e.children) {
+          auto [ci, co] = build(c, depth + 1);
+          states[static_cast<std::size_t>(cur)].eps.push_back(ci);
+          cur = co;
+        }
+        return {in, cur};
+      }
+      case Expr::Kind::Alt: {
+        int in = add(), out = add();
+        for (const Expr& c : e.children) {
+          auto [ci, co] = build(c, depth + 1);
+          states[static_cast<std::size_t>(in)].eps.push_back(ci);
+          states[static_cast<std::size_t>(co)].eps.push_back(out);
+        }
+        return {in, out};
+      }
+      case Expr::Kind::Repeat: {
+        const Expr& c = e.children.front();
+        int in = add(), cur = in;
+        for (int i = 0; i < e.min; ++i) {
+          auto [ci, co] = build(c, depth + 1);
+          states[static_cast<std::size_t>(cur)].eps.push_back(ci);
+          cur = co;
+        }
+        if (e.max < 0) {
+          auto [ci, co] = build(c, depth + 1);
+          int out = add();
+          states[static_cast<std::size_t>(cur)].eps.push_back(ci);
+          states[static_cast<std::size_t>(cur)].eps.push_back(out);
+          states[static_cast<std::size_t>(co)].eps.push_back(ci);
+          states[static_cast<std::size_t>(co)].eps.push_back(out);
+          return {in, out};
+        }
+        int out = add();
+        for (int i = e.min; i < e.max; ++i) {
+          auto [ci, co] = build(c, depth + 1);
+          states[static_cast<std::size_t>(cur)].eps.push_back(ci);
+          states[static_cast<std::size_t>(cur)].eps.push_back(out);
+          cur = co;
+        }
+        states[static_cast<std::size_t>(cur)].eps.push_back(out);
+        return {in, out};
+      }
+    }
+    throw TooBig{};
+  }
+
+ private:
+  std::pair<int, int> build_class(const Expr& e) {
+    auto ranges = e.ranges;
+    std::sort(ranges.begin(), ranges.end());
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> merged;
+    for (auto r : ranges) {
+      if (r.first > r.second) continue;
+      if (!merged.empty() && r.first <= merged.back().second + 1)
+        merged.back().second = std::max(merged.back().second, r.second);
+      else
+        merged.push_back(r);
+    }
+    if (e.negated) {
+      std::vector<std::pair<std::uint32_t, std::uint32_t>> inverse;
+      std::uint32_t next = 0;
+      for (auto r : merged) {
+        if (r.first > next) inverse.push_back({next, r.first - 1});
+        next = r.second + 1;
+      }
+      if (next <= kMaxCodePoint) inverse.push_back({next, kMaxCodePoint});
+      merged = std::move(inverse);
+    }
+    int in = add(), out = add();
+    for (auto r : merged)
+      for (const auto& sequence : utf8_sequences(r.first, std::min(r.second, kMaxCodePoint))) {
+        int cur = in;
+        for (std::size_t i = 0; i < sequence.size(); ++i) {
+          int nx = i + 1 == sequence.size() ? out : add();
+          states[static_cast<std::size_t>(cur)].edges.push_back({sequence[i].first, sequence[i].second, nx});
+          cur = nx;
+        }
+      }
+    return {in, out};
+  }
+
+  const Grammar& grammar_;
+  std::size_t max_states_;
+};
+
+void encode(std::uint32_t cp, std::uint8_t* out, int n) {
+  if (n == 1) { out[0] = static_cast<std::uint8_t>(cp); return; }
+  for (int i = n - 1; i > 0; --i) {
+    out[i] = static_cast<std::uint8_t>(0x80 | (cp & 0x3F));
+    cp >>= 6;
+  }
+  static const std::uint8_t lead[5] = {0, 0, 0xC0, 0xE0, 0xF0};
+  out[0] = static_cast<std::uint8_t>(lead[n] | cp);
+}
+
+void split_same_length(std::uint32_t lo, std::uint32_t hi, int n,
+                       std::vector<std::vector<std::pair<std::uint8_t, std::uint8_t>>>& out) {
+  // Split until every continuation position spans its full 0x80-0xBF range or one value, so that
+  // the byte ranges of lo and hi describe exactly the code points between them.
+  for (int i = 1; i < n; ++i) {
+    std::uint32_t m = (1u << (6 * i)) - 1;
+    if ((lo & ~m) != (hi & ~m)) {
+      if ((lo & m) != 0) {
+        split_same_length(lo, lo | m, n, out);
+        split_same_length((lo | m) + 1, hi, n, out);
+        return;
+      }
+      if ((hi & m) != m) {
+        split_same_length(lo, (hi & ~m) - 1, n, out);
+        split_same_length(hi & ~m, hi, n, out);
+        return;
+      }
+    }
+  }
+  std::uint8_t a[4], b[4];
+  encode(lo, a, n);
+  encode(hi, b, n);
+  std::vector<std::pair<std::uint8_t, std::uint8_t>> seq;
+  for (int i = 0; i < n; ++i) seq.push_back({a[i], b[i]});
+  out.push_back(std::move(seq));
+}
+
+}  // namespace
+
+std::vector<std::vector<std::pair<std::uint8_t, std::uint8_t>>> utf8_sequences(std::uint32_t lo, std::uint32_t hi) {
+  std::vector<std::vector<std::pair<std::uint8_t, std::uint8_t>>> out;
+  const std::uint32_t limits[4] = {0x7F, 0x7FF, 0xFFFF, kMaxCodePoint};
+  std::uint32_t start = 0;
+  for (int n = 1; n <= 4; ++n) {
+    std::uint32_t a = std::max(lo, start), b = std::min(hi, limits[n - 1]);
+    start = limits[n - 1] + 1;
+    if (a > b) continue;
+    if (n == 3) {  // surrogates are not characters
+      if (a < 0xD800) split_same_length(a, std::min(b, 0xD7FFu), n, out);
+      if (b > 0xDFFF) split_same_length(std::max(a, 0xE000u), b, n, out);
+      continue;
+    }
+    split_same_length(a, b, n, out);
+  }
+  return out;
+}
+
+std::array<bool, 256> Dfa::first_bytes(int state) const {
+  std::array<bool, 256> out{};
+  for (int b = 0; b < 256; ++b) out[static_cast<std::size_t>(b)] = step(state, static_cast<std::uint8_t>(b)) >= 0;
+  return out;
+}
+
+std::optional<Dfa> build_dfa(const Expr& e, const Grammar& g, int max_states) {
+  NfaBuilder nfa(g, static_cast<std::size_t>(max_states) * 64 + 4096);
+  int nfa_in, nfa_out;
+  try {
+    std::tie(nfa_in, nfa_out) = nfa.build(e);
+  } catch (const TooBig&) {
+    return std::nullopt;
+  }
+  const auto& S = nfa.states;
+
+  Dfa d;
+  std::array<bool, 257> cut{};
+  cut[0] = true;
+  for (const auto& s : S)
+    for (const Edge& ed : s.edges) {
+      cut[ed.lo] = true;
+      cut[static_cast<std::size_t>(ed.hi) + 1] = true;
+    }
+  std::vector<std::uint8_t> representative;
+  int cls = -1;
+  for (int b = 0; b < 256; ++b) {
+    if (cut[static_cast<std::size_t>(b)]) {
+      ++cls;
+      representative.push_back(static_cast<std::uint8_t>(b));
+    }
+    d.byte_class[static_cast<std::size_t>(b)] = static_cast<std::uint16_t>(cls);
+  }
+  d.classes = cls + 1;
+
+  std::vector<char> seen(S.size());
+  auto closure = [&](std::vector<int> set) {
+    std::fill(seen.begin(), seen.end(), 0);
+    std::vector<int> todo = set;
+    for (int s : set) seen[static_cast<std::size_t>(s)] = 1;
+    while (!todo.empty()) {
+      int s = todo.back();
+      todo.pop_back();
+      for (int t : S[static_cast<std::size_t>(s)].eps)
+        if (!seen[static_cast<std::size_t>(t)]) {
+          seen[static_cast<std::size_t>(t)] = 1;
+          set.push_back(t);
+          todo.push_back(t);
+        }
+    }
+    // Only states with byte edges or the exit matter for identity.
+    std::vector<int> kept;
+    for (int s : set)
+      if (!S[static_cast<std::size_t>(s)].edges.empty() || s == nfa_out) kept.push_back(s);
+    std::sort(kept.begin(), kept.end());
+    return kept;
+  };
+
+  std::map<std::vector<int>, int> ids;
+  std::vector<std::vector<int>> sets;
+  auto intern = [&](std::vector<int> set) -> int {
+    auto [it, fresh] = ids.emplace(std::move(set), static_cast<int>(sets.size()));
+    if (fresh) sets.push_back(it->first);
+    return it->second;
+  };
+  intern(closure({nfa_in}));
+  for (std::size_t i = 0; i < sets.size(); ++i) {
+    if (static_cast<int>(sets.size()) > max_states) return std::nullopt;
+    std::vector<int> row(static_cast<std::size_t>(d.classes), -1);
+    for (int c = 0; c < d.classes; ++c) {
+      std::uint8_t rep = representative[static_cast<std::size_t>(c)];
+      std::vector<int> target;
+      for (int s : sets[i])
+        for (const Edge& ed : S[static_cast<std::size_t>(s)].edges)
+          if (ed.lo <= rep && rep <= ed.hi) target.push_back(ed.to);
+      if (target.empty()) continue;
+      std::sort(target.begin(), target.end());
+      target.erase(std::unique(target.begin(), target.end()), target.end());
+      row[static_cast<std::size_t>(c)] = intern(closure(std::move(target)));
+    }
+    d.next.insert(d.next.end(), row.begin(), row.end());
+    d.accepting.push_back(std::binary_search(sets[i].begin(), sets[i].end(), nfa_out) ? 1 : 0);
+  }
+  if (d.size() > max_states) return std::nullopt;
+
+  // Moore refinement merges states with the same future, so equivalent positions share one cached
+  // token mask. Bounded: a long chain of counted states needs one round per state.
+  const int n = d.size(), k = d.classes;
+  std::vector<int> block(static_cast<std::size_t>(n));
+  for (int s = 0; s < n; ++s) block[static_cast<std::size_t>(s)] = d.accepting[static_cast<std::size_t>(s)];
+  int blocks = 0;
+  bool stable = false;
+  for (int round = 0; round < 4096 && !stable; ++round) {
+    std::map<std::vector<int>, int> signature_ids;
+    std::vector<int> next_block(static_cast<std::size_t>(n));
+    for (int s = 0; s < n; ++s) {
+      std::vector<int> sig{block[static_cast<std::size_t>(s)]};
+      for (int c = 0; c < k; ++c) {
+        int t = d.next[static_cast<std::size_t>(s * k + c)];
+        sig.push_back(t < 0 ? -1 : block[static_cast<std::size_t>(t)]);
+      }
+      next_block[static_cast<std::size_t>(s)] = signature_ids.emplace(std::move(sig), static_cast<int>(signature_ids.size())).first->second;
+    }
+    int count = static_cast<int>(signature_ids.size());
+    block = std::move(next_block);
+    stable = count == blocks;
+    blocks = count;
+  }
+  if (!stable) {  // an unfinished refinement may merge states that differ: keep the DFA as built
+    for (int s = 0; s < n; ++s) {
+      bool out = false;
+      for (int c = 0; c < k && !out; ++c) out = d.next[static_cast<std::size_t>(s * k + c)] >= 0;
+      d.has_out.push_back(out ? 1 : 0);
+    }
+    return d;
+  }
+  // Renumber so the start state keeps id 0 and blocks appear in first-reached order.
+  std::vector<int> renumber(static_cast<std::size_t>(blocks), -1);
+  std::vector<int> order;
+  renumber[static_cast<std::size_t>(block[0])] = 0;
+  order.push_back(0);
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    int s = order[i];
+    for (int c = 0; c < k; ++c) {
+      int t = d.next[static_cast<std::size_t>(s * k + c)];
+      if (t < 0) continue;
+      int b = block[static_cast<std::size_t>(t)];
+      if (renumber[static_cast<std::size_t>(b)] < 0) {
+        renumber[static_cast<std::size_t>(b)] = static_cast<int>(order.size());
+        order.push_back(t);
+      }
+    }
+  }
+  Dfa m;
+  m.byte_class = d.byte_class;
+  m.classes = k;
+  for (int s : order) {
+    for (int c = 0; c < k; ++c) {
+      int t = d.next[static_cast<std::size_t>(s * k + c)];
+      m.next.push_back(t < 0 ? -1 : renumber[static_cast<std::size_t>(block[static_cast<std::size_t>(t)])]);
+    }
+    m.accepting.push_back(d.accepting[static_cast<std::size_t>(s)]);
+  }
+  for (int s = 0; s < m.size(); ++s) {
+    bool out = false;
+    for (int c = 0; c < k && !out; ++c) out = m.next[static_cast<std::size_t>(s * k + c)] >= 0;
+    m.has_out.push_back(out ? 1 : 0);
+  }
+  return m;
+}
+
+}  // namespace promptly::grammar
