@@ -107,6 +107,18 @@ struct BenchTokenizeOptions {
 };
 int bench_tokenize(const BenchTokenizeOptions& o);
 
+struct BenchGrammarOptions {
+  std::string vocab;    // GGUF model or vocab file, or a tokenizer.json
+  std::string schema;   // a JSON Schema file, or
+  std::string grammar;  // a GBNF file
+  int walks = 20;       // random walks through the grammar (the first one starts cold)
+  int max_tokens = 2000;
+  int threads = 0;      // > 0: precompute every position's mask on this many threads first
+  std::uint64_t seed = 1;
+  bool json = false;
+};
+int bench_grammar(const BenchGrammarOptions& o);
+
 struct BenchModelOptions {
   std::string model;
   int n_prompt = 512;

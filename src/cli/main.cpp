@@ -124,6 +124,17 @@ int main(int argc, char** argv) {
   btok_cmd->add_option("-r,--repetitions", btok.repetitions, "Repetitions")->capture_default_str();
   btok_cmd->add_flag("--json", btok.json, "Print JSON");
 
+  cli::BenchGrammarOptions bgram;
+  auto* bgram_cmd = bench_cmd->add_subcommand("grammar", "Constrained decoding: token mask time per token over a real vocabulary");
+  bgram_cmd->add_option("--vocab", bgram.vocab, "GGUF model or vocab file, or a tokenizer.json")->required();
+  bgram_cmd->add_option("--schema", bgram.schema, "JSON Schema file");
+  bgram_cmd->add_option("--grammar", bgram.grammar, "GBNF grammar file");
+  bgram_cmd->add_option("--walks", bgram.walks, "Random walks through the grammar (the first starts with an empty cache)")->capture_default_str();
+  bgram_cmd->add_option("--max-tokens", bgram.max_tokens, "Longest walk")->capture_default_str();
+  bgram_cmd->add_option("--precompute", bgram.threads, "Precompute every position's mask on this many threads before the walks (0: lazily, as needed)")->capture_default_str();
+  bgram_cmd->add_option("--seed", bgram.seed, "Seed of the walks")->capture_default_str();
+  bgram_cmd->add_flag("--json", bgram.json, "Print JSON");
+
   cli::BenchModelOptions bmod;
   auto* bmod_cmd = bench_cmd->add_subcommand("model", "Prompt processing and generation speed against this machine's floors");
   bmod_cmd->add_option("-m,--model", bmod.model, "GGUF model file, or promptly-code-23m for the built-in one")->required();
@@ -214,6 +225,7 @@ int main(int argc, char** argv) {
     if (*tok_cmd) return cli::tokenize(tokz);
     if (*tmpl_cmd) return cli::render_template(tmpl);
     if (*btok_cmd) return cli::bench_tokenize(btok);
+    if (*bgram_cmd) return cli::bench_grammar(bgram);
     if (*bmod_cmd) return cli::bench_model(bmod);
     if (*bspec_cmd) return cli::bench_spec(bspec);
     if (*beng_cmd) return cli::bench_engine(beng);

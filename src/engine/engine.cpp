@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 
 #include "spec/draft_model.h"
 #include "spec/ngram.h"
@@ -183,6 +184,10 @@ std::uint64_t Engine::submit(Request request) {
       throw Error("logit_bias token id " + std::to_string(token) + " is outside the vocabulary of " + std::to_string(n_vocab));
     }
   }
+  if (request.grammar && request.grammar->vocab().size() > n_vocab) {
+    throw Error("the grammar was built for a vocabulary of " + std::to_string(request.grammar->vocab().size()) +
+                " tokens but the model has " + std::to_string(n_vocab));
+  }
 
   std::unique_lock lock(mutex_);
   if (stopping_) throw Error("the engine is shutting down");
@@ -196,6 +201,10 @@ std::uint64_t Engine::submit(Request request) {
   seq->max_new = seq->request.max_tokens < 0 ? room : std::min<std::size_t>(room, static_cast<std::size_t>(seq->request.max_tokens));
   if (tokenizer_) seq->detokenizer = std::make_unique<StreamingDetokenizer>(*tokenizer_, seq->tokens);
   seq->callback = std::make_shared<const EventCallback>(std::move(seq->request.on_event));
+  if (seq->request.grammar) {
+    seq->constraint = std::make_unique<grammar::ConstrainedStream>(seq->request.grammar);
+    mask_worker_.request(*seq->constraint);  // the first mask, while the prompt is computed
+  }
   inbox_.push_back(std::move(seq));
   live_.push_back(id);
   lock.unlock();
@@ -401,7 +410,7 @@ std::vector<std::size_t> Engine::add_guesses(StepPlan& plan) {
   if (options_.spec != EngineOptions::Spec::None && all_decode && plan.n_decode <= options_.spec_max_streams) {
     for (std::size_t ci = 0; ci < plan.chunks.size(); ++ci) {
       Sequence& s = *plan.chunks[ci].seq;
-      if (!s.request.speculative || s.request.top_logprobs >= 0 || !s.request.logit_bias.empty()) continue;
+      if (!s.request.speculative || s.request.top_logprobs >= 0 || !s.request.logit_bias.empty() || s.constraint) continue;
       if (!options_.spec_sampled && s.request.sampling.temperature > 0) continue;
       const std::size_t left = s.max_new > s.n_generated ? s.max_new - s.n_generated : 0;
       const std::size_t room = std::min(left, ctx_ - std::min(ctx_, s.tokens.size()));
@@ -436,7 +445,15 @@ std::vector<std::size_t> Engine::add_guesses(StepPlan& plan) {
 Engine::Pick Engine::pick(Sequence& s, float* logits) const {
   const std::size_t n_vocab = model_.config().n_vocab;
   for (const auto& [token, bias] : s.request.logit_bias) logits[token] += bias;
-  // Log-probabilities of the model's distribution (after logit_bias, before sampling penalties).
+  if (s.constraint) {
+    // Tokens the grammar does not allow get no probability (logprobs below are the constrained
+    // distribution's). Ids past the tokenizer's vocabulary are never allowed.
+    const std::uint32_t* mask = mask_worker_.wait(*s.constraint);
+    const std::size_t known = s.constraint->matcher.index().vocab().size();
+    for (std::size_t i = 0; i < n_vocab; ++i)
+      if (i >= known || !((mask[i / 32] >> (i % 32)) & 1u)) logits[i] = -std::numeric_limits<float>::infinity();
+  }
+  // Log-probabilities of the model's distribution (after logit_bias and any grammar, before sampling penalties).
   float logprob = 0.0f;
   std::vector<TokenLogprob> top;
   double log_norm = 0;
@@ -466,9 +483,14 @@ bool Engine::accept(Sequence& s, Pick pick) {
   s.state = RequestState::Decoding;
   s.prompt_done = true;
 
-  const bool end_of_generation = !s.request.ignore_eos && std::find(eog_ids_.begin(), eog_ids_.end(), id) != eog_ids_.end();
+  // A grammar decides when output may end: its end tokens are never text, whatever ignore_eos says.
+  const bool end_of_generation = (!s.request.ignore_eos || s.constraint) && std::find(eog_ids_.begin(), eog_ids_.end(), id) != eog_ids_.end();
   if (end_of_generation) {
     finish(s, FinishReason::Stop);
+    return false;
+  }
+  if (s.constraint && !s.constraint->matcher.accept(id)) {
+    finish(s, FinishReason::Error, "internal error: a token outside the grammar was sampled");
     return false;
   }
   s.tokens.push_back(id);
@@ -478,10 +500,15 @@ bool Engine::accept(Sequence& s, Pick pick) {
     finish(s, FinishReason::Stop);  // a stop string ended it
     return false;
   }
+  if (s.constraint && s.constraint->matcher.must_end()) {
+    finish(s, FinishReason::Stop);  // the grammar is complete and allows nothing more
+    return false;
+  }
   if (s.n_generated >= s.max_new || s.tokens.size() >= ctx_) {
     finish(s, FinishReason::Length);
     return false;
   }
+  if (s.constraint) mask_worker_.request(*s.constraint);
   return true;
 }
 
@@ -525,6 +552,7 @@ bool Engine::emit_token(Sequence& s, std::int32_t id, float logprob, std::vector
 
 void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) {
   drafts_.erase(s.id);
+  if (s.constraint) mask_worker_.forget(*s.constraint);
   std::unique_ptr<Sequence> owned = scheduler_.remove(&s);  // null when the scheduler already let it go
   EngineEvent e;
   e.kind = EngineEvent::Kind::Finished;

@@ -173,6 +173,9 @@ class Engine {
   std::vector<spec::Proposal> guesses_;
   std::vector<float> spec_p_;
   std::uint64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;
+  // Constrained streams' next masks, computed while the forward pass runs. Declared after the
+  // sequences' owners: its thread is joined before any sequence is destroyed.
+  mutable grammar::MaskWorker mask_worker_;
   std::vector<std::uint64_t> spec_accepted_per_pos_;
   std::thread thread_;
 };

@@ -6,6 +6,7 @@
 // clock; those stamps are the latency metrics (queue time, TTFT, inter-token latency, end-to-end).
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,9 @@
 #include "util/clock.h"
 
 namespace promptly {
+namespace grammar {
+class GrammarIndex;
+}
 
 enum class RequestState { Waiting, Prefilling, Decoding, Finished, Preempted };  // lifecycle order
 enum class FinishReason { None, Stop, Length, Cancelled, Timeout, Error };
@@ -81,6 +85,10 @@ struct Request {
   double timeout_s = 0;              // > 0: finished as "timeout" this long after submit
   int top_logprobs = -1;             // < 0: none; 0: the chosen token's; n: also the n most likely
   bool speculative = true;           // false: this request is never speculated (see EngineOptions::spec)
+  // Constrained decoding: only tokens the grammar allows are sampled (and scored for logprobs);
+  // generation ends when the grammar is complete. Built for this model's tokenizer (grammar/).
+  // Constrained requests are not speculated.
+  std::shared_ptr<const grammar::GrammarIndex> grammar;
   EventCallback on_event;
 };
 

@@ -27,6 +27,7 @@
 #include "kv/kv_cache.h"
 #include "kv/prefix_tree.h"
 #include "model/batch.h"
+#include "grammar/mask_worker.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -56,6 +57,7 @@ struct Sequence {
   Sampler sampler;
   std::unique_ptr<StreamingDetokenizer> detokenizer;
   std::string held_text;  // decoded but not yet shown: it may be the start of a stop string
+  std::unique_ptr<grammar::ConstrainedStream> constraint;  // when the request has a grammar
 
   Sequence(std::uint64_t id, std::uint64_t order, Request r);
   // Priority first (higher earlier), then arrival.

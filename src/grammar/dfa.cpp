@@ -1,7 +1,7 @@
 #include "grammar/dfa.h"
 
 #include <algorithm>
-#include <map>
+#include <unordered_map>
 #include <tuple>
 
 namespace promptly::grammar {
@@ -199,6 +199,39 @@ std::array<bool, 256> Dfa::first_bytes(int state) const {
   return out;
 }
 
+int refine_classes(const Dfa& d, const std::vector<std::int32_t>& cls, std::vector<std::int32_t>& next) {
+  const int n = d.size(), k = d.classes;
+  next.assign(static_cast<std::size_t>(n), -1);
+  auto target_class = [&](int s, int c) {
+    const int t = d.next[static_cast<std::size_t>(s) * static_cast<std::size_t>(k) + static_cast<std::size_t>(c)];
+    return t < 0 ? -1 : cls[static_cast<std::size_t>(t)];
+  };
+  auto same = [&](int a, int b) {
+    if (cls[static_cast<std::size_t>(a)] != cls[static_cast<std::size_t>(b)]) return false;
+    for (int c = 0; c < k; ++c)
+      if (target_class(a, c) != target_class(b, c)) return false;
+    return true;
+  };
+  // Hash of the signature; equal hashes are confirmed against the first state seen with it.
+  std::unordered_map<std::uint64_t, std::vector<int>> representatives;
+  representatives.reserve(static_cast<std::size_t>(n));
+  int fresh = 0;
+  for (int s = 0; s < n; ++s) {
+    std::uint64_t h = 1469598103934665603ull ^ static_cast<std::uint32_t>(cls[static_cast<std::size_t>(s)]);
+    for (int c = 0; c < k; ++c) h = (h ^ static_cast<std::uint32_t>(target_class(s, c))) * 1099511628211ull;
+    auto& reps = representatives[h];
+    int found = -1;
+    for (int r : reps)
+      if (same(r, s)) { found = next[static_cast<std::size_t>(r)]; break; }
+    if (found < 0) {
+      found = fresh++;
+      reps.push_back(s);
+    }
+    next[static_cast<std::size_t>(s)] = found;
+  }
+  return fresh;
+}
+
 std::optional<Dfa> build_dfa(const Expr& e, const Grammar& g, int max_states) {
   NfaBuilder nfa(g, static_cast<std::size_t>(max_states) * 64 + 4096);
   int nfa_in, nfa_out;
@@ -228,17 +261,20 @@ std::optional<Dfa> build_dfa(const Expr& e, const Grammar& g, int max_states) {
   }
   d.classes = cls + 1;
 
-  std::vector<char> seen(S.size());
+  // Generation stamps instead of clearing a visited array per closure: the NFA can be large.
+  std::vector<std::uint32_t> seen(S.size(), 0);
+  std::uint32_t generation = 0;
+  std::vector<int> todo;
   auto closure = [&](std::vector<int> set) {
-    std::fill(seen.begin(), seen.end(), 0);
-    std::vector<int> todo = set;
-    for (int s : set) seen[static_cast<std::size_t>(s)] = 1;
+    ++generation;
+    todo = set;
+    for (int s : set) seen[static_cast<std::size_t>(s)] = generation;
     while (!todo.empty()) {
       int s = todo.back();
       todo.pop_back();
       for (int t : S[static_cast<std::size_t>(s)].eps)
-        if (!seen[static_cast<std::size_t>(t)]) {
-          seen[static_cast<std::size_t>(t)] = 1;
+        if (seen[static_cast<std::size_t>(t)] != generation) {
+          seen[static_cast<std::size_t>(t)] = generation;
           set.push_back(t);
           todo.push_back(t);
         }
@@ -251,97 +287,52 @@ std::optional<Dfa> build_dfa(const Expr& e, const Grammar& g, int max_states) {
     return kept;
   };
 
-  std::map<std::vector<int>, int> ids;
+  struct VectorHash {
+    std::size_t operator()(const std::vector<int>& v) const {
+      std::uint64_t h = 1469598103934665603ull;
+      for (int x : v) h = (h ^ static_cast<std::uint32_t>(x)) * 1099511628211ull;
+      return static_cast<std::size_t>(h);
+    }
+  };
+  std::unordered_map<std::vector<int>, int, VectorHash> ids;
   std::vector<std::vector<int>> sets;
   auto intern = [&](std::vector<int> set) -> int {
-    auto [it, fresh] = ids.emplace(std::move(set), static_cast<int>(sets.size()));
-    if (fresh) sets.push_back(it->first);
-    return it->second;
+    auto it = ids.find(set);
+    if (it != ids.end()) return it->second;
+    const int id = static_cast<int>(sets.size());
+    sets.push_back(set);
+    ids.emplace(std::move(set), id);
+    return id;
   };
   intern(closure({nfa_in}));
+  std::vector<std::vector<int>> targets(static_cast<std::size_t>(d.classes));
   for (std::size_t i = 0; i < sets.size(); ++i) {
     if (static_cast<int>(sets.size()) > max_states) return std::nullopt;
     std::vector<int> row(static_cast<std::size_t>(d.classes), -1);
+    for (auto& t : targets) t.clear();
+    for (int s : sets[i])
+      for (const Edge& ed : S[static_cast<std::size_t>(s)].edges)
+        for (int c = d.byte_class[ed.lo]; c <= d.byte_class[ed.hi]; ++c) targets[static_cast<std::size_t>(c)].push_back(ed.to);
     for (int c = 0; c < d.classes; ++c) {
-      std::uint8_t rep = representative[static_cast<std::size_t>(c)];
-      std::vector<int> target;
-      for (int s : sets[i])
-        for (const Edge& ed : S[static_cast<std::size_t>(s)].edges)
-          if (ed.lo <= rep && rep <= ed.hi) target.push_back(ed.to);
+      std::vector<int>& target = targets[static_cast<std::size_t>(c)];
       if (target.empty()) continue;
       std::sort(target.begin(), target.end());
       target.erase(std::unique(target.begin(), target.end()), target.end());
-      row[static_cast<std::size_t>(c)] = intern(closure(std::move(target)));
+      row[static_cast<std::size_t>(c)] = intern(closure(target));
     }
     d.next.insert(d.next.end(), row.begin(), row.end());
     d.accepting.push_back(std::binary_search(sets[i].begin(), sets[i].end(), nfa_out) ? 1 : 0);
   }
   if (d.size() > max_states) return std::nullopt;
 
-  // Moore refinement merges states with the same future, so equivalent positions share one cached
-  // token mask. Bounded: a long chain of counted states needs one round per state.
-  const int n = d.size(), k = d.classes;
-  std::vector<int> block(static_cast<std::size_t>(n));
-  for (int s = 0; s < n; ++s) block[static_cast<std::size_t>(s)] = d.accepting[static_cast<std::size_t>(s)];
-  int blocks = 0;
-  bool stable = false;
-  for (int round = 0; round < 4096 && !stable; ++round) {
-    std::map<std::vector<int>, int> signature_ids;
-    std::vector<int> next_block(static_cast<std::size_t>(n));
-    for (int s = 0; s < n; ++s) {
-      std::vector<int> sig{block[static_cast<std::size_t>(s)]};
-      for (int c = 0; c < k; ++c) {
-        int t = d.next[static_cast<std::size_t>(s * k + c)];
-        sig.push_back(t < 0 ? -1 : block[static_cast<std::size_t>(t)]);
-      }
-      next_block[static_cast<std::size_t>(s)] = signature_ids.emplace(std::move(sig), static_cast<int>(signature_ids.size())).first->second;
-    }
-    int count = static_cast<int>(signature_ids.size());
-    block = std::move(next_block);
-    stable = count == blocks;
-    blocks = count;
-  }
-  if (!stable) {  // an unfinished refinement may merge states that differ: keep the DFA as built
-    for (int s = 0; s < n; ++s) {
-      bool out = false;
-      for (int c = 0; c < k && !out; ++c) out = d.next[static_cast<std::size_t>(s * k + c)] >= 0;
-      d.has_out.push_back(out ? 1 : 0);
-    }
-    return d;
-  }
-  // Renumber so the start state keeps id 0 and blocks appear in first-reached order.
-  std::vector<int> renumber(static_cast<std::size_t>(blocks), -1);
-  std::vector<int> order;
-  renumber[static_cast<std::size_t>(block[0])] = 0;
-  order.push_back(0);
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    int s = order[i];
-    for (int c = 0; c < k; ++c) {
-      int t = d.next[static_cast<std::size_t>(s * k + c)];
-      if (t < 0) continue;
-      int b = block[static_cast<std::size_t>(t)];
-      if (renumber[static_cast<std::size_t>(b)] < 0) {
-        renumber[static_cast<std::size_t>(b)] = static_cast<int>(order.size());
-        order.push_back(t);
-      }
-    }
-  }
-  Dfa m;
-  m.byte_class = d.byte_class;
-  m.classes = k;
-  for (int s : order) {
-    for (int c = 0; c < k; ++c) {
-      int t = d.next[static_cast<std::size_t>(s * k + c)];
-      m.next.push_back(t < 0 ? -1 : renumber[static_cast<std::size_t>(block[static_cast<std::size_t>(t)])]);
-    }
-    m.accepting.push_back(d.accepting[static_cast<std::size_t>(s)]);
-  }
-  for (int s = 0; s < m.size(); ++s) {
+  // No minimization here: subset construction from these NFAs leaves little redundancy, and the
+  // matcher merges states per token length bucket anyway (matcher.h), which is what saves work.
+  for (int s = 0; s < d.size(); ++s) {
     bool out = false;
-    for (int c = 0; c < k && !out; ++c) out = m.next[static_cast<std::size_t>(s * k + c)] >= 0;
-    m.has_out.push_back(out ? 1 : 0);
+    for (int c = 0; c < d.classes && !out; ++c) out = d.next[static_cast<std::size_t>(s * d.classes + c)] >= 0;
+    d.has_out.push_back(out ? 1 : 0);
   }
-  return m;
+  return d;
 }
 
 }  // namespace promptly::grammar

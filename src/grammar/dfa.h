@@ -33,7 +33,11 @@ struct Dfa {
 // excluded), one vector of per-position ranges per sequence shape.
 std::vector<std::vector<std::pair<std::uint8_t, std::uint8_t>>> utf8_sequences(std::uint32_t lo, std::uint32_t hi);
 
-// Builds the minimal-ish DFA of `e`, inlining rule references through `g` (the caller guarantees
+// One round of Moore refinement: `next` gets the classes of states that share their class in `cls`
+// and, on every byte class, the class they move to (or both have no move). Returns how many.
+int refine_classes(const Dfa& d, const std::vector<std::int32_t>& cls, std::vector<std::int32_t>& next);
+
+// Builds the DFA of `e` by subset construction, inlining rule references through `g` (the caller guarantees
 // they do not recurse). Returns nullopt when it would need more than `max_states` states.
 std::optional<Dfa> build_dfa(const Expr& e, const Grammar& g, int max_states);
 

@@ -1,7 +1,9 @@
 #include "grammar/matcher.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <numeric>
 
 namespace promptly::grammar {
@@ -20,7 +22,7 @@ TokenBytes::TokenBytes(std::vector<std::string> pieces, std::vector<bool> exclud
   });
   // Sorted strings give the trie in pre-order: each string shares its prefix with the previous one.
   std::vector<std::int32_t> path;  // node per depth - 1
-  std::vector<std::int32_t> count;
+  std::vector<std::int32_t> count, parent;
   const std::string* prev = nullptr;
   auto close_to = [&](std::size_t depth) {
     while (path.size() > depth) {
@@ -36,6 +38,7 @@ TokenBytes::TokenBytes(std::vector<std::string> pieces, std::vector<bool> exclud
     common = std::min(common, path.size());
     close_to(common);
     for (std::size_t k = common; k < s.size(); ++k) {
+      parent.push_back(path.empty() ? -1 : path.back());
       path.push_back(static_cast<std::int32_t>(trie_.byte.size()));
       trie_.byte.push_back(static_cast<std::uint8_t>(s[k]));
       trie_.depth.push_back(static_cast<std::uint16_t>(std::min<std::size_t>(k + 1, 65535)));
@@ -49,6 +52,14 @@ TokenBytes::TokenBytes(std::vector<std::string> pieces, std::vector<bool> exclud
   close_to(0);
   trie_.token_begin.assign(count.size() + 1, 0);
   for (std::size_t i = 0; i < count.size(); ++i) trie_.token_begin[i + 1] = trie_.token_begin[i] + count[i];
+  trie_.max_below.assign(count.size(), 0);
+  for (std::size_t i = count.size(); i-- > 0;) {  // children follow their parent in pre-order
+    if (count[i] > 0) trie_.max_below[i] = std::max(trie_.max_below[i], trie_.depth[i]);
+    if (parent[i] >= 0) {
+      auto& up = trie_.max_below[static_cast<std::size_t>(parent[i])];
+      up = std::max(up, trie_.max_below[i]);
+    }
+  }
 }
 
 // --- StackSpace ---------------------------------------------------------------------------------
@@ -132,43 +143,98 @@ void StackSpace::step(const Heads& in, std::uint8_t byte, Heads& out) {
 
 // --- GrammarIndex -------------------------------------------------------------------------------
 
-GrammarIndex::GrammarIndex(CompiledGrammar grammar, std::shared_ptr<const TokenBytes> vocab)
-    : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {}
+namespace {
 
-const FrameMask& GrammarIndex::frame_mask(Frame f) const {
+// Moore refinement of `d`'s states, recording the partition after each bucket's horizon: after r
+// rounds two states share a class iff every input of up to r bytes leads both to the same outcome
+// (dead, alive, accepting).
+std::array<std::vector<std::int32_t>, kBuckets> horizon_classes(const Dfa& d) {
+  const int n = d.size();
+  std::array<std::vector<std::int32_t>, kBuckets> out;
+  std::vector<std::int32_t> cls(static_cast<std::size_t>(n));
+  for (int s = 0; s < n; ++s) cls[static_cast<std::size_t>(s)] = d.accepting[static_cast<std::size_t>(s)];
+  int classes = 2, bucket = 0;
+  bool stable = false;
+  std::vector<std::int32_t> next;
+  for (int round = 1; bucket < kBuckets - 1; ++round) {
+    if (!stable) {
+      const int fresh = refine_classes(d, cls, next);
+      stable = fresh == classes;
+      classes = fresh;
+      std::swap(cls, next);
+    }
+    if (round == kBucketMax[bucket]) out[static_cast<std::size_t>(bucket++)] = cls;
+  }
+  // The longest tokens are keyed by state: no merging.
+  auto& last = out[kBuckets - 1];
+  last.resize(static_cast<std::size_t>(n));
+  for (int s = 0; s < n; ++s) last[static_cast<std::size_t>(s)] = s;
+  return out;
+}
+
+std::uint64_t mask_key(Frame f, int bucket, std::int32_t cls) {
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(frame_alt(f))) << 40) |
+         (static_cast<std::uint64_t>(static_cast<std::uint32_t>(frame_element(f)) & 0xFFFF) << 24) |
+         (static_cast<std::uint64_t>(bucket) << 21) | (static_cast<std::uint64_t>(static_cast<std::uint32_t>(cls)) & 0x1FFFFF);
+}
+
+}  // namespace
+
+GrammarIndex::GrammarIndex(CompiledGrammar grammar, std::shared_ptr<const TokenBytes> vocab)
+    : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {
+  horizon_class_.reserve(grammar_.dfas.size());
+  for (const Dfa& d : grammar_.dfas) horizon_class_.push_back(horizon_classes(d));
+}
+
+const FrameMask& GrammarIndex::frame_mask(Frame f, int bucket) const {
+  const int dfa = grammar_.alts[static_cast<std::size_t>(frame_alt(f))][static_cast<std::size_t>(frame_element(f))].index;
+  const std::int32_t cls = horizon_class_[static_cast<std::size_t>(dfa)][static_cast<std::size_t>(bucket)][static_cast<std::size_t>(frame_state(f))];
+  const std::uint64_t key = mask_key(f, bucket, cls);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = cache_.find(f);
+    auto it = cache_.find(key);
     if (it != cache_.end()) return *it->second;
   }
-  auto fresh = std::make_unique<FrameMask>(compute(f));
+  auto fresh = std::make_unique<FrameMask>(compute(f, bucket));
   std::lock_guard<std::mutex> lock(mutex_);
-  auto [it, inserted] = cache_.emplace(f, std::move(fresh));
+  auto [it, inserted] = cache_.emplace(key, std::move(fresh));
   return *it->second;
 }
 
-std::size_t GrammarIndex::cached_frames() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return cache_.size();
-}
-
-std::size_t GrammarIndex::precompute_all() const {
-  std::size_t n = 0;
+std::size_t GrammarIndex::precompute(int threads) const {
+  std::vector<std::pair<Frame, int>> work;  // one representative position per (element, bucket, class)
   for (std::size_t a = 0; a < grammar_.alts.size(); ++a)
     for (std::size_t e = 0; e < grammar_.alts[a].size(); ++e) {
       const Element& el = grammar_.alts[a][e];
       if (el.kind != Element::Kind::Terminal) continue;
       const Dfa& d = grammar_.dfas[static_cast<std::size_t>(el.index)];
-      for (int s = 0; s < d.size(); ++s)
-        if (d.has_out[static_cast<std::size_t>(s)]) {
-          frame_mask(make_frame(static_cast<int>(a), static_cast<int>(e), s));
-          ++n;
+      for (int b = 0; b < kBuckets; ++b) {
+        std::vector<char> seen(static_cast<std::size_t>(d.size()), 0);
+        const auto& cls = horizon_class_[static_cast<std::size_t>(el.index)][static_cast<std::size_t>(b)];
+        for (int s = 0; s < d.size(); ++s) {
+          if (!d.has_out[static_cast<std::size_t>(s)] || seen[static_cast<std::size_t>(cls[static_cast<std::size_t>(s)])]) continue;
+          seen[static_cast<std::size_t>(cls[static_cast<std::size_t>(s)])] = 1;
+          work.push_back({make_frame(static_cast<int>(a), static_cast<int>(e), s), b});
         }
+      }
     }
-  return n;
+  std::atomic<std::size_t> next{0};
+  auto worker = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < work.size();) frame_mask(work[i].first, work[i].second);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  return work.size();
 }
 
-FrameMask GrammarIndex::compute(Frame f) const {
+std::size_t GrammarIndex::cached_masks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cache_.size();
+}
+
+FrameMask GrammarIndex::compute(Frame f, int bucket) const {
   const auto& trie = vocab_->trie();
   const std::size_t nodes = trie.byte.size();
   const auto& follow = grammar_.follow[static_cast<std::size_t>(grammar_.alt_rule[static_cast<std::size_t>(frame_alt(f))])];
@@ -177,12 +243,18 @@ FrameMask GrammarIndex::compute(Frame f) const {
   std::vector<std::uint8_t> uncertain_path(2, 0);
   level[0].heads.push_back({StackSpace::kOutside, f});
   std::vector<std::int32_t> accepted, uncertain;
+  const std::size_t lo = static_cast<std::size_t>(kBucketMin[bucket]), hi = static_cast<std::size_t>(kBucketMax[bucket]);
   auto tokens_at = [&](std::size_t node, std::vector<std::int32_t>& into) {
+    if (trie.depth[node] < lo || trie.depth[node] > hi) return;
     for (std::int32_t k = trie.token_begin[node]; k < trie.token_begin[node + 1]; ++k) into.push_back(trie.tokens[static_cast<std::size_t>(k)]);
   };
   std::size_t i = 0;
   while (i < nodes) {
     const std::size_t d = trie.depth[i];
+    if (d > hi || trie.max_below[i] < lo) {  // no token of this bucket below
+      i = static_cast<std::size_t>(trie.subtree_end[i]);
+      continue;
+    }
     if (level.size() <= d) {
       level.resize(d + 1);
       uncertain_path.resize(d + 1);
@@ -245,16 +317,18 @@ void Matcher::fill_mask(std::uint32_t* mask) {
   const std::size_t mark = space_.nodes();
   const TokenBytes& vocab = index_->vocab();
   for (const StackSpace::Head& head : cur.heads) {
-    const FrameMask& fm = index_->frame_mask(head.frame);
-    if (!fm.accepted_bits.empty()) {
-      const std::uint32_t* bits = fm.accepted_bits.data();
-      for (std::size_t w = 0; w < words; ++w) mask[w] |= bits[w];
-    } else {
-      for (std::int32_t t : fm.accepted_list) mask[t / 32] |= 1u << (t % 32);
-    }
-    for (std::int32_t t : fm.uncertain) {
-      if (mask[t / 32] & (1u << (t % 32))) continue;
-      if (accepts_from(head, vocab.piece(t))) mask[t / 32] |= 1u << (t % 32);
+    for (int bucket = 0; bucket < kBuckets; ++bucket) {
+      const FrameMask& fm = index_->frame_mask(head.frame, bucket);
+      if (!fm.accepted_bits.empty()) {
+        const std::uint32_t* bits = fm.accepted_bits.data();
+        for (std::size_t w = 0; w < words; ++w) mask[w] |= bits[w];
+      } else {
+        for (std::int32_t t : fm.accepted_list) mask[t / 32] |= 1u << (t % 32);
+      }
+      for (std::int32_t t : fm.uncertain) {
+        if (mask[t / 32] & (1u << (t % 32))) continue;
+        if (accepts_from(head, vocab.piece(t))) mask[t / 32] |= 1u << (t % 32);
+      }
     }
   }
   space_.truncate(mark);

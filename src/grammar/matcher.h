@@ -10,6 +10,14 @@
 // top frame, those rejected whatever lies below, and the few "uncertain" ones that reach the end of
 // the top frame's rule with bytes left over; only those are checked against the real stack at each
 // step. The byte after a rule's end must be in the rule's FOLLOW set, which keeps that list short.
+//
+// Bounded repetitions (a string of at most 64 characters) make many DFA states that differ only in
+// how far away the bound is. A token of n bytes cannot tell apart states that agree on every input
+// of up to n bytes, so the vocabulary is split into length buckets (1-2, 3-4, 5-8, 9-16, 17-32, 33+
+// bytes) and each bucket's split is cached per class of states equivalent up to the bucket's longest
+// token (Moore refinement stopped after that many rounds): "12 characters left" and "40 characters
+// left" share their masks for every token of up to 8 bytes.
+#include <array>
 #include <bitset>
 #include <cstdint>
 #include <memory>
@@ -40,6 +48,7 @@ class TokenBytes {
     std::vector<std::int32_t> subtree_end;
     std::vector<std::int32_t> token_begin;
     std::vector<std::int32_t> tokens;
+    std::vector<std::uint16_t> max_below;  // the longest token ending in node i's subtree
   };
   const Trie& trie() const { return trie_; }
 
@@ -60,6 +69,11 @@ inline int frame_alt(Frame f) { return static_cast<int>(f >> 40); }
 inline int frame_element(Frame f) { return static_cast<int>((f >> 24) & 0xFFFF); }
 inline int frame_state(Frame f) { return static_cast<int>(f & 0xFFFFFF); }
 
+// Token length buckets: bucket b holds tokens of kBucketMin[b]..kBucketMax[b] bytes.
+inline constexpr int kBuckets = 6;
+inline constexpr int kBucketMin[kBuckets] = {1, 3, 5, 9, 17, 33};
+inline constexpr int kBucketMax[kBuckets] = {2, 4, 8, 16, 32, 1 << 30};
+
 // The per-position token split, shared by every request using one grammar with one vocabulary.
 struct FrameMask {
   std::vector<std::uint32_t> accepted_bits;  // a full bitset, or empty when accepted_list is used
@@ -75,19 +89,22 @@ class GrammarIndex {
   const TokenBytes& vocab() const { return *vocab_; }
   std::size_t mask_words() const { return (vocab_->size() + 31) / 32; }
 
-  // Computed on first use and kept; thread-safe.
-  const FrameMask& frame_mask(Frame f) const;
-  // Computes the masks of every position up front (for benchmarks and long-lived grammars).
-  std::size_t precompute_all() const;
-  std::size_t cached_frames() const;
+  // The split of bucket `bucket` at position `f`: computed on first use and kept; thread-safe.
+  const FrameMask& frame_mask(Frame f, int bucket) const;
+  std::size_t cached_masks() const;
+  // Computes every position's splits up front on `threads` threads (what a long-lived grammar
+  // pays once so that no step waits for a trie walk); returns how many there are.
+  std::size_t precompute(int threads) const;
 
  private:
-  FrameMask compute(Frame f) const;
+  FrameMask compute(Frame f, int bucket) const;
 
   CompiledGrammar grammar_;
+  // [dfa][bucket][state] -> class of states equivalent for inputs up to the bucket's longest token
+  std::vector<std::array<std::vector<std::int32_t>, kBuckets>> horizon_class_;
   std::shared_ptr<const TokenBytes> vocab_;
   mutable std::mutex mutex_;
-  mutable std::unordered_map<Frame, std::unique_ptr<FrameMask>> cache_;
+  mutable std::unordered_map<std::uint64_t, std::unique_ptr<FrameMask>> cache_;
 };
 
 // The hash-consed stacks of one matcher, and the steps between sets of them.

@@ -8,12 +8,18 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
 #include "../test_util.h"
 #include "engine/generate.h"
 #include "gguf/gguf.h"
+#include "grammar/compile.h"
+#include "grammar/gbnf.h"
+#include "grammar/json_schema.h"
+#include "grammar/matcher.h"
+#include "grammar/token_bytes_of.h"
 #include "util/error.h"
 
 namespace promptly {
@@ -629,6 +635,73 @@ TEST(EngineSpec, GreedyOnlySpeculationLeavesSampledRequestsAlone) {
   EXPECT_EQ(engine.stats().spec_drafts, 0u);
   EXPECT_EQ(c.wait(engine.submit(code_request(prompt, 40, c))).tokens, code_solo(prompt, 40));
   EXPECT_GT(engine.stats().spec_drafts, 0u);
+}
+
+}  // namespace
+}  // namespace promptly
+
+namespace promptly {
+namespace {
+
+std::shared_ptr<const grammar::GrammarIndex> schema_grammar(const std::string& schema) {
+  static const auto vocab = grammar::token_bytes_of(stories().tokenizer);
+  return std::make_shared<grammar::GrammarIndex>(
+      grammar::compile(grammar::parse_gbnf(grammar::json_schema_to_gbnf(nlohmann::ordered_json::parse(schema)))), vocab);
+}
+
+// A model that knows nothing of JSON writes valid JSON of the schema when constrained: sampled at
+// temperature 1 with several seeds, greedy, with logprobs (the constrained distribution's), and
+// several streams at once.
+TEST(EngineGrammar, OutputMatchesTheSchemaWhateverTheWeights) {
+  const std::string schema =
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":8},"n":{"type":"integer","minimum":-5,"maximum":5},"ok":{"type":"boolean"},"tags":{"type":"array","items":{"enum":["a","bc"]},"maxItems":3}},"required":["name","n","ok","tags"]})";
+  auto index = schema_grammar(schema);
+  EngineOptions o;
+  o.threads = 1;
+  Engine engine(stories().model, &stories().tokenizer, o);
+  Collector c;
+  std::vector<std::uint64_t> ids;
+  std::vector<bool> with_logprobs;
+  for (int i = 0; i < 6; ++i) {
+    Request r;
+    r.prompt = {1, 403, 407};
+    r.max_tokens = 400;
+    r.sampling.temperature = i == 0 ? 0.0f : 1.0f;
+    r.sampling.seed = static_cast<std::uint64_t>(i);
+    r.top_logprobs = i == 1 ? 2 : -1;
+    r.grammar = index;
+    r.on_event = c.callback();
+    ids.push_back(engine.submit(std::move(r)));
+  }
+  for (std::uint64_t id : ids) {
+    Collector::Result res = c.wait(id);
+    EXPECT_EQ(res.end.finish_reason, FinishReason::Stop) << res.text;
+    nlohmann::json v = nlohmann::json::parse(res.text);
+    ASSERT_TRUE(v.is_object()) << res.text;
+    EXPECT_TRUE(v["name"].is_string() && v["name"].get<std::string>().size() <= 8 * 4) << res.text;
+    EXPECT_TRUE(v["n"].is_number_integer() && std::abs(v["n"].get<int>()) <= 5) << res.text;
+    EXPECT_TRUE(v["ok"].is_boolean()) << res.text;
+    EXPECT_LE(v["tags"].size(), 3u) << res.text;
+  }
+  expect_all_memory_released(engine);
+}
+
+TEST(EngineGrammar, LengthLimitInsideAValueStopsWithLength) {
+  auto index = schema_grammar(R"({"type":"object","properties":{"s":{"type":"string"}},"required":["s"]})");
+  EngineOptions o;
+  o.threads = 1;
+  Engine engine(stories().model, &stories().tokenizer, o);
+  Collector c;
+  Request r;
+  r.prompt = {1};
+  r.max_tokens = 3;
+  r.sampling.temperature = 0;
+  r.grammar = index;
+  r.on_event = c.callback();
+  const Collector::Result res = c.wait(engine.submit(std::move(r)));
+  EXPECT_EQ(res.end.finish_reason, FinishReason::Length);
+  EXPECT_EQ(res.tokens.size(), 3u);
+  EXPECT_EQ(res.text.rfind("{", 0), 0u) << res.text;  // as far as it got
 }
 
 }  // namespace

@@ -1,0 +1,54 @@
+#pragma once
+// Token masks computed off the decoding thread: as soon as a constrained stream accepts a token,
+// its next mask is queued for a worker thread, which works while the engine runs the model's next
+// forward pass; the engine only waits if the mask is not ready when that stream is sampled.
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "grammar/matcher.h"
+
+namespace promptly::grammar {
+
+// One constrained stream: its matcher and the mask of its next token.
+class ConstrainedStream {
+ public:
+  explicit ConstrainedStream(std::shared_ptr<const GrammarIndex> index) : matcher(std::move(index)), mask(matcher.index().mask_words()) {}
+  Matcher matcher;
+  std::vector<std::uint32_t> mask;
+
+ private:
+  friend class MaskWorker;
+  enum class State { Stale, Queued, Running, Ready };
+  State state = State::Stale;
+};
+
+class MaskWorker {
+ public:
+  MaskWorker() = default;
+  ~MaskWorker();
+  MaskWorker(const MaskWorker&) = delete;
+  MaskWorker& operator=(const MaskWorker&) = delete;
+
+  // The stream's matcher has moved on: compute its next mask in the background.
+  void request(ConstrainedStream& s);
+  // The stream's current mask (computed here if the worker has not started on it).
+  const std::uint32_t* wait(ConstrainedStream& s);
+  // Call before the stream is destroyed or its matcher changes.
+  void forget(ConstrainedStream& s);
+
+ private:
+  void run();
+
+  std::mutex mutex_;
+  std::condition_variable work_, done_;
+  std::deque<ConstrainedStream*> queue_;
+  std::thread thread_;
+  bool stopping_ = false;
+};
+
+}  // namespace promptly::grammar
