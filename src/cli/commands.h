@@ -40,6 +40,8 @@ struct RunOptions {
   bool parse_special = false;
   std::string kv_type = "f32";
   SpecFlags spec;
+  std::string json_schema;  // output constrained to this JSON Schema (a file), or
+  std::string grammar;      // to this GBNF grammar (a file)
 };
 int run(const RunOptions& o);
 

@@ -56,6 +56,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("-b,--batch-size", run.gen.prefill_chunk, "Prompt tokens per forward pass")->capture_default_str();
   run_cmd->add_flag("--ignore-eos", run.gen.ignore_eos, "Keep generating past end-of-generation tokens");
   run_cmd->add_option("--kv-type", run.kv_type, "KV cache element type: f32 (exact), f16 (half the memory) or q8_0 (about a quarter)")->capture_default_str();
+  run_cmd->add_option("--json-schema", run.json_schema, "Constrain the output to this JSON Schema (a file)");
+  run_cmd->add_option("--grammar", run.grammar, "Constrain the output to this GBNF grammar (a file)");
   run_cmd->add_flag("--no-bos", run.no_bos, "Do not add BOS/EOS to the prompt");
   run_cmd->add_flag("--special", run.parse_special, "Parse control tokens written in the prompt");
   run_cmd->add_flag("--json", run.json, "Print one JSON object with ids, text and timings instead of streaming");

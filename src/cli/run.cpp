@@ -5,6 +5,11 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "grammar/compile.h"
+#include "grammar/gbnf.h"
+#include "grammar/json_schema.h"
+#include "grammar/matcher.h"
+#include "grammar/token_bytes_of.h"
 #include "gguf/gguf.h"
 #include "model/builtin_model.h"
 #include "model/model.h"
@@ -47,6 +52,12 @@ int run(const RunOptions& o) {
   const std::unique_ptr<spec::Proposer> proposer =
       make_proposer(o.spec, tokenizer.vocab(), ctx, gen.kv_type, gen.sampling, pool, draft_model, gen.spec_tokens);
   gen.proposer = proposer.get();
+  if (!o.json_schema.empty() || !o.grammar.empty()) {
+    if (!o.json_schema.empty() && !o.grammar.empty()) throw Error("give --json-schema or --grammar, not both");
+    const std::string gbnf = !o.grammar.empty() ? read_file(o.grammar, "grammar file")
+                                                : grammar::json_schema_to_gbnf(nlohmann::ordered_json::parse(read_file(o.json_schema, "JSON schema file")));
+    gen.grammar = std::make_shared<grammar::GrammarIndex>(grammar::compile(grammar::parse_gbnf(gbnf)), grammar::token_bytes_of(tokenizer));
+  }
   const GenerateResult r = generate(model, tokenizer, prompt_ids, gen, pool, o.json ? nullptr : std::function<void(const std::string&)>(stream));
   const GenerateTimings& t = r.timings;
 

@@ -139,7 +139,8 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, EngineOptions opt
                                           // Running a follow-up alone skips the streams' tokens for a step:
                                           // not under an ITL target.
                                           options.itl_target_ms > 0 ? 0 : options.short_prompt_first,
-                                          options.shortest_prefill_first}) {
+                                          options.shortest_prefill_first}),
+      mask_worker_(grammar::MaskWorker::spare_core(pool_.size())) {
   if (options_.max_batch_tokens == 0) throw Error("--max-batch-tokens must be at least 1");
   if (tokenizer_) eog_ids_ = tokenizer_->vocab().end_of_generation_ids();
   if (options_.spec == EngineOptions::Spec::Ngram) ngram_ = std::make_unique<spec::NgramProposer>(options_.spec_ngram);

@@ -1,7 +1,9 @@
 #include "engine/generate.h"
 
 #include <algorithm>
+#include <limits>
 
+#include "grammar/mask_worker.h"
 #include "spec/verify.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -30,6 +32,21 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
   std::vector<float> logits;
   Batch batch;
   constexpr int kSeq = 0;
+  // The next token's mask is computed on the worker while the forward pass runs. The worker is
+  // declared after the stream so that it stops before the stream goes away.
+  std::unique_ptr<grammar::ConstrainedStream> constraint;
+  grammar::MaskWorker mask_worker(grammar::MaskWorker::spare_core(pool.size()));
+  if (options.grammar) {
+    constraint = std::make_unique<grammar::ConstrainedStream>(options.grammar);
+    mask_worker.request(*constraint);
+  }
+  auto constrain = [&](float* row) {
+    if (!constraint) return;
+    const std::uint32_t* mask = mask_worker.wait(*constraint);
+    const std::size_t known = options.grammar->vocab().size();
+    for (std::size_t i = 0; i < cfg.n_vocab; ++i)
+      if (i >= known || !((mask[i / 32] >> (i % 32)) & 1u)) row[i] = -std::numeric_limits<float>::infinity();
+  };
 
   const auto t0 = SteadyClock::now();
   const std::size_t chunk = std::max<std::size_t>(1, options.prefill_chunk);
@@ -55,6 +72,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
     if (n == 0) {
       // The prompt's last logits give the first token, as without speculation.
       if (keep_logits) result.logits.push_back(logits);
+      constrain(logits.data());
       committed.push_back(sampler.sample(logits.data(), cfg.n_vocab, history));
       t_first = SteadyClock::now();
       result.timings.ttft_ms = std::chrono::duration<double, std::milli>(t_first - t0).count();
@@ -62,7 +80,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
       // The cache holds history but its last token; that token and the guesses run as one batch
       // whose rows predict, in turn, what follows each prefix of the guess.
       proposal.clear();
-      if (options.proposer && options.spec_tokens > 0) {
+      if (options.proposer && options.spec_tokens > 0 && !constraint) {
         const std::size_t room = std::min(budget - n, ctx - history.size()) - 1;
         options.proposer->propose(history, std::min(options.spec_tokens, room), proposal);
         result.timings.spec_drafted += proposal.tokens.size();
@@ -74,24 +92,37 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
       batch.add(history.back(), static_cast<std::int32_t>(base), kSeq, true);
       for (std::size_t i = 0; i < k; ++i) batch.add(proposal.tokens[i], static_cast<std::int32_t>(base + 1 + i), kSeq, true);
       model.forward(batch, cache, pool, logits);
-      const std::size_t accepted = spec::verify_chain(logits.data(), cfg.n_vocab, proposal, history, sampler, p, committed,
-                                                      keep_logits ? &result.logits : nullptr);
-      result.timings.spec_accepted += accepted;
-      // Only the accepted guesses' K/V stay: the rest lie past the length and are overwritten later.
-      cache.set_length(kSeq, base + 1 + accepted);
+      if (constraint) {
+        if (keep_logits) result.logits.push_back(logits);
+        constrain(logits.data());
+        committed.push_back(sampler.sample(logits.data(), cfg.n_vocab, history));
+      } else {
+        const std::size_t accepted = spec::verify_chain(logits.data(), cfg.n_vocab, proposal, history, sampler, p, committed,
+                                                        keep_logits ? &result.logits : nullptr);
+        result.timings.spec_accepted += accepted;
+        // Only the accepted guesses' K/V stay: the rest lie past the length and are overwritten later.
+        cache.set_length(kSeq, base + 1 + accepted);
+      }
     }
     for (const std::int32_t id : committed) {
-      if (!options.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
+      if ((!options.ignore_eos || constraint) && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
         result.finish_reason = "stop";
         stopped = true;
         break;
       }
+      if (constraint && !constraint->matcher.accept(id)) throw Error("internal error: a token outside the grammar was sampled");
       history.push_back(id);
       result.ids.push_back(id);
       const std::string text = detok.push(id);
       result.text += text;
       if (on_text && !text.empty()) on_text(text);
+      if (constraint && constraint->matcher.must_end()) {
+        result.finish_reason = "stop";
+        stopped = true;
+        break;
+      }
       if (++n == budget) break;
+      if (constraint) mask_worker.request(*constraint);
     }
   }
   const std::string tail = detok.flush();

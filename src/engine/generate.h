@@ -4,6 +4,7 @@
 // Model::forward batches.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,9 @@
 #include "util/thread_pool.h"
 
 namespace promptly {
+namespace grammar {
+class GrammarIndex;
+}
 
 struct GenerateOptions {
   int max_tokens = 128;
@@ -28,6 +32,9 @@ struct GenerateOptions {
   // distribution when sampling.
   spec::Proposer* proposer = nullptr;
   std::size_t spec_tokens = 4;
+  // Constrained decoding (grammar/): only tokens the grammar allows are sampled, and generation ends
+  // when it is complete. Speculation is off for constrained generation.
+  std::shared_ptr<const grammar::GrammarIndex> grammar;
 };
 
 struct GenerateTimings {

@@ -13,7 +13,16 @@ MaskWorker::~MaskWorker() {
   if (thread_.joinable()) thread_.join();
 }
 
+bool MaskWorker::spare_core(int compute_threads) {
+  return static_cast<int>(std::thread::hardware_concurrency()) > compute_threads;
+}
+
 void MaskWorker::request(ConstrainedStream& s) {
+  if (!background_) {
+    std::lock_guard lock(mutex_);
+    s.state = ConstrainedStream::State::Stale;
+    return;
+  }
   {
     std::lock_guard lock(mutex_);
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });  // only engines that constrain pay for it
