@@ -20,8 +20,9 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& messages, const C
   if (options.extra.is_object()) {
     for (const auto& [k, v] : options.extra.items()) globals.set(k, jinja::Value::from_json(v));
   }
-  // apply_chat_template always passes these, as None when absent; templates test them either way.
-  if (!globals.find("tools")) globals.set("tools", jinja::Value::none());
+  // `tools` stays undefined without tools (as in llama.cpp's server): transformers passes None, on
+  // which templates that loop over tools unguarded (Hermes-3's tool_use) fail, and every template
+  // that tests tools (`if tools`, `tools is not none`, `tools is defined`) reads undefined as none.
   if (!globals.find("documents")) globals.set("documents", jinja::Value::none());
   globals.set("messages", jinja::Value::from_json(messages));
   globals.set("add_generation_prompt", jinja::Value::boolean(options.add_generation_prompt));
