@@ -136,7 +136,8 @@ std::vector<std::string> tool_call_control_markers(ToolCallFormat format) {
     case ToolCallFormat::Llama3Json: return {std::string(kPythonTag)};
     case ToolCallFormat::MistralNemo: return {std::string(kMistralCalls)};
     case ToolCallFormat::MistralArgs: return {std::string(kMistralCalls), std::string(kMistralArgs), std::string(kMistralCallId)};
-    default: return {};
+    // Usually plain added tokens (shown as text), but a conversion may have marked them control.
+    default: return {std::string(kHermesOpen), std::string(kHermesClose)};
   }
 }
 

@@ -62,8 +62,9 @@ ToolCallFormat detect_tool_call_format(std::string_view template_source);
 const ToolCallSyntax& tool_call_syntax(ToolCallFormat format);
 const char* tool_call_format_name(ToolCallFormat format);
 
-// Marker texts the format uses that tokenizers hold as control tokens (never shown as text):
-// [TOOL_CALLS], [ARGS], [CALL_ID], <|python_tag|>. A server puts them back into the text it parses.
+// Marker texts of the format that a vocabulary may hold as control tokens (never shown as text):
+// [TOOL_CALLS], [ARGS], [CALL_ID], <|python_tag|>, <tool_call>. A server puts the text of those that
+// are control tokens in its vocabulary back into the text it parses.
 std::vector<std::string> tool_call_control_markers(ToolCallFormat format);
 
 // A fresh call id: "call_" and 24 alphanumerics, or 9 alphanumerics for the Mistral formats, whose

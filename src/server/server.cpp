@@ -47,6 +47,15 @@ double ms_between(SteadyClock::time_point a, SteadyClock::time_point b) {
 
 }  // namespace
 
+std::map<std::int32_t, std::string> tool_marker_tokens(const Tokenizer& tokenizer, const std::vector<std::string>& markers) {
+  std::map<std::int32_t, std::string> by_id;
+  for (const std::string& marker : markers) {
+    const std::vector<std::int32_t> ids = tokenizer.encode(marker, false, /*parse_special=*/true);
+    if (ids.size() == 1 && tokenizer.piece(ids[0]).empty()) by_id[ids[0]] = marker;
+  }
+  return by_id;
+}
+
 struct Server::Impl {
   const Model& model;
   const Tokenizer& tokenizer;
@@ -80,10 +89,7 @@ struct Server::Impl {
                                                                             : ChatTemplate::chatml_source();
     chat_template.emplace(source);
     tool_format = detect_tool_call_format(source);
-    for (const std::string& marker : tool_call_control_markers(tool_format)) {
-      const std::vector<std::int32_t> ids = tokenizer.encode(marker, false, /*parse_special=*/true);
-      if (ids.size() == 1 && tokenizer.piece(ids[0]).empty()) tool_marker_tokens[ids[0]] = marker;
-    }
+    tool_marker_tokens = server::tool_marker_tokens(tokenizer, tool_call_control_markers(tool_format));
     const Vocab& v = tokenizer.vocab();
     if (v.bos >= 0) bos_text = v.tokens[static_cast<std::size_t>(v.bos)];
     if (v.eos >= 0) eos_text = v.tokens[static_cast<std::size_t>(v.eos)];

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include "../test_util.h"
 #include "metrics/metrics.h"
+#include "server/server.h"
 
 namespace promptly::server {
 namespace {
@@ -137,6 +139,24 @@ TEST(Api, RejectsBadRequestsNamingTheParameter) {
       EXPECT_FALSE(std::string(e.what()).empty());
     }
   }
+}
+
+// The engine's text never shows control tokens: the server writes tool markers held as control
+// tokens back into the text it parses, and leaves markers the vocabulary shows as text alone.
+TEST(ToolMarkers, ControlTokenMarkersAreWrittenBack) {
+  // The shared Llama 3 tokenizer predates <|python_tag|>: <|eot_id|> stands in for a control marker.
+  const Tokenizer llama3 = Tokenizer::from_file(test::shared_model("tokenizers/llama3/tokenizer.json"));
+  const auto markers = tool_marker_tokens(llama3, {"<|eot_id|>", "<|python_tag|>", "[TOOL_CALLS]"});
+  ASSERT_EQ(markers.size(), 1u);  // the others are no single token of this vocabulary
+  EXPECT_EQ(markers.begin()->second, "<|eot_id|>");
+  EXPECT_EQ(llama3.piece(markers.begin()->first), "");
+  EXPECT_EQ(llama3.piece(markers.begin()->first, /*render_special=*/true), "<|eot_id|>");
+  // Qwen's <tool_call> is an added token shown as text: nothing to write back.
+  const Tokenizer qwen3 = Tokenizer::from_file(test::shared_model("tokenizers/qwen3/tokenizer.json"));
+  EXPECT_TRUE(tool_marker_tokens(qwen3, tool_call_control_markers(ToolCallFormat::Hermes)).empty());
+  const std::vector<std::int32_t> open = qwen3.encode("<tool_call>", false, true);
+  ASSERT_EQ(open.size(), 1u);
+  EXPECT_EQ(qwen3.piece(open[0]), "<tool_call>");
 }
 
 TEST(Metrics, PrometheusTextFormat) {
