@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
@@ -299,6 +300,54 @@ TEST(ToolCalls, MistralNearMisses) {
   ASSERT_EQ(p.calls.size(), 2u);
   EXPECT_EQ(p.calls[1].arguments, "{}");
   expect_stream_equals_whole(two, args);
+}
+
+// Outputs stitched at random from call fragments and near misses, in every format: streamed in
+// random pieces they parse as the whole text does, a text without calls comes back unchanged, and
+// every call's arguments are a JSON object.
+TEST(ToolCalls, RandomFragmentsStreamAsTheyParseWhole) {
+  const std::vector<std::string> fragments = {
+      "<tool_call>", "</tool_call>", "\n", " ", "{", "}", "[", "]", ",", ":", "\"name\"", "\"arguments\"",
+      "\"parameters\"", "\"get_time\"", "\"nope\"", "\"city\"", "\"Oslo\"", "{\"city\": \"Oslo\"}", "5", "\\",
+      "\"", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "get_time", "<|python_tag|>", "<tool", "_call>", "prose ",
+      "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+      "[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {}}]", "[TOOL_CALLS]get_time[ARGS]{\"city\": \"Oslo\"}",
+      "{\"name\": \"get_time\", \"parameters\": {}}"};
+  const std::map<ToolCallFormat, std::string> valid_call = {
+      {ToolCallFormat::Hermes, fragments[29]}, {ToolCallFormat::MistralNemo, fragments[30]},
+      {ToolCallFormat::MistralArgs, fragments[31]}, {ToolCallFormat::Llama3Json, fragments[32]}};
+  std::mt19937 rng(1234);
+  for (ToolCallFormat format : {ToolCallFormat::Hermes, ToolCallFormat::Llama3Json, ToolCallFormat::MistralNemo,
+                                ToolCallFormat::MistralArgs}) {
+    int with_calls = 0;
+    for (int round = 0; round < 400; ++round) {
+      std::string text;
+      const int n = 1 + static_cast<int>(rng() % 12);
+      for (int k = 0; k < n; ++k) text += fragments[rng() % fragments.size()];
+      if (round % 5 == 0) text = (rng() % 2 ? "" : "\n") + valid_call.at(format) + (rng() % 2 ? "" : "\n");  // a call alone
+      ToolCallOptions options = options_for(format);
+      options.parallel = rng() % 3 != 0;
+      const bool natural_end = rng() % 4 != 0;
+      const ParsedToolCalls whole = parse_tool_calls(text, options, natural_end);
+      with_calls += !whole.calls.empty();
+      if (whole.calls.empty()) {
+        EXPECT_EQ(whole.content.value_or("<null>"), text) << tool_call_format_name(format);
+      }
+      if (!options.parallel) {
+        EXPECT_LE(whole.calls.size(), 1u) << text;
+      }
+      for (const ToolCall& c : whole.calls) {
+        EXPECT_TRUE(json::parse(c.arguments, nullptr, false).is_object()) << text;
+        EXPECT_EQ(c.name, "get_time") << text;
+      }
+      const Streamed streamed = stream_in_pieces(text, options, 1 + rng() % 7, natural_end);
+      EXPECT_EQ(streamed.content, whole.content.value_or("")) << tool_call_format_name(format) << ": " << text;
+      EXPECT_EQ(streamed.calls.size(), whole.calls.size()) << tool_call_format_name(format) << ": " << text;
+    }
+    // Both kinds of output were tried.
+    EXPECT_GT(with_calls, 50) << tool_call_format_name(format);
+    EXPECT_LT(with_calls, 380) << tool_call_format_name(format);
+  }
 }
 
 // How each template takes OpenAI's form of a call (arguments as a JSON string, content null).
