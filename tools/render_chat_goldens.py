@@ -5,7 +5,10 @@ apply_chat_template configures it (transformers' render_jinja_template):
   ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]),
   tojson = json.dumps(x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys),
   raise_exception raises TemplateError, strftime_now formats the current time (pinned here),
-  and render(messages=..., tools=None unless given, documents=None, add_generation_prompt=..., bos/eos).
+  and render(messages=..., tools only when given, documents=None, add_generation_prompt=..., bos/eos).
+
+`tools` is left undefined when a conversation has none, as llama.cpp's server does: transformers passes
+tools=None, on which templates that loop over tools unguarded (Hermes-3's tool_use) fail.
 
 Writes tests/data/chat_templates/goldens.json, which tests/chat/chat_template_test.cpp compares
 Promptly's interpreter against byte for byte. Rerun (needs python3-jinja2 3.1) when templates or
@@ -42,6 +45,18 @@ TOOLS = [{
     },
 }]
 
+def tool_round_trip(arguments, call_content):
+    """user -> assistant tool call -> tool result -> assistant answer -> user."""
+    return [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": call_content, "tool_calls": [
+            {"id": "abc123XYZ", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "abc123XYZ", "content": '{"temperature_c": 18, "sky": "clear"}'},
+        {"role": "assistant", "content": "It is 18 \u00b0C and clear in Paris."},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+
+
 CONVERSATIONS = {
     "single_user": {"messages": [{"role": "user", "content": "Hello!"}]},
     "system_multiturn": {"messages": [
@@ -61,6 +76,13 @@ CONVERSATIONS = {
         {"role": "user", "content": "Times 3?"},
     ]},
     "tools": {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS},
+    # A tool round trip as Hugging Face documents it: arguments as an object. The call id has nine
+    # alphanumerics because Mistral Nemo's template refuses any other.
+    "tool_round_trip": {"messages": tool_round_trip({"city": "Paris", "days": 2}, None), "tools": TOOLS},
+    # The same as an OpenAI client sends it: arguments as a JSON string.
+    "tool_round_trip_string_arguments": {"messages": tool_round_trip('{"city": "Paris", "days": 2}', None), "tools": TOOLS},
+    # Content "" instead of null beside the calls (what templates that cannot take null get).
+    "tool_round_trip_empty_content": {"messages": tool_round_trip({"city": "Paris", "days": 2}, ""), "tools": TOOLS},
 }
 
 
@@ -132,8 +154,9 @@ def main():
             for gp in (False, True):
                 case = {"template": name, "conversation": conv_name, "add_generation_prompt": gp}
                 try:
-                    case["output"] = template.render(messages=conv["messages"], tools=conv.get("tools"), documents=None,
-                                                     add_generation_prompt=gp, bos_token=BOS, eos_token=EOS)
+                    case["output"] = template.render(messages=conv["messages"], documents=None, add_generation_prompt=gp,
+                                                     bos_token=BOS, eos_token=EOS,
+                                                     **({"tools": conv["tools"]} if "tools" in conv else {}))
                 except Exception as e:  # the template's own raise_exception, or a Python error
                     case["error"] = f"{type(e).__name__}: {e}"
                 cases.append(case)

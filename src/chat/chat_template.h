@@ -21,6 +21,19 @@ struct ChatRenderOptions {
   std::optional<std::time_t> now;
 };
 
+// How a template takes the tool-call parts of a conversation, which its source does not declare:
+// found by rendering a probe conversation once, as llama.cpp's minja does.
+struct TemplateToolCaps {
+  // It writes a call's arguments with `tojson` (Qwen, Llama 3, Mistral), so OpenAI's JSON-string
+  // arguments must become an object, or the prompt would show an escaped string.
+  bool object_arguments = false;
+  // It takes an assistant message whose content is null beside its tool calls (Qwen3 and Phi-3 fail
+  // on null; DeepSeek-R1 renders the calls only when content is null).
+  bool null_content = true;
+  // It accepts a system message (Gemma raises on one).
+  bool system_role = true;
+};
+
 class ChatTemplate {
  public:
   // Parses the template; throws jinja::TemplateError for syntax it cannot handle.
@@ -33,11 +46,18 @@ class ChatTemplate {
   // jinja::RaisedException when the template rejects the conversation, TemplateError on other failures.
   std::string render(const nlohmann::ordered_json& messages, const ChatRenderOptions& options) const;
 
+  // The messages as this template can take them (see TemplateToolCaps): apply before render().
+  nlohmann::ordered_json adapt_messages(const nlohmann::ordered_json& messages) const;
+
+  const TemplateToolCaps& tool_caps() const { return caps_; }
   const std::string& source() const { return source_; }
 
  private:
+  TemplateToolCaps probe_tool_caps() const;
+
   std::string source_;
   std::shared_ptr<jinja::Template> template_;
+  TemplateToolCaps caps_;
 };
 
 }  // namespace promptly

@@ -1437,7 +1437,17 @@ class Interpreter {
           return Value::string(out);
         });
       }
-      fail(line, "strings have no method '" + name + "' in this interpreter");
+      // Python's other str methods are missing here, which must fail loudly; any other name is no
+      // attribute of a str, which Jinja2 reads as undefined (`message.content.content is defined`
+      // in Mistral's templates, where content is a string).
+      static const char* const kOtherStrMethods[] = {
+          "casefold", "center", "encode", "expandtabs", "format", "format_map", "index", "isalnum", "isalpha",
+          "isascii", "isdecimal", "isdigit", "isidentifier", "islower", "isnumeric", "isprintable", "isspace",
+          "istitle", "isupper", "ljust", "maketrans", "partition", "removeprefix", "removesuffix", "rfind",
+          "rindex", "rjust", "rpartition", "rsplit", "splitlines", "swapcase", "translate", "zfill"};
+      for (const char* m : kOtherStrMethods)
+        if (name == m) fail(line, "strings have no method '" + name + "' in this interpreter");
+      return Value::undefined(name);
     }
     if (obj.is_dict()) {
       auto d = obj.dict;

@@ -1,5 +1,7 @@
 #include "server/api.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -78,7 +80,92 @@ std::string content_text(const json& content, std::size_t index) {
   return out;
 }
 
+bool valid_function_name(const std::string& name) {
+  // OpenAI's rule: 1 to 64 of a-z, A-Z, 0-9, underscore, dash (dots too, as some clients send them).
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.'; });
+}
+
+json parse_tools(const json& tools) {
+  if (!tools.is_array()) bad("tools", "'tools' must be an array of {\"type\": \"function\", \"function\": {...}} objects");
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < tools.size(); ++i) {
+    const json& tool = tools[i];
+    const std::string at = "tools[" + std::to_string(i) + "]";
+    if (!tool.is_object()) bad("tools", "'" + at + "' must be an object");
+    if (!tool.contains("type") || tool["type"] != "function") bad("tools", "'" + at + ".type' must be \"function\" (the only tool type supported)");
+    if (!tool.contains("function") || !tool["function"].is_object()) bad("tools", "'" + at + ".function' must be an object");
+    const json& function = tool["function"];
+    if (!function.contains("name") || !function["name"].is_string() || !valid_function_name(function["name"].get<std::string>())) {
+      bad("tools", "'" + at + ".function.name' must be a string of 1 to 64 letters, digits, '_', '-' or '.'");
+    }
+    const std::string name = function["name"];
+    if (std::find(names.begin(), names.end(), name) != names.end()) bad("tools", "two tools are named '" + name + "'");
+    names.push_back(name);
+    if (function.contains("description") && !function["description"].is_string() && !function["description"].is_null()) {
+      bad("tools", "'" + at + ".function.description' must be a string");
+    }
+    if (function.contains("parameters") && !function["parameters"].is_object() && !function["parameters"].is_null()) {
+      bad("tools", "'" + at + ".function.parameters' must be a JSON Schema object");
+    }
+    if (function.contains("strict") && !function["strict"].is_boolean() && !function["strict"].is_null()) {
+      bad("tools", "'" + at + ".function.strict' must be a boolean");
+    }
+  }
+  return tools;
+}
+
+ToolChoice parse_tool_choice(const json& choice, const std::vector<std::string>& names) {
+  ToolChoice out;
+  if (choice.is_string()) {
+    const std::string mode = choice;
+    if (mode == "auto") out.mode = ToolChoice::Mode::Auto;
+    else if (mode == "none") out.mode = ToolChoice::Mode::None;
+    else if (mode == "required") out.mode = ToolChoice::Mode::Required;
+    else bad("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}, not '" + mode + "'");
+  } else if (choice.is_object()) {
+    if (!choice.contains("type") || choice["type"] != "function" || !choice.contains("function") || !choice["function"].is_object() ||
+        !choice["function"].contains("name") || !choice["function"]["name"].is_string()) {
+      bad("tool_choice", "'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    out.mode = ToolChoice::Mode::Function;
+    out.function = choice["function"]["name"];
+    if (std::find(names.begin(), names.end(), out.function) == names.end()) {
+      bad("tool_choice", "'tool_choice' names the function '" + out.function + "', which is not among 'tools'");
+    }
+  } else {
+    bad("tool_choice", "'tool_choice' must be a string or an object");
+  }
+  if ((out.mode == ToolChoice::Mode::Required) && names.empty()) bad("tool_choice", "'tool_choice' \"required\" needs 'tools'");
+  return out;
+}
+
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}],
+// arguments as OpenAI sends them (a JSON string) or as an object (Hugging Face's form).
+void check_tool_calls(const json& calls, const std::string& param) {
+  if (!calls.is_array()) bad(param, "'" + param + "' must be an array");
+  for (std::size_t k = 0; k < calls.size(); ++k) {
+    const json& call = calls[k];
+    const std::string at = param + "[" + std::to_string(k) + "]";
+    if (!call.is_object()) bad(param, "'" + at + "' must be an object");
+    if (call.contains("id") && !call["id"].is_string()) bad(param, "'" + at + ".id' must be a string");
+    if (call.contains("type") && call["type"] != "function") bad(param, "'" + at + ".type' must be \"function\"");
+    if (!call.contains("function") || !call["function"].is_object()) bad(param, "'" + at + ".function' must be an object");
+    const json& function = call["function"];
+    if (!function.contains("name") || !function["name"].is_string()) bad(param, "'" + at + ".function.name' must be a string");
+    if (function.contains("arguments") && !function["arguments"].is_string() && !function["arguments"].is_object()) {
+      bad(param, "'" + at + ".function.arguments' must be a JSON string (or an object)");
+    }
+  }
+}
+
 }  // namespace
+
+std::vector<std::string> ApiRequest::tool_names() const {
+  std::vector<std::string> names;
+  for (const json& tool : tools) names.push_back(tool["function"]["name"]);
+  return names;
+}
 
 ApiRequest parse_api_request(std::string_view body, bool chat) {
   json j;
@@ -108,7 +195,22 @@ ApiRequest parse_api_request(std::string_view body, bool chat) {
       }
       json out = m;
       out["role"] = role == "developer" ? "system" : role;
-      out["content"] = content_text(m.contains("content") ? m["content"] : json(nullptr), i);
+      const json content = m.contains("content") ? m["content"] : json(nullptr);
+      const bool has_calls = role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null();
+      if (has_calls) {
+        check_tool_calls(m["tool_calls"], param + ".tool_calls");
+        if (m["tool_calls"].empty()) out.erase("tool_calls");  // templates test `if message.tool_calls` or `is defined`
+      } else {
+        out.erase("tool_calls");
+      }
+      // Null content beside tool calls stays null, as OpenAI sends it and as Hugging Face passes it
+      // on (ChatTemplate::adapt_messages gives "" to templates that cannot take null).
+      out["content"] = has_calls && content.is_null() ? json(nullptr) : json(content_text(content, i));
+      if (role == "tool") {
+        if (!m.contains("tool_call_id") || !m["tool_call_id"].is_string()) {
+          bad(param + ".tool_call_id", "'" + param + ".tool_call_id' must be the string id of the call this message answers");
+        }
+      }
       r.messages.push_back(std::move(out));
     }
   } else {
@@ -196,6 +298,15 @@ ApiRequest parse_api_request(std::string_view body, bool chat) {
   r.timeout_s = number(j, "timeout", 0.0, 86400.0 * 365, 0.0);
   r.ignore_eos = boolean(j, "ignore_eos", false);
   r.speculative = boolean(j, "speculative", true);
+  if (const json* tools = field(j, "tools")) {
+    if (!chat) bad("tools", "'tools' is only for /v1/chat/completions");
+    r.tools = parse_tools(*tools);
+  }
+  if (const json* choice = field(j, "tool_choice")) {
+    if (!chat) bad("tool_choice", "'tool_choice' is only for /v1/chat/completions");
+    r.tool_choice = parse_tool_choice(*choice, r.tool_names());
+  }
+  r.parallel_tool_calls = boolean(j, "parallel_tool_calls", true);
   if (const json* kw = field(j, "chat_template_kwargs")) {
     if (!kw->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
     r.chat_template_kwargs = *kw;

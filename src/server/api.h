@@ -27,6 +27,13 @@ class ApiError : public std::runtime_error {
   std::string type_, param_, code_;
 };
 
+// tool_choice: whether the model may, must or must not call the request's tools, or must call one.
+struct ToolChoice {
+  enum class Mode { Auto, None, Required, Function };
+  Mode mode = Mode::Auto;
+  std::string function;  // Mode::Function: the tool to call
+};
+
 struct ApiRequest {
   bool chat = true;
   std::string model;                       // empty: not given
@@ -52,6 +59,12 @@ struct ApiRequest {
   bool speculative = true;  // extension: false opts the request out of speculative decoding
   bool echo = false;                       // completions only
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
+  // Chat: the validated OpenAI function tools (empty: none), tool_choice, parallel_tool_calls.
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  ToolChoice tool_choice;
+  bool parallel_tool_calls = true;
+
+  std::vector<std::string> tool_names() const;
 };
 
 // Throws ApiError(400) naming the parameter for malformed JSON, wrong types, out-of-range values

@@ -7,9 +7,11 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <map>
 #include <thread>
 #include <vector>
 
+#include "chat/tool_calls.h"
 #include "server/answer_cache.h"
 #include "server/api.h"
 #include "util/error.h"
@@ -45,12 +47,25 @@ double ms_between(SteadyClock::time_point a, SteadyClock::time_point b) {
 
 }  // namespace
 
+std::map<std::int32_t, std::string> tool_marker_tokens(const Tokenizer& tokenizer, const std::vector<std::string>& markers) {
+  std::map<std::int32_t, std::string> by_id;
+  for (const std::string& marker : markers) {
+    const std::vector<std::int32_t> ids = tokenizer.encode(marker, false, /*parse_special=*/true);
+    if (ids.size() == 1 && tokenizer.piece(ids[0]).empty()) by_id[ids[0]] = marker;
+  }
+  return by_id;
+}
+
 struct Server::Impl {
   const Model& model;
   const Tokenizer& tokenizer;
   Engine& engine;
   ServerOptions options;
   std::optional<ChatTemplate> chat_template;
+  ToolCallFormat tool_format = ToolCallFormat::Fallback;
+  // The format's markers that the vocabulary holds as control tokens, which the detokenizer never
+  // shows: the parser gets their text back from the token id.
+  std::map<std::int32_t, std::string> tool_marker_tokens;
   std::string bos_text, eos_text;
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
@@ -73,6 +88,8 @@ struct Server::Impl {
                                 : !tokenizer.vocab().chat_template.empty() ? tokenizer.vocab().chat_template
                                                                             : ChatTemplate::chatml_source();
     chat_template.emplace(source);
+    tool_format = detect_tool_call_format(source);
+    tool_marker_tokens = server::tool_marker_tokens(tokenizer, tool_call_control_markers(tool_format));
     const Vocab& v = tokenizer.vocab();
     if (v.bos >= 0) bos_text = v.tokens[static_cast<std::size_t>(v.bos)];
     if (v.eos >= 0) eos_text = v.tokens[static_cast<std::size_t>(v.eos)];
@@ -140,6 +157,8 @@ struct Choice {
   std::vector<std::int32_t> prompt, generated;  // as submitted and as generated (the answer cache keeps them)
   std::string text;
   std::vector<EngineEvent> tokens;  // only kept when logprobs were asked for
+  std::string tool_text;            // text with tool markers held as control tokens written back in
+  std::optional<ToolCallParser> tool_parser;  // streaming with tools
   bool finished = false;
   EngineEvent end;
   SteadyClock::time_point last_token;
@@ -172,6 +191,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<Choice> choices_;
   std::size_t n_finished_ = 0;
   bool sent_role_ = false;
+  bool parse_tools_ = false;  // the model was offered tools: its output may hold calls
   // Streaming output: chunks written one at a time, in order.
   struct Out {
     std::string data;
@@ -341,9 +361,19 @@ class Session : public std::enable_shared_from_this<Session> {
     ro.bos_token = server_.bos_text;
     ro.eos_token = server_.eos_text;
     ro.extra = api_.chat_template_kwargs;
+    // tool_choice "none" keeps the tools out of the prompt (as llama.cpp does): a model shown tools
+    // tends to call them, and nothing would parse the call.
+    const bool offer_tools = !api_.tools.empty() && api_.tool_choice.mode != ToolChoice::Mode::None;
+    json messages = api_.messages;
+    if (server_.tool_format == ToolCallFormat::Fallback) {
+      messages = fallback_tool_messages(messages, offer_tools ? api_.tools : json::array(), server_.chat_template->tool_caps().system_role);
+    } else if (offer_tools) {
+      ro.extra["tools"] = api_.tools;
+    }
+    parse_tools_ = offer_tools;
     std::string text;
     try {
-      text = server_.chat_template->render(api_.messages, ro);
+      text = server_.chat_template->render(server_.chat_template->adapt_messages(messages), ro);
     } catch (const jinja::RaisedException& e) {
       throw ApiError(400, std::string("the chat template rejected the conversation: ") + e.what(), "invalid_request_error", "messages");
     } catch (const std::exception& e) {
@@ -390,6 +420,10 @@ class Session : public std::enable_shared_from_this<Session> {
     choices_.assign(prompts.size(), Choice{});
     n_finished_ = 0;
     sent_role_ = false;
+    if (!chat) parse_tools_ = false;
+    if (parse_tools_ && api_.stream) {
+      for (Choice& c : choices_) c.tool_parser.emplace(tool_options());
+    }
     generating_ = true;
     peer_gone_ = false;
     if (api_.stream) begin_stream();
@@ -467,10 +501,19 @@ class Session : public std::enable_shared_from_this<Session> {
       c.generated.push_back(e.token);
       c.text += e.text;
       if (api_.top_logprobs >= 0) c.tokens.push_back(e);
-      if (api_.stream && !peer_gone_ && (!e.text.empty() || api_.top_logprobs >= 0)) stream_piece(index, e.text, api_.top_logprobs >= 0 ? &e : nullptr);
+      const EngineEvent* logprob_event = api_.top_logprobs >= 0 ? &e : nullptr;
+      if (parse_tools_) {
+        std::string piece = e.text;
+        if (auto marker = server_.tool_marker_tokens.find(e.token); marker != server_.tool_marker_tokens.end()) piece += marker->second;
+        c.tool_text += piece;
+        if (api_.stream && !peer_gone_) stream_tool_events(index, c.tool_parser->push(piece), logprob_event);
+        return;
+      }
+      if (api_.stream && !peer_gone_ && (!e.text.empty() || logprob_event)) stream_piece(index, e.text, logprob_event);
       return;
     }
     c.text += e.text;
+    c.tool_text += e.text;
     c.finished = true;
     c.end = e;
     ++n_finished_;
@@ -481,8 +524,17 @@ class Session : public std::enable_shared_from_this<Session> {
       server_.live_engine_ids.erase(c.engine_id);
     }
     if (api_.stream && !peer_gone_) {
-      if (!e.text.empty()) stream_piece(index, e.text, nullptr);
-      stream_finish(index, e.finish_reason);
+      if (parse_tools_) {
+        // An end of its own (EOS, a stop string) may close a call; max_tokens leaves it content.
+        const bool natural_end = e.finish_reason == FinishReason::Stop;
+        std::vector<ToolCallEvent> events = c.tool_parser->push(e.text);
+        for (ToolCallEvent& x : c.tool_parser->finish(natural_end)) events.push_back(std::move(x));
+        stream_tool_events(index, events, nullptr);
+        stream_finish(index, natural_end && c.tool_parser->calls() > 0 ? "tool_calls" : finish_reason_text(e.finish_reason));
+      } else {
+        if (!e.text.empty()) stream_piece(index, e.text, nullptr);
+        stream_finish(index, finish_reason_text(e.finish_reason));
+      }
     }
     if (n_finished_ < choices_.size()) return;
     if (api_.stream) {
@@ -576,8 +628,20 @@ class Session : public std::enable_shared_from_this<Session> {
     for (std::size_t i = 0; i < choices_.size(); ++i) {
       const Choice& c = choices_[i];
       json choice = {{"index", i}};
+      std::string finish_reason = finish_reason_text(c.end.finish_reason);
       if (api_.chat) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        if (parse_tools_) {
+          const bool natural_end = c.end.finish_reason == FinishReason::Stop;
+          const ParsedToolCalls parsed = parse_tool_calls(c.tool_text, tool_options(), natural_end);
+          choice["message"]["content"] = parsed.content ? json(*parsed.content) : json(nullptr);
+          if (!parsed.calls.empty()) {
+            json calls = json::array();
+            for (const ToolCall& call : parsed.calls) calls.push_back(tool_call_json(call));
+            choice["message"]["tool_calls"] = std::move(calls);
+            if (natural_end) finish_reason = "tool_calls";
+          }
+        }
         if (api_.top_logprobs >= 0) {
           json content = json::array();
           for (const EngineEvent& e : c.tokens) content.push_back(chat_logprob(e));
@@ -589,7 +653,7 @@ class Session : public std::enable_shared_from_this<Session> {
         choice["text"] = c.text;
         choice["logprobs"] = api_.top_logprobs >= 0 ? completion_logprobs(c.tokens) : json(nullptr);
       }
-      choice["finish_reason"] = finish_reason_text(c.end.finish_reason);
+      choice["finish_reason"] = finish_reason;
       choices.push_back(choice);
     }
     const json body = {{"id", request_id_},
@@ -631,6 +695,43 @@ class Session : public std::enable_shared_from_this<Session> {
     pump();
   }
 
+  ToolCallOptions tool_options() const {
+    ToolCallOptions o;
+    o.format = server_.tool_format;
+    o.tool_names = api_.tool_choice.mode == ToolChoice::Mode::Function ? std::vector<std::string>{api_.tool_choice.function} : api_.tool_names();
+    o.parallel = api_.parallel_tool_calls;
+    return o;
+  }
+
+  // The parser's decisions as chunks: content deltas, and per call its head then its arguments.
+  // A token's log-probabilities ride on its first chunk, or on an empty one while text is held.
+  void stream_tool_events(std::size_t index, const std::vector<ToolCallEvent>& events, const EngineEvent* logprob_event) {
+    bool sent = false;
+    for (const ToolCallEvent& event : events) {
+      for (const json& delta : tool_call_event_deltas(event)) {
+        stream_delta(index, delta, sent ? nullptr : logprob_event);
+        sent = true;
+      }
+    }
+    if (!sent && logprob_event) stream_delta(index, json{{"content", ""}}, logprob_event);
+  }
+
+  void stream_delta(std::size_t index, json delta, const EngineEvent* logprob_event) {
+    json j = chunk_base();
+    if (!sent_role_) {
+      json with_role = {{"role", "assistant"}};
+      if (!delta.contains("content")) with_role["content"] = nullptr;
+      for (auto& [k, v] : delta.items()) with_role[k] = v;
+      delta = std::move(with_role);
+      sent_role_ = true;
+    }
+    json choice = {{"index", index}, {"delta", std::move(delta)}};
+    choice["logprobs"] = logprob_event ? json{{"content", json::array({chat_logprob(*logprob_event)})}} : json(nullptr);
+    choice["finish_reason"] = nullptr;
+    j["choices"] = json::array({choice});
+    push_event(j);
+  }
+
   void stream_piece(std::size_t index, const std::string& text, const EngineEvent* logprob_event) {
     json j = chunk_base();
     json choice = {{"index", index}};
@@ -651,7 +752,7 @@ class Session : public std::enable_shared_from_this<Session> {
     push_event(j);
   }
 
-  void stream_finish(std::size_t index, FinishReason reason) {
+  void stream_finish(std::size_t index, const std::string& reason) {
     json j = chunk_base();
     json choice = {{"index", index}};
     if (api_.chat) {
@@ -661,7 +762,7 @@ class Session : public std::enable_shared_from_this<Session> {
       choice["text"] = "";
     }
     choice["logprobs"] = nullptr;
-    choice["finish_reason"] = finish_reason_text(reason);
+    choice["finish_reason"] = reason;
     j["choices"] = json::array({choice});
     push_event(j);
   }

@@ -5,13 +5,16 @@
 // exists. A client that disconnects cancels its request in the engine at once.
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "chat/chat_template.h"
+#include "chat/tool_calls.h"
 #include "engine/engine.h"
 #include "metrics/metrics.h"
 #include "model/model.h"
@@ -31,6 +34,11 @@ struct ServerOptions {
   double idle_timeout_s = 60;             // keep-alive connections and slow request bodies
   double shutdown_grace_s = 10;
 };
+
+// The `markers` (tool_call_control_markers) that `tokenizer` holds as control tokens, by id: the
+// engine's text never shows control tokens, so the server writes these back into the text it parses
+// for calls.
+std::map<std::int32_t, std::string> tool_marker_tokens(const Tokenizer& tokenizer, const std::vector<std::string>& markers);
 
 class Server {
  public:

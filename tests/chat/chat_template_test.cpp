@@ -13,7 +13,7 @@ namespace {
 using nlohmann::ordered_json;
 
 // Goldens come from tools/render_chat_goldens.py: Python Jinja2 3.1 configured as Hugging Face's
-// apply_chat_template (trim_blocks, lstrip_blocks, loopcontrols, HF's tojson, tools=None, documents=None).
+// apply_chat_template (trim_blocks, lstrip_blocks, loopcontrols, HF's tojson, documents=None, tools only when given).
 TEST(ChatTemplate, EveryTemplateMatchesPythonJinja2ByteForByte) {
   const auto doc = ordered_json::parse(test::read_file(std::string(PROMPTLY_SOURCE_DIR) + "/tests/data/chat_templates/goldens.json"));
   int checked = 0;
@@ -36,7 +36,7 @@ TEST(ChatTemplate, EveryTemplateMatchesPythonJinja2ByteForByte) {
     const ChatTemplate tmpl(source);
     if (c.contains("output")) {
       std::string got;
-      ASSERT_NO_THROW(got = tmpl.render(conv.at("messages"), opts)) << label;
+      EXPECT_NO_THROW(got = tmpl.render(conv.at("messages"), opts)) << label;
       EXPECT_EQ(got, c.at("output").get<std::string>()) << label;
     } else {
       const std::string err = c.at("error");
@@ -53,7 +53,7 @@ TEST(ChatTemplate, EveryTemplateMatchesPythonJinja2ByteForByte) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 110);
+  EXPECT_EQ(checked, 176);
 }
 
 TEST(ChatTemplate, ChatmlFallback) {

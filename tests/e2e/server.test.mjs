@@ -325,3 +325,81 @@ test('serve --draft speculates: the same greedy text, the spec_decode metrics, a
     await s.stop();
   }
 });
+
+// A random-weight model never writes a tool call, so this checks what reaches the model and what
+// the API accepts; parsing calls out of real templates' output is in tests/chat/tool_calls_test.cpp.
+test('tools: offered through the template, a round trip accepted, streaming equal to non-streaming, bad tools are 400s', async () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'promptly-e2e-'));
+  const model = path.join(dir, 'qwen-tools.gguf');
+  execFileSync(BINARY, ['gen-model', '--preset', 'tiny-qwen2', '--chat-template', path.join(SHARED, 'templates', 'Qwen-Qwen2.5-7B-Instruct.jinja'), '-o', model], { stdio: 'ignore' });
+  const hermes = path.join(dir, 'hermes-tools.gguf');
+  execFileSync(BINARY, ['gen-model', '--preset', 'tiny-qwen2', '--chat-template', path.join(SHARED, 'templates', 'NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja'), '-o', hermes], { stdio: 'ignore' });
+  const tools = [
+    { type: 'function', function: { name: 'get_weather', description: 'Weather in a city', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } },
+    { type: 'function', function: { name: 'get_time', description: 'Time in a city', parameters: { type: 'object', properties: { city: { type: 'string' } } } } },
+  ];
+  const roundTrip = [
+    { role: 'user', content: 'Weather in Paris?' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'call_abc', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+    { role: 'tool', tool_call_id: 'call_abc', content: '{"temperature_c": 18}' },
+    { role: 'assistant', content: 'It is 18 C.' },
+    { role: 'user', content: 'And the time?' },
+  ];
+  const s = await startServer(['-m', model]);
+  try {
+    const c = new OpenAI({ baseURL: `${s.baseURL}/v1`, apiKey: 'x', maxRetries: 0 });
+    const ask = (extra) => c.chat.completions.create({ model: 'qwen-tools', messages: roundTrip, max_tokens: 12, temperature: 0, ...extra });
+    const plain = await ask({});
+    const offered = await ask({ tools });
+    // The tools are described in the prompt, and tool_choice "none" keeps them out of it.
+    assert.ok(offered.usage.prompt_tokens > plain.usage.prompt_tokens + 50, `${offered.usage.prompt_tokens} vs ${plain.usage.prompt_tokens}`);
+    assert.equal((await ask({ tools, tool_choice: 'none' })).usage.prompt_tokens, plain.usage.prompt_tokens);
+    assert.equal(offered.choices[0].message.role, 'assistant');
+    assert.equal(typeof offered.choices[0].message.content, 'string');
+    assert.equal(offered.choices[0].message.tool_calls, undefined);
+    assert.ok(['stop', 'length'].includes(offered.choices[0].finish_reason));
+    for (const tool_choice of ['auto', 'required', { type: 'function', function: { name: 'get_time' } }]) {
+      const r = await ask({ tools, tool_choice, parallel_tool_calls: false });
+      assert.equal(r.usage.prompt_tokens, offered.usage.prompt_tokens);
+      assert.equal(r.choices[0].message.content, offered.choices[0].message.content);
+    }
+    // Streaming with tools goes through the incremental parser: the same text, the same ending.
+    const stream = await ask({ tools, stream: true, logprobs: true });
+    let text = '';
+    let finish = null;
+    let logprobs = 0;
+    for await (const chunk of stream) {
+      const choice = chunk.choices[0];
+      assert.equal(choice.delta.tool_calls, undefined);
+      text += choice.delta.content ?? '';
+      logprobs += choice.logprobs?.content?.length ?? 0;
+      if (choice.finish_reason) finish = choice.finish_reason;
+    }
+    assert.equal(text, offered.choices[0].message.content);
+    assert.equal(finish, offered.choices[0].finish_reason);
+    assert.equal(logprobs, offered.usage.completion_tokens);
+
+    const rejects = (body, param) => assert.rejects(c.chat.completions.create({ model: 'qwen-tools', messages: roundTrip, max_tokens: 2, ...body }), (e) => e.status === 400 && e.param === param);
+    await rejects({ tools: [{ type: 'function', function: { description: 'no name' } }] }, 'tools');
+    await rejects({ tools: [{ type: 'code_interpreter' }] }, 'tools');
+    await rejects({ tools, tool_choice: { type: 'function', function: { name: 'launch_rocket' } } }, 'tool_choice');
+    await rejects({ tools, tool_choice: 'always' }, 'tool_choice');
+    await rejects({ tool_choice: 'required' }, 'tool_choice');
+    await rejects({ tools, parallel_tool_calls: 'no' }, 'parallel_tool_calls');
+    await assert.rejects(c.chat.completions.create({ model: 'qwen-tools', max_tokens: 2, messages: [{ role: 'user', content: 'x' }, { role: 'tool', content: 'orphan' }] }),
+      (e) => e.status === 400 && e.param === 'messages[1].tool_call_id');
+  } finally {
+    await s.stop();
+  }
+  // Hermes-3's tool_use template loops over tools unguarded: without tools it must still render.
+  const h = await startServer(['-m', hermes]);
+  try {
+    const c = new OpenAI({ baseURL: `${h.baseURL}/v1`, apiKey: 'x', maxRetries: 0 });
+    const without = await c.chat.completions.create({ model: 'hermes-tools', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 2, temperature: 0 });
+    assert.equal(without.usage.completion_tokens, 2);
+    const withTools = await c.chat.completions.create({ model: 'hermes-tools', messages: roundTrip, tools, max_tokens: 2, temperature: 0 });
+    assert.ok(withTools.usage.prompt_tokens > without.usage.prompt_tokens);
+  } finally {
+    await h.stop();
+  }
+});

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include "../test_util.h"
 #include "metrics/metrics.h"
+#include "server/server.h"
 
 namespace promptly::server {
 namespace {
@@ -44,6 +46,37 @@ TEST(Api, CompletionsTakeAStringOrAnArrayAndDefaultTo16Tokens) {
   EXPECT_FALSE(parse_api_request(R"({"messages": [{"role": "user", "content": "x"}]})", true).max_tokens);
 }
 
+TEST(Api, ParsesToolsToolChoiceAndAToolRoundTrip) {
+  const ApiRequest r = parse_api_request(R"({"messages": [
+      {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "18 C"}]},
+      {"role": "assistant", "content": "18 C.", "tool_calls": []}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+              {"type": "function", "function": {"name": "get_time"}}],
+    "tool_choice": {"type": "function", "function": {"name": "get_time"}}, "parallel_tool_calls": false})",
+                                         true);
+  ASSERT_EQ(r.messages.size(), 4u);
+  EXPECT_TRUE(r.messages[1]["content"].is_null());  // null beside calls stays null
+  EXPECT_EQ(r.messages[1]["tool_calls"][0]["function"]["arguments"], "{\"city\": \"Paris\"}");  // as the client sent it
+  EXPECT_EQ(r.messages[2]["content"], "18 C");
+  EXPECT_EQ(r.messages[2]["tool_call_id"], "call_1");
+  EXPECT_FALSE(r.messages[3].contains("tool_calls"));  // an empty list is no calls
+  EXPECT_EQ(r.tool_names(), (std::vector<std::string>{"get_weather", "get_time"}));
+  EXPECT_EQ(r.tool_choice.mode, ToolChoice::Mode::Function);
+  EXPECT_EQ(r.tool_choice.function, "get_time");
+  EXPECT_FALSE(r.parallel_tool_calls);
+
+  const ApiRequest plain = parse_api_request(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "none"})", true);
+  EXPECT_TRUE(plain.tools.empty());
+  EXPECT_EQ(plain.tool_choice.mode, ToolChoice::Mode::None);
+  EXPECT_TRUE(plain.parallel_tool_calls);
+  EXPECT_EQ(parse_api_request(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function",
+      "function": {"name": "f"}}], "tool_choice": "required"})", true).tool_choice.mode, ToolChoice::Mode::Required);
+}
+
 TEST(Api, RejectsBadRequestsNamingTheParameter) {
   struct Case {
     const char* body;
@@ -71,6 +104,26 @@ TEST(Api, RejectsBadRequestsNamingTheParameter) {
       {R"({"prompt": [1, 2]})", false, "prompt"},
       {R"({"prompt": "x", "echo": true})", false, "echo"},
       {R"({"prompt": "x", "logprobs": 9})", false, "logprobs"},
+      // tools, tool_choice, parallel_tool_calls and the tool parts of messages
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": {"type": "function"}})", true, "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]})", true, "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", true, "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": ""}}]})", true, "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "a b"}}]})", true, "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]})", true, "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "description": 3}}]})", true, "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]})", true, "tools"},
+      {R"({"prompt": "x", "tools": []})", false, "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "always"})", true, "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}})", true, "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function"}})", true, "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", true, "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": 1})", true, "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": "no"})", true, "parallel_tool_calls"},
+      {R"({"messages": [{"role": "assistant", "content": null, "tool_calls": {"id": "1"}}]})", true, "messages[0].tool_calls"},
+      {R"({"messages": [{"role": "assistant", "tool_calls": [{"id": "1", "type": "function", "function": {"arguments": "{}"}}]}]})", true, "messages[0].tool_calls"},
+      {R"({"messages": [{"role": "assistant", "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": 5}}]}]})", true, "messages[0].tool_calls"},
+      {R"({"messages": [{"role": "tool", "content": "18 C"}]})", true, "messages[0].tool_call_id"},
   };
   for (const Case& c : cases) {
     try {
@@ -86,6 +139,24 @@ TEST(Api, RejectsBadRequestsNamingTheParameter) {
       EXPECT_FALSE(std::string(e.what()).empty());
     }
   }
+}
+
+// The engine's text never shows control tokens: the server writes tool markers held as control
+// tokens back into the text it parses, and leaves markers the vocabulary shows as text alone.
+TEST(ToolMarkers, ControlTokenMarkersAreWrittenBack) {
+  // The shared Llama 3 tokenizer predates <|python_tag|>: <|eot_id|> stands in for a control marker.
+  const Tokenizer llama3 = Tokenizer::from_file(test::shared_model("tokenizers/llama3/tokenizer.json"));
+  const auto markers = tool_marker_tokens(llama3, {"<|eot_id|>", "<|python_tag|>", "[TOOL_CALLS]"});
+  ASSERT_EQ(markers.size(), 1u);  // the others are no single token of this vocabulary
+  EXPECT_EQ(markers.begin()->second, "<|eot_id|>");
+  EXPECT_EQ(llama3.piece(markers.begin()->first), "");
+  EXPECT_EQ(llama3.piece(markers.begin()->first, /*render_special=*/true), "<|eot_id|>");
+  // Qwen's <tool_call> is an added token shown as text: nothing to write back.
+  const Tokenizer qwen3 = Tokenizer::from_file(test::shared_model("tokenizers/qwen3/tokenizer.json"));
+  EXPECT_TRUE(tool_marker_tokens(qwen3, tool_call_control_markers(ToolCallFormat::Hermes)).empty());
+  const std::vector<std::int32_t> open = qwen3.encode("<tool_call>", false, true);
+  ASSERT_EQ(open.size(), 1u);
+  EXPECT_EQ(qwen3.piece(open[0]), "<tool_call>");
 }
 
 TEST(Metrics, PrometheusTextFormat) {
