@@ -2,7 +2,7 @@
 
 namespace promptly::grammar {
 
-std::shared_ptr<const TokenBytes> token_bytes_of(const Tokenizer& tokenizer) {
+std::shared_ptr<const TokenBytes> token_bytes_of(const Tokenizer& tokenizer, const std::map<std::int32_t, std::string>& control_as_text) {
   const Vocab& v = tokenizer.vocab();
   std::vector<std::string> pieces(v.size());
   std::vector<bool> excluded(v.size(), false);
@@ -11,6 +11,11 @@ std::shared_ptr<const TokenBytes> token_bytes_of(const Tokenizer& tokenizer) {
     const TokenType t = v.types[i];
     excluded[i] = t == TokenType::Control || t == TokenType::Unused || t == TokenType::Unknown;
     if (!excluded[i]) pieces[i] = tokenizer.piece(id);
+  }
+  for (const auto& [id, text] : control_as_text) {
+    if (id < 0 || static_cast<std::size_t>(id) >= v.size() || text.empty()) continue;
+    excluded[static_cast<std::size_t>(id)] = false;
+    pieces[static_cast<std::size_t>(id)] = text;
   }
   return std::make_shared<TokenBytes>(std::move(pieces), std::move(excluded), v.end_of_generation_ids());
 }

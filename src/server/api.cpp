@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "grammar/json_schema.h"
+
 namespace promptly::server {
 
 using json = nlohmann::ordered_json;
@@ -18,6 +20,46 @@ std::string ApiError::body() const {
 namespace {
 
 [[noreturn]] void bad(const std::string& param, const std::string& message) { throw ApiError(400, message, "invalid_request_error", param); }
+
+constexpr std::int64_t kMaxChoices = 128;
+
+// response_format and the `grammar` extension, resolved to one GBNF grammar.
+void parse_structured_output(const json& body, ApiRequest& r) {
+  auto it = body.find("grammar");
+  if (it != body.end() && !it->is_null()) {
+    if (!it->is_string() || it->get<std::string>().empty()) bad("grammar", "'grammar' must be a non-empty GBNF string");
+    r.grammar = it->get<std::string>();
+    r.grammar_param = "grammar";
+  }
+  it = body.find("response_format");
+  if (it == body.end() || it->is_null()) return;
+  const json& rf = *it;
+  if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+    bad("response_format", "'response_format' must be an object with a 'type' (text, json_object or json_schema)");
+  const std::string type = rf["type"].get<std::string>();
+  if (type == "text") return;
+  if (!r.grammar.empty()) bad("grammar", "give 'grammar' or a JSON 'response_format', not both");
+  r.grammar_param = "response_format";
+  try {
+    if (type == "json_object") {
+      r.grammar = grammar::json_object_gbnf();
+    } else if (type == "json_schema") {
+      const json* js = rf.contains("json_schema") ? &rf["json_schema"] : nullptr;
+      if (!js || !js->is_object()) bad("response_format", "'response_format.json_schema' must be an object with a 'schema'");
+      if (js->contains("name") && (!(*js)["name"].is_string() || (*js)["name"].get<std::string>().empty()))
+        bad("response_format", "'response_format.json_schema.name' must be a non-empty string");
+      if (js->contains("strict") && !(*js)["strict"].is_boolean() && !(*js)["strict"].is_null())
+        bad("response_format", "'response_format.json_schema.strict' must be a boolean");
+      // No schema: any JSON value, as OpenAI does.
+      r.grammar = js->contains("schema") ? grammar::json_schema_to_gbnf((*js)["schema"]) : grammar::json_schema_to_gbnf(json::object());
+    } else {
+      bad("response_format", "'response_format.type' must be text, json_object or json_schema, not '" + type + "'");
+    }
+  } catch (const grammar::SchemaError& e) {
+    throw ApiError(400, std::string("response_format: ") + e.what() + " (keyword '" + e.keyword() + "')", "invalid_request_error",
+                   "response_format", "unsupported_schema");
+  }
+}
 
 const json* field(const json& body, const char* name) {
   auto it = body.find(name);
@@ -292,7 +334,10 @@ ApiRequest parse_api_request(std::string_view body, bool chat) {
   } else if (auto lp = integer(j, "logprobs", 0, 5)) {
     r.top_logprobs = static_cast<int>(*lp);
   }
-  if (auto n = integer(j, "n", 1, kIntMax); n && *n != 1) bad("n", "only n = 1 is supported; send separate requests for more choices");
+  r.n = static_cast<int>(integer(j, "n", 1, kMaxChoices).value_or(1));
+  if (static_cast<std::size_t>(r.n) * std::max<std::size_t>(1, r.prompts.size()) > kMaxChoices)
+    bad("n", "at most " + std::to_string(kMaxChoices) + " choices per request (prompts x n)");
+  parse_structured_output(j, r);
   r.user = text(j, "user");
   r.priority = static_cast<int>(integer(j, "priority", -1000000, 1000000).value_or(0));
   r.timeout_s = number(j, "timeout", 0.0, 86400.0 * 365, 0.0);

@@ -63,6 +63,12 @@ struct ApiRequest {
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();
   ToolChoice tool_choice;
   bool parallel_tool_calls = true;
+  int n = 1;  // choices per prompt
+  // Structured output: a GBNF grammar the output must match, from response_format (json_object,
+  // json_schema) or the `grammar` extension; empty: unconstrained. grammar_param names where it
+  // came from, for errors found when it is compiled.
+  std::string grammar;
+  std::string grammar_param;
 
   std::vector<std::string> tool_names() const;
 };

@@ -1,5 +1,11 @@
 #include "server/server.h"
 
+#include "grammar/compile.h"
+#include "grammar/json_schema.h"
+#include "grammar/token_bytes_of.h"
+#include "server/grammar_cache.h"
+#include "server/tool_grammar.h"
+
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -12,7 +18,12 @@
 #include <vector>
 
 #include "chat/tool_calls.h"
+#include "grammar/compile.h"
+#include "grammar/json_schema.h"
+#include "grammar/token_bytes_of.h"
 #include "server/answer_cache.h"
+#include "server/grammar_cache.h"
+#include "server/tool_grammar.h"
 #include "server/api.h"
 #include "util/error.h"
 
@@ -67,6 +78,11 @@ struct Server::Impl {
   // shows: the parser gets their text back from the token id.
   std::map<std::int32_t, std::string> tool_marker_tokens;
   std::string bos_text, eos_text;
+  // Structured output: the vocabulary as grammars see it (made on first use: ~70 ms for 151k
+  // tokens), a second view where the tool-call markers are allowed, and the compiled grammars.
+  std::once_flag grammar_vocab_once;
+  std::shared_ptr<const grammar::TokenBytes> grammar_vocab, tool_grammar_vocab;
+  GrammarCache grammars;
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
   net::signal_set signals{ioc, SIGINT, SIGTERM};
@@ -160,6 +176,7 @@ struct Choice {
   std::string tool_text;            // text with tool markers held as control tokens written back in
   std::optional<ToolCallParser> tool_parser;  // streaming with tools
   bool finished = false;
+  bool counts_prompt = true;  // the first choice of its prompt (usage counts a prompt once)
   EngineEvent end;
   SteadyClock::time_point last_token;
 };
@@ -401,6 +418,12 @@ class Session : public std::enable_shared_from_this<Session> {
     } else {
       for (const std::string& p : api_.prompts) prompts.push_back(server_.tokenizer.encode(p, true, false));
     }
+    const std::shared_ptr<const grammar::GrammarIndex> constraint = output_grammar();
+    if (st.waiting + prompts.size() * static_cast<std::size_t>(api_.n) > server_.options.max_queue) {
+      throw ApiError(429, "the server is at capacity: " + std::to_string(prompts.size() * static_cast<std::size_t>(api_.n)) +
+                         " choices would not fit the queue; retry shortly or ask for fewer (n)",
+                     "rate_limit_error", "", "queue_full");
+    }
     for (auto& p : prompts) server_.answers.restore(p);
     const std::size_t ctx = server_.engine.ctx_size();
     for (const auto& p : prompts) {
@@ -417,6 +440,15 @@ class Session : public std::enable_shared_from_this<Session> {
     route_ = chat ? "chat" : "completions";
     request_id_ = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(server_.next_request++);
     created_ = unix_now();
+    // n choices per prompt (index: prompt * n + choice), each with its own seed. Identical prompts
+    // wait for the first one's blocks (Scheduler::waits_for_leader): the prompt is computed once
+    // and its KV blocks shared; each choice recomputes only the last, partial block.
+    const std::size_t n = static_cast<std::size_t>(api_.n);
+    std::vector<std::vector<std::int32_t>> per_choice;
+    for (const auto& p : prompts)
+      for (std::size_t j = 0; j < n; ++j) per_choice.push_back(p);
+    prompts = std::move(per_choice);
+    const std::uint64_t base_seed = api_.seed ? *api_.seed : std::random_device{}();
     choices_.assign(prompts.size(), Choice{});
     n_finished_ = 0;
     sent_role_ = false;
@@ -439,8 +471,8 @@ class Session : public std::enable_shared_from_this<Session> {
       r.sampling.presence_penalty = api_.presence_penalty;
       r.sampling.frequency_penalty = api_.frequency_penalty;
       r.sampling.repeat_last_n = -1;  // OpenAI's penalties count the whole output
-      if (api_.seed) r.sampling.seed = *api_.seed;
-      else r.sampling.seed = std::random_device{}();
+      r.sampling.seed = base_seed + i % n;  // seed + choice index, as llama.cpp and vLLM do
+      r.grammar = constraint;
       r.logit_bias = api_.logit_bias;
       r.stop = api_.stop;
       r.ignore_eos = api_.ignore_eos;
@@ -453,6 +485,7 @@ class Session : public std::enable_shared_from_this<Session> {
         net::post(self->stream_.get_executor(), [self, i, e] { self->on_event(i, e); });
       };
       choices_[i].prompt = prompts[i];
+      choices_[i].counts_prompt = i % n == 0;  // usage counts each prompt once, whatever n is
       try {
         choices_[i].engine_id = server_.engine.submit(std::move(r));
       } catch (const Error& e) {
@@ -577,9 +610,11 @@ class Session : public std::enable_shared_from_this<Session> {
   json usage_json() const {
     std::size_t prompt = 0, completion = 0, cached = 0;
     for (const Choice& c : choices_) {
-      prompt += c.end.usage.prompt_tokens;
+      if (c.counts_prompt) {
+        prompt += c.end.usage.prompt_tokens;
+        cached += c.end.usage.cached_tokens;
+      }
       completion += c.end.usage.completion_tokens;
-      cached += c.end.usage.cached_tokens;
     }
     return {{"prompt_tokens", prompt},
             {"completion_tokens", completion},
@@ -693,6 +728,35 @@ class Session : public std::enable_shared_from_this<Session> {
   void push_event(const json& j) {
     out_.push_back({"data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n", false, false});
     pump();
+  }
+
+  // The grammar the output must match: a valid call of the offered tools where tool_choice requires
+  // one, else response_format's or the `grammar` extension's; null when unconstrained.
+  std::shared_ptr<const grammar::GrammarIndex> output_grammar() {
+    const bool must_call = parse_tools_ && (api_.tool_choice.mode == ToolChoice::Mode::Required || api_.tool_choice.mode == ToolChoice::Mode::Function);
+    if (!must_call && api_.grammar.empty()) return nullptr;
+    std::call_once(server_.grammar_vocab_once, [this] {
+      server_.grammar_vocab = grammar::token_bytes_of(server_.tokenizer);
+      server_.tool_grammar_vocab = server_.tool_marker_tokens.empty() ? server_.grammar_vocab
+                                                                        : grammar::token_bytes_of(server_.tokenizer, server_.tool_marker_tokens);
+    });
+    std::string gbnf = api_.grammar, param = api_.grammar_param;
+    if (must_call) {
+      if (!api_.grammar.empty())
+        throw ApiError(400, "a required tool call cannot also follow '" + api_.grammar_param + "'", "invalid_request_error", api_.grammar_param);
+      try {
+        gbnf = tool_call_grammar(tool_call_syntax(server_.tool_format), api_.tools, api_.tool_choice, api_.parallel_tool_calls);
+      } catch (const grammar::SchemaError& e) {
+        throw ApiError(400, std::string("tools: a function's parameters cannot be enforced: ") + e.what() + " (keyword '" + e.keyword() + "')",
+                       "invalid_request_error", "tools", "unsupported_schema");
+      }
+      param = "tools";
+    }
+    try {
+      return server_.grammars.get(gbnf, must_call ? server_.tool_grammar_vocab : server_.grammar_vocab);
+    } catch (const grammar::GrammarError& e) {
+      throw ApiError(400, param + ": " + e.what(), "invalid_request_error", param, "invalid_grammar");
+    }
   }
 
   ToolCallOptions tool_options() const {
