@@ -326,8 +326,8 @@ test('serve --draft speculates: the same greedy text, the spec_decode metrics, a
   }
 });
 
-// A random-weight model never writes a tool call, so this checks what reaches the model and what
-// the API accepts; parsing calls out of real templates' output is in tests/chat/tool_calls_test.cpp.
+// What reaches the model and what the API accepts (a random-weight model writes no calls; the next
+// test gets calls from the code model, and tests/chat/tool_calls_test.cpp parses real templates' own).
 test('tools: offered through the template, a round trip accepted, streaming equal to non-streaming, bad tools are 400s', async () => {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'promptly-e2e-'));
   const model = path.join(dir, 'qwen-tools.gguf');
