@@ -240,10 +240,13 @@ bool ToolCallParser::call_may_start_at(std::size_t pos) const {
 ToolCallParser::AttemptResult ToolCallParser::try_calls_at(std::size_t pos, bool at_end) const {
   const std::string_view s(text_);
   AttemptResult r;
-  auto need_more_or_not = [&](AttemptResult& result) -> AttemptResult& {
-    result.outcome = at_end ? Attempt::NotACall : Attempt::NeedMore;
+  auto only = [](Attempt outcome) {
+    AttemptResult result;
+    result.outcome = outcome;
     return result;
   };
+  // The text stops before the call does: more may come, unless the output has ended.
+  auto unfinished = [&] { return only(at_end ? Attempt::NotACall : Attempt::NeedMore); };
   // A JSON value at `p`: Complete with `value`, or the outcome to report.
   auto json_at = [&](std::size_t p, json& value, std::size_t& end) -> std::optional<Attempt> {
     const Scan scan = scan_json_value(s, p, end);
@@ -260,18 +263,18 @@ ToolCallParser::AttemptResult ToolCallParser::try_calls_at(std::size_t pos, bool
       // The whole answer is one call: an optional <|python_tag|>, the object, then nothing.
       p = skip_space(s, p);
       if (const Match m = match_at(s, p, kPythonTag); m == Match::Partial) {
-        return need_more_or_not(r);
+        return unfinished();
       } else if (m == Match::Yes) {
         p = skip_space(s, p + kPythonTag.size());
       }
-      if (p >= s.size()) return need_more_or_not(r);
+      if (p >= s.size()) return unfinished();
       json object;
       std::size_t end = 0;
-      if (auto outcome = json_at(p, object, end)) return r.outcome = *outcome, r;
-      if (!only_space(s.substr(end))) return r.outcome = Attempt::NotACall, r;
-      if (!at_end) return r.outcome = Attempt::NeedMore, r;  // text may still follow the object
+      if (auto outcome = json_at(p, object, end)) return only(*outcome);
+      if (!only_space(s.substr(end))) return only(Attempt::NotACall);
+      if (!at_end) return only(Attempt::NeedMore);  // text may still follow the object
       auto call = checked_call(object, "parameters");
-      if (!call) return r.outcome = Attempt::NotACall, r;
+      if (!call) return only(Attempt::NotACall);
       r.calls.push_back(std::move(*call));
       r.end = s.size();
       r.outcome = Attempt::Calls;
@@ -279,15 +282,15 @@ ToolCallParser::AttemptResult ToolCallParser::try_calls_at(std::size_t pos, bool
     }
     case ToolCallFormat::MistralNemo: {
       p = skip_space(s, p + kMistralCalls.size());
-      if (p >= s.size()) return need_more_or_not(r);
+      if (p >= s.size()) return unfinished();
       json value;
       std::size_t end = 0;
-      if (auto outcome = json_at(p, value, end)) return r.outcome = *outcome, r;
+      if (auto outcome = json_at(p, value, end)) return only(*outcome);
       if (value.is_object()) value = json::array({value});
-      if (!value.is_array() || value.empty()) return r.outcome = Attempt::NotACall, r;
+      if (!value.is_array() || value.empty()) return only(Attempt::NotACall);
       for (const json& object : value) {
         auto call = checked_call(object, "arguments");
-        if (!call) return r.outcome = Attempt::NotACall, r;
+        if (!call) return only(Attempt::NotACall);
         r.calls.push_back(std::move(*call));
       }
       r.end = end;
@@ -299,27 +302,27 @@ ToolCallParser::AttemptResult ToolCallParser::try_calls_at(std::size_t pos, bool
       p += kMistralCalls.size();
       const std::size_t name_begin = p;
       while (p < s.size() && (std::isalnum(static_cast<unsigned char>(s[p])) || s[p] == '_' || s[p] == '-' || s[p] == '.')) ++p;
-      if (p >= s.size()) return need_more_or_not(r);
+      if (p >= s.size()) return unfinished();
       const std::string name(s.substr(name_begin, p - name_begin));
-      if (name.empty()) return r.outcome = Attempt::NotACall, r;
+      if (name.empty()) return only(Attempt::NotACall);
       if (const Match m = match_at(s, p, kMistralCallId); m == Match::Partial) {
-        return need_more_or_not(r);
+        return unfinished();
       } else if (m == Match::Yes) {
         p += kMistralCallId.size();
         while (p < s.size() && std::isalnum(static_cast<unsigned char>(s[p]))) ++p;
       }
       if (const Match m = match_at(s, p, kMistralArgs); m == Match::No) {
-        return r.outcome = Attempt::NotACall, r;
+        return only(Attempt::NotACall);
       } else if (m == Match::Partial) {
-        return need_more_or_not(r);
+        return unfinished();
       }
       p = skip_space(s, p + kMistralArgs.size());
-      if (p >= s.size()) return need_more_or_not(r);
+      if (p >= s.size()) return unfinished();
       json arguments;
       std::size_t end = 0;
-      if (auto outcome = json_at(p, arguments, end)) return r.outcome = *outcome, r;
+      if (auto outcome = json_at(p, arguments, end)) return only(*outcome);
       auto call = checked_call(json{{"name", name}, {"arguments", arguments}}, "arguments");
-      if (!call) return r.outcome = Attempt::NotACall, r;
+      if (!call) return only(Attempt::NotACall);
       r.calls.push_back(std::move(*call));
       r.end = end;
       r.outcome = Attempt::Calls;
@@ -328,17 +331,17 @@ ToolCallParser::AttemptResult ToolCallParser::try_calls_at(std::size_t pos, bool
     default: {
       // <tool_call> {...} </tool_call>; at a natural end the closing tag may be missing.
       p = skip_space(s, p + kHermesOpen.size());
-      if (p >= s.size()) return need_more_or_not(r);
+      if (p >= s.size()) return unfinished();
       json object;
       std::size_t end = 0;
-      if (auto outcome = json_at(p, object, end)) return r.outcome = *outcome, r;
+      if (auto outcome = json_at(p, object, end)) return only(*outcome);
       auto call = checked_call(object, "arguments");
-      if (!call) return r.outcome = Attempt::NotACall, r;
+      if (!call) return only(Attempt::NotACall);
       const std::size_t close = skip_space(s, end);
       const Match m = match_at(s, close, kHermesClose);
-      if (m == Match::No) return r.outcome = Attempt::NotACall, r;
-      if (m == Match::Partial && !at_end) return r.outcome = Attempt::NeedMore, r;
-      if (m == Match::Partial && close < s.size()) return r.outcome = Attempt::NotACall, r;  // a cut-off closing tag
+      if (m == Match::No) return only(Attempt::NotACall);
+      if (m == Match::Partial && !at_end) return only(Attempt::NeedMore);
+      if (m == Match::Partial && close < s.size()) return only(Attempt::NotACall);  // a cut-off closing tag
       r.calls.push_back(std::move(*call));
       r.end = m == Match::Yes ? close + kHermesClose.size() : s.size();
       r.outcome = Attempt::Calls;

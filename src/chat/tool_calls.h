@@ -87,7 +87,7 @@ struct ToolCallOptions {
 struct ToolCall {
   std::string id;
   std::string name;
-  std::string arguments;  // a JSON object, as the model wrote it
+  std::string arguments;  // the JSON object the model wrote, compact (or its string, where it wrote one)
 };
 
 // Plain text and calls as they come: text can arrive in pieces, a call arrives whole.

@@ -326,8 +326,8 @@ test('serve --draft speculates: the same greedy text, the spec_decode metrics, a
   }
 });
 
-// A random-weight model never writes a tool call, so this checks what reaches the model and what
-// the API accepts; parsing calls out of real templates' output is in tests/chat/tool_calls_test.cpp.
+// What reaches the model and what the API accepts (a random-weight model writes no calls; the next
+// test gets calls from the code model, and tests/chat/tool_calls_test.cpp parses real templates' own).
 test('tools: offered through the template, a round trip accepted, streaming equal to non-streaming, bad tools are 400s', async () => {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'promptly-e2e-'));
   const model = path.join(dir, 'qwen-tools.gguf');
@@ -401,5 +401,99 @@ test('tools: offered through the template, a round trip accepted, streaming equa
     assert.ok(withTools.usage.prompt_tokens > without.usage.prompt_tokens);
   } finally {
     await h.stop();
+  }
+});
+
+// Calls parsed out of generated text: with a test template whose prompt is the user's text as
+// written, the built-in code model (greedy) goes on repeating the calls the prompt lists. The
+// template's markers pick the format: Hermes (<tool_call>) or Llama 3 JSON (<|start_header_id|>).
+test('tool calls the model writes come back as tool_calls, streamed as OpenAI does', async () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'promptly-e2e-'));
+  const echo = '{%- for message in messages %}{{ message["content"] }}{%- endfor %}';
+  const hermesTemplate = path.join(dir, 'hermes-echo.jinja');
+  writeFileSync(hermesTemplate, `{#- Test template: tool calls in the Hermes form (<tool_call>). -#}\n${echo}`);
+  const llamaTemplate = path.join(dir, 'llama-echo.jinja');
+  writeFileSync(llamaTemplate, `{#- Test template: tool calls in the Llama 3 JSON form (<|start_header_id|>, tool_calls). -#}\n${echo}`);
+  const tools = [{ type: 'function', function: { name: 'get_time', description: 'Time in a city', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];
+  const cities = ['Oslo', 'Rome', 'Lima', 'Oslo', 'Rome'];
+  const collect = async (stream) => {
+    const out = { content: '', calls: [], finish: null, chunks: [] };
+    for await (const chunk of stream) {
+      const choice = chunk.choices[0];
+      out.chunks.push(choice.delta);
+      out.content += choice.delta.content ?? '';
+      for (const d of choice.delta.tool_calls ?? []) {
+        if (d.id) {
+          assert.equal(d.index, out.calls.length);
+          assert.equal(d.type, 'function');
+          assert.equal(d.function.arguments, '');
+          out.calls.push({ id: d.id, type: 'function', function: { name: d.function.name, arguments: '' } });
+        } else {
+          out.calls[d.index].function.arguments += d.function.arguments;
+        }
+      }
+      if (choice.finish_reason) out.finish = choice.finish_reason;
+    }
+    return out;
+  };
+  const sameCalls = (a, b) => assert.deepEqual(a.map((c) => c.function), b.map((c) => c.function));
+
+  let s = await startServer(['--chat-template', hermesTemplate]);
+  try {
+    const c = new OpenAI({ baseURL: `${s.baseURL}/v1`, apiKey: 'x', maxRetries: 0 });
+    const prompt = 'CALLS = """\n' + cities.map((city) => `<tool_call>{"name": "get_time", "arguments": {"city": "${city}"}}</tool_call>\n`).join('');
+    const body = { model: 'promptly-code-23m', messages: [{ role: 'user', content: prompt }], tools, max_tokens: 70, temperature: 0 };
+    const r = await c.chat.completions.create(body);
+    const calls = r.choices[0].message.tool_calls;
+    assert.ok(calls.length >= 2, JSON.stringify(r.choices[0]));
+    for (const call of calls) {
+      assert.match(call.id, /^call_[A-Za-z0-9]{24}$/);
+      assert.equal(call.function.name, 'get_time');
+      assert.ok(cities.includes(JSON.parse(call.function.arguments).city));
+    }
+    // max_tokens stopped it inside the next call: that part is content, and the reason is length.
+    assert.equal(r.choices[0].finish_reason, 'length');
+    assert.ok('<tool_call>'.startsWith(r.choices[0].message.content ?? '') || r.choices[0].message.content.startsWith('<tool_call>'));
+    const streamed = await collect(await c.chat.completions.create({ ...body, stream: true }));
+    assert.equal(streamed.chunks[0].role, 'assistant');
+    sameCalls(streamed.calls, calls);
+    assert.equal(streamed.content, r.choices[0].message.content ?? '');
+    assert.equal(streamed.finish, 'length');
+    // parallel_tool_calls false: the first call only; the next ones stay text.
+    const single = await c.chat.completions.create({ ...body, parallel_tool_calls: false });
+    assert.equal(single.choices[0].message.tool_calls.length, 1);
+    assert.deepEqual(single.choices[0].message.tool_calls[0].function, calls[0].function);
+    assert.ok(single.choices[0].message.content.startsWith('<tool_call>{"name": "get_time"'));
+    // tool_choice "none": nothing is parsed.
+    const none = await c.chat.completions.create({ ...body, tool_choice: 'none' });
+    assert.equal(none.choices[0].message.tool_calls, undefined);
+    assert.ok(none.choices[0].message.content.startsWith('<tool_call>'));
+  } finally {
+    await s.stop();
+  }
+
+  s = await startServer(['--chat-template', llamaTemplate]);
+  try {
+    const c = new OpenAI({ baseURL: `${s.baseURL}/v1`, apiKey: 'x', maxRetries: 0 });
+    const prompt = 'CALLS = [\n' + cities.map((city) => `    {"name": "get_time", "parameters": {"city": "${city}"}},\n`).join('') + '    ';
+    const body = { model: 'promptly-code-23m', messages: [{ role: 'user', content: prompt }], tools, max_tokens: 60, temperature: 0 };
+    // The stop string ends the answer right after one object: the whole answer is a call.
+    const r = await c.chat.completions.create({ ...body, stop: [',\n'] });
+    assert.equal(r.choices[0].finish_reason, 'tool_calls');
+    assert.equal(r.choices[0].message.content, null);
+    assert.equal(r.choices[0].message.tool_calls.length, 1);
+    assert.equal(r.choices[0].message.tool_calls[0].function.name, 'get_time');
+    const streamed = await collect(await c.chat.completions.create({ ...body, stop: [',\n'], stream: true }));
+    assert.equal(streamed.finish, 'tool_calls');
+    assert.equal(streamed.content, '');
+    sameCalls(streamed.calls, r.choices[0].message.tool_calls);
+    assert.deepEqual(Object.keys(streamed.chunks[0]).sort(), ['content', 'role', 'tool_calls']);
+    // Without it the answer goes on past the object: not a call, so all of it is content.
+    const text = await c.chat.completions.create(body);
+    assert.equal(text.choices[0].message.tool_calls, undefined);
+    assert.ok(text.choices[0].message.content.startsWith('{"name": "get_time", "parameters": {"city": '));
+    assert.equal(text.choices[0].finish_reason, 'length');
+  } finally {
+    await s.stop();
   }
 });
