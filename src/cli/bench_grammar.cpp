@@ -4,6 +4,7 @@
 // per-position cache (a grammar's first request); the rest show the steady state.
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -75,8 +76,18 @@ int bench_grammar(const BenchGrammarOptions& o) {
   std::vector<double> cold_mask_us, warm_mask_us, accept_us;
   std::size_t tokens = 0, finished = 0, allowed_total = 0;
   const auto& ends = vocab->end_ids();
+  std::ofstream samples;
+  if (!o.samples.empty()) {
+    samples.open(o.samples);
+    if (!samples) throw Error("bench grammar: cannot write " + o.samples);
+  }
   for (int w = 0; w < std::max(1, o.walks); ++w) {
     grammar::Matcher m(index);
+    std::string text;
+    auto finish_walk = [&] {
+      ++finished;
+      if (samples.is_open()) samples << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    };
     for (int step = 0; step < o.max_tokens; ++step) {
       auto ts = SteadyClock::now();
       m.fill_mask(mask.data());
@@ -87,12 +98,13 @@ int bench_grammar(const BenchGrammarOptions& o) {
       allowed_total += allowed.size();
       if (allowed.empty()) throw Error("bench grammar: the grammar reached a state with no allowed token");
       // End as soon as the grammar allows it half the time, so walks finish like real outputs.
-      if (m.can_end() && (rng() & 1)) { ++finished; break; }
+      if (m.can_end() && (rng() & 1)) { finish_walk(); break; }
       std::int32_t pick = allowed[rng() % allowed.size()];
-      if (std::find(ends.begin(), ends.end(), pick) != ends.end()) { ++finished; break; }
+      if (std::find(ends.begin(), ends.end(), pick) != ends.end()) { finish_walk(); break; }
       ts = SteadyClock::now();
       if (!m.accept(pick)) throw Error("bench grammar: a token from the mask was refused (bug)");
       accept_us.push_back(seconds_since(ts) * 1e6);
+      text += vocab->piece(pick);
       ++tokens;
     }
   }

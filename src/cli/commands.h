@@ -116,6 +116,7 @@ struct BenchGrammarOptions {
   int walks = 20;       // random walks through the grammar (the first one starts cold)
   int max_tokens = 2000;
   int threads = 0;      // > 0: precompute every position's mask on this many threads first
+  std::string samples;  // write each finished walk's text here, one JSON string per line
   std::uint64_t seed = 1;
   bool json = false;
 };

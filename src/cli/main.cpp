@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
   bgram_cmd->add_option("--walks", bgram.walks, "Random walks through the grammar (the first starts with an empty cache)")->capture_default_str();
   bgram_cmd->add_option("--max-tokens", bgram.max_tokens, "Longest walk")->capture_default_str();
   bgram_cmd->add_option("--precompute", bgram.threads, "Precompute every position's mask on this many threads before the walks (0: lazily, as needed)")->capture_default_str();
+  bgram_cmd->add_option("--samples", bgram.samples, "Write each finished walk's text to this file (one JSON string per line), e.g. to check them with a validator");
   bgram_cmd->add_option("--seed", bgram.seed, "Seed of the walks")->capture_default_str();
   bgram_cmd->add_flag("--json", bgram.json, "Print JSON");
 

@@ -16,14 +16,13 @@ using json = nlohmann::ordered_json;
 namespace {
 
 constexpr int kMaxDepth = 64;
-constexpr const char* kUnboundedDigits = "{0,15}";  // numbers end: at most 16 digits before the point
 
 const char* kBaseRules[][2] = {
     {"ws", "( \" \" | \"\\n\" [ \\t]{0,20} )?"},
     {"json-char", "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )"},
     {"json-string", "\"\\\"\" json-char* \"\\\"\""},
-    {"json-int", "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} )"},
-    {"json-number", "json-int ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?"},
+    {"json-int", "\"-\"? ( \"0\" | [1-9] [0-9]{0,14} )"},
+    {"json-number", "json-int ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?"},
     {"json-bool", "\"true\" | \"false\""},
     {"json-null", "\"null\""},
     {"json-value", "json-object | json-array | json-string | json-number | json-bool | json-null"},
@@ -271,10 +270,13 @@ class PatternTranslator {
 };
 
 const char* kFormats[][2] = {
-    {"date", "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )"},
-    {"time", "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" ( [0-5] [0-9] | \"60\" ) ( \".\" [0-9]{1,9} )? ( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )"},
+    // Days by month (February to the 28th: leap days need the year, which a regular grammar can
+    // only check at great length).
+    {"date", "[0-9]{4} \"-\" ( ( \"0\" [13578] | \"1\" [02] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] ) | ( \"0\" [469] | \"11\" ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"30\" ) | \"02-\" ( \"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8] ) )"},
+    {"time", "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,9} )? ( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )"},
     {"uuid", "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}"},
-    {"email", "[a-zA-Z0-9._%+-]{1,64} \"@\" [a-zA-Z0-9-]{1,63} ( \".\" [a-zA-Z0-9-]{1,63} ){1,8}"},
+    // A conservative subset of RFC 5321: dot-separated atoms, then labels that neither start nor end with '-'.
+    {"email", "[a-zA-Z0-9_%+-]{1,32} ( \".\" [a-zA-Z0-9_%+-]{1,32} ){0,3} \"@\" ( [a-zA-Z0-9] ( [a-zA-Z0-9-]{0,30} [a-zA-Z0-9] )? \".\" ){1,4} [a-zA-Z] ( [a-zA-Z0-9-]{0,30} [a-zA-Z0-9] )?"},
 };
 
 }  // namespace
@@ -573,25 +575,18 @@ double bound(const json& schema, const char* key, double fallback) {
 }  // namespace
 
 std::string GbnfBuilder::integer_rule(const json& schema, const std::string&) {
+  // Integers have at most 15 digits (|x| < 1e15, inside JavaScript's safe range); bounds past that
+  // (zod writes +-(2^53 - 1) for z.int()) bound nothing more.
+  constexpr double kLimit = 999999999999999.0;
   const double inf = std::numeric_limits<double>::infinity();
   double lo = bound(schema, "minimum", -inf), hi = bound(schema, "maximum", inf);
   if (schema.contains("exclusiveMinimum")) lo = std::max(lo, std::floor(bound(schema, "exclusiveMinimum", -inf)) + 1);
   if (schema.contains("exclusiveMaximum")) hi = std::min(hi, std::ceil(bound(schema, "exclusiveMaximum", inf)) - 1);
-  lo = std::ceil(lo);
-  hi = std::floor(hi);
-  if (lo == -inf && hi == inf) return "json-int";
+  lo = std::max(std::ceil(lo), -kLimit);
+  hi = std::min(std::floor(hi), kLimit);
   if (lo > hi) throw SchemaError("minimum", "the integer bounds leave no value");
-  const double limit = 1e15;
-  if (lo != -inf && hi != inf && lo >= -limit && hi <= limit) return integer_range_gbnf(static_cast<long long>(lo), static_cast<long long>(hi));
-  if (lo != -inf && lo >= 0 && lo <= limit) {  // at least lo: up to the 16-digit ceiling
-    return "( " + integer_range_gbnf(static_cast<long long>(lo), 9999999999999999LL) + " )";
-  }
-  if (hi != inf && hi <= 0 && hi >= -limit) {
-    return "( " + integer_range_gbnf(-9999999999999999LL, static_cast<long long>(hi)) + " )";
-  }
-  if (lo != -inf && lo < 0 && lo >= -limit) return integer_range_gbnf(static_cast<long long>(lo), 9999999999999999LL);
-  if (hi != inf && hi > 0 && hi <= limit) return integer_range_gbnf(-9999999999999999LL, static_cast<long long>(hi));
-  throw SchemaError("minimum", "integer bounds beyond +-1e15 are not supported");
+  if (lo == -kLimit && hi == kLimit) return "json-int";
+  return integer_range_gbnf(static_cast<long long>(lo), static_cast<long long>(hi));
 }
 
 std::string GbnfBuilder::number_rule(const json& schema, const std::string& name) {
@@ -604,9 +599,12 @@ std::string GbnfBuilder::number_rule(const json& schema, const std::string& name
   bool lo_open = false, hi_open = false;
   if (schema.contains("exclusiveMinimum")) { lo = bound(schema, "exclusiveMinimum", -inf); lo_open = true; }
   if (schema.contains("exclusiveMaximum")) { hi = bound(schema, "exclusiveMaximum", inf); hi_open = true; }
+  if (std::fabs(lo) >= 1e15) lo = -inf;  // beyond what 15 integer digits reach: no bound
+  if (std::fabs(hi) >= 1e15) hi = inf;
   for (double v : {lo, hi})
-    if (std::isfinite(v) && (v != std::floor(v) || std::fabs(v) > 1e15))
-      throw SchemaError(v == lo ? "minimum" : "maximum", "number bounds must be integers (within +-1e15) to be enforced");
+    if (std::isfinite(v) && v != std::floor(v))
+      throw SchemaError(v == lo ? "minimum" : "maximum", "number bounds must be integers to be enforced");
+  if (!std::isfinite(lo) && !std::isfinite(hi)) return "json-number";
   const long long big = 999999999999999LL;
   long long ilo = std::isfinite(lo) ? static_cast<long long>(lo) : -big, ihi = std::isfinite(hi) ? static_cast<long long>(hi) : big;
   std::vector<std::string> parts;

@@ -11,7 +11,8 @@
 // Objects are generated with their properties in schema order; optional ones may be left out;
 // additionalProperties absent or false allows no others. Whitespace between JSON tokens is bounded
 // (nothing, one space, or a newline and up to 20 spaces/tabs), so a schema whose strings and arrays
-// are bounded always finishes whatever the weights.
+// are bounded always finishes whatever the weights. Numbers stay within what a double holds and
+// integers within JavaScript's safe range: at most 15 integer digits, exponents of two digits.
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>

@@ -358,11 +358,10 @@ test('tools: offered through the template, a round trip accepted, streaming equa
     assert.equal(typeof offered.choices[0].message.content, 'string');
     assert.equal(offered.choices[0].message.tool_calls, undefined);
     assert.ok(['stop', 'length'].includes(offered.choices[0].finish_reason));
-    for (const tool_choice of ['auto', 'required', { type: 'function', function: { name: 'get_time' } }]) {
-      const r = await ask({ tools, tool_choice, parallel_tool_calls: false });
-      assert.equal(r.usage.prompt_tokens, offered.usage.prompt_tokens);
-      assert.equal(r.choices[0].message.content, offered.choices[0].message.content);
-    }
+    // (tool_choice "required" and a named function constrain the output: structured.test.mjs.)
+    const auto = await ask({ tools, tool_choice: 'auto', parallel_tool_calls: false });
+    assert.equal(auto.usage.prompt_tokens, offered.usage.prompt_tokens);
+    assert.equal(auto.choices[0].message.content, offered.choices[0].message.content);
     // Streaming with tools goes through the incremental parser: the same text, the same ending.
     const stream = await ask({ tools, stream: true, logprobs: true });
     let text = '';

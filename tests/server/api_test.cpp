@@ -77,6 +77,28 @@ TEST(Api, ParsesToolsToolChoiceAndAToolRoundTrip) {
       "function": {"name": "f"}}], "tool_choice": "required"})", true).tool_choice.mode, ToolChoice::Mode::Required);
 }
 
+TEST(Api, ResponseFormatAndGrammarBecomeOneGbnfGrammar) {
+  auto parse = [](const std::string& body) { return parse_api_request(body, true); };
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  EXPECT_TRUE(parse("{" + msgs + "}").grammar.empty());
+  EXPECT_TRUE(parse("{" + msgs + R"(, "response_format": {"type": "text"}})").grammar.empty());
+  ApiRequest obj = parse("{" + msgs + R"(, "response_format": {"type": "json_object"}})");
+  EXPECT_NE(obj.grammar.find("json-object"), std::string::npos);
+  EXPECT_EQ(obj.grammar_param, "response_format");
+  ApiRequest schema = parse("{" + msgs + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": true, "schema": {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}}}})");
+  EXPECT_NE(schema.grammar.find("\\\"age\\\""), std::string::npos) << schema.grammar;
+  ApiRequest gbnf = parse("{" + msgs + R"(, "grammar": "root ::= \"yes\"", "n": 3})");
+  EXPECT_EQ(gbnf.grammar, "root ::= \"yes\"");
+  EXPECT_EQ(gbnf.grammar_param, "grammar");
+  EXPECT_EQ(gbnf.n, 3);
+  try {
+    parse("{" + msgs + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object", "properties": {"a": {"type": "string", "format": "ipv6"}}}}}})");
+    ADD_FAILURE() << "accepted an unsupported format";
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("'format'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Api, RejectsBadRequestsNamingTheParameter) {
   struct Case {
     const char* body;
@@ -94,7 +116,17 @@ TEST(Api, RejectsBadRequestsNamingTheParameter) {
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", true, "max_tokens"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": "5"})", true, "max_tokens"},
       {R"({"messages": [{"role": "user", "content": "x"}], "temperature": 3})", true, "temperature"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", true, "n"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 0})", true, "n"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 129})", true, "n"},
+      {R"({"prompt": ["a", "b", "c"], "n": 50})", false, "n"},
+      // structured output
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": "json"})", true, "response_format"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}})", true, "response_format"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}})", true, "response_format"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object", "unevaluatedProperties": false}}}})", true, "response_format"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "a", "strict": "yes", "schema": {}}}})", true, "response_format"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "grammar": 5})", true, "grammar"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= \"a\"", "response_format": {"type": "json_object"}})", true, "grammar"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stop": [1]})", true, "stop"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stop": ""})", true, "stop"},
       {R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}})", true, "logit_bias"},
