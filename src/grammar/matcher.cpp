@@ -201,7 +201,7 @@ const FrameMask& GrammarIndex::frame_mask(Frame f, int bucket) const {
   return *it->second;
 }
 
-std::size_t GrammarIndex::precompute(int threads) const {
+std::size_t GrammarIndex::precompute(int threads, const std::atomic<bool>* stop) const {
   std::vector<std::pair<Frame, int>> work;  // one representative position per (element, bucket, class)
   for (std::size_t a = 0; a < grammar_.alts.size(); ++a)
     for (std::size_t e = 0; e < grammar_.alts[a].size(); ++e) {
@@ -220,7 +220,10 @@ std::size_t GrammarIndex::precompute(int threads) const {
     }
   std::atomic<std::size_t> next{0};
   auto worker = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < work.size();) frame_mask(work[i].first, work[i].second);
+    for (std::size_t i; (i = next.fetch_add(1)) < work.size();) {
+      if (stop && stop->load(std::memory_order_relaxed)) return;
+      frame_mask(work[i].first, work[i].second);
+    }
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(worker);
@@ -261,7 +264,20 @@ FrameMask GrammarIndex::compute(Frame f, int bucket) const {
     }
     const StackSpace::Heads& parent = level[d - 1];
     StackSpace::Heads& cur = level[d];
-    space.step(parent, trie.byte[i], cur);
+    // Most of a walk stays inside one DFA: one head, one table lookup, no rule to leave.
+    bool stepped = false;
+    if (parent.heads.size() == 1) {
+      const StackSpace::Head& h = parent.heads.front();
+      const Dfa& dfa = grammar_.dfa_at(frame_alt(h.frame), frame_element(h.frame));
+      const int next = dfa.step(frame_state(h.frame), trie.byte[i]);
+      if (next < 0 || !dfa.accepting[static_cast<std::size_t>(next)]) {
+        cur.heads.clear();
+        if (next >= 0) cur.heads.push_back({h.parent, make_frame(frame_alt(h.frame), frame_element(h.frame), next)});
+        cur.completed = cur.exited = false;
+        stepped = true;
+      }
+    }
+    if (!stepped) space.step(parent, trie.byte[i], cur);
     const bool uncertain_here = uncertain_path[d - 1] || (parent.exited && follow.test(trie.byte[i]));
     if (!cur.heads.empty() || cur.exited) {
       tokens_at(i, accepted);

@@ -18,6 +18,7 @@
 // token (Moore refinement stopped after that many rounds): "12 characters left" and "40 characters
 // left" share their masks for every token of up to 8 bytes.
 #include <array>
+#include <atomic>
 #include <bitset>
 #include <cstdint>
 #include <memory>
@@ -94,7 +95,8 @@ class GrammarIndex {
   std::size_t cached_masks() const;
   // Computes every position's splits up front on `threads` threads (what a long-lived grammar
   // pays once so that no step waits for a trie walk); returns how many there are.
-  std::size_t precompute(int threads) const;
+  // Stops early once `stop` becomes true.
+  std::size_t precompute(int threads, const std::atomic<bool>* stop = nullptr) const;
 
  private:
   FrameMask compute(Frame f, int bucket) const;

@@ -21,11 +21,33 @@ std::shared_ptr<const grammar::GrammarIndex> GrammarCache::get(const std::string
   if (it != entries_.end()) return it->second.first;  // compiled meanwhile by another request
   recent_.push_front(key);
   entries_.emplace(key, std::make_pair(index, recent_.begin()));
+  if (warm_in_background_) {
+    // Finished warmers are joined as new ones start: only those still working stay.
+    for (auto it = warmers_.begin(); it != warmers_.end();) {
+      if (it->done->load()) {
+        it->thread.join();
+        it = warmers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    warmers_.push_back({std::thread([index, done, this] {
+                          index->precompute(1, &stopping_);
+                          done->store(true);
+                        }),
+                        done});
+  }
   while (entries_.size() > capacity_) {
     entries_.erase(recent_.back());
     recent_.pop_back();
   }
   return index;
+}
+
+GrammarCache::~GrammarCache() {
+  stopping_ = true;
+  for (auto& w : warmers_) w.thread.join();
 }
 
 std::size_t GrammarCache::size() const {

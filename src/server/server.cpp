@@ -2,6 +2,7 @@
 
 #include "grammar/compile.h"
 #include "grammar/json_schema.h"
+#include "grammar/mask_worker.h"
 #include "grammar/token_bytes_of.h"
 #include "server/grammar_cache.h"
 #include "server/tool_grammar.h"
@@ -105,6 +106,8 @@ struct Server::Impl {
                                                                             : ChatTemplate::chatml_source();
     chat_template.emplace(source);
     tool_format = detect_tool_call_format(source);
+    const int compute_threads = engine.options().threads > 0 ? engine.options().threads : default_thread_count();
+    grammars.set_warm_in_background(grammar::MaskWorker::spare_core(compute_threads));
     tool_marker_tokens = server::tool_marker_tokens(tokenizer, tool_call_control_markers(tool_format));
     const Vocab& v = tokenizer.vocab();
     if (v.bos >= 0) bos_text = v.tokens[static_cast<std::size_t>(v.bos)];
