@@ -81,6 +81,8 @@ class Compiler {
   }
 
   int synthetic_rule(Expr body, const std::string& hint, bool recursive) {
+    if (static_cast<int>(work_.rules.size()) >= limits_.max_rules)
+      throw GrammarError("grammar too large: more than " + std::to_string(limits_.max_rules) + " rules (bounded repetitions of recursive parts make one rule per count)");
     work_.rules.push_back({hint + "-" + std::to_string(work_.rules.size()), std::move(body)});
     non_regular_.push_back(recursive);
     return static_cast<int>(work_.rules.size()) - 1;

@@ -41,6 +41,7 @@ struct CompiledGrammar {
 struct CompileLimits {
   int max_dfa_states = 20000;        // one regular stretch; larger ones are split into smaller pieces
   int max_total_states = 2000000;    // the whole grammar
+  int max_rules = 20000;             // rules, counting those made for repetitions of recursive parts
 };
 
 // Throws GrammarError for left recursion, rules that can never finish and grammars over the limits.

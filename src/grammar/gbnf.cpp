@@ -136,7 +136,7 @@ class Parser {
     long long v = 0;
     while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) {
       v = v * 10 + (s_[pos_++] - '0');
-      if (v > 100000) fail("repetition count too large (at most 100000)");
+      if (v > 10000) fail("repetition count too large (at most 10000)");
     }
     if (start == pos_) fail("expected a number");
     return static_cast<int>(v);

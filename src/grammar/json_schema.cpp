@@ -561,7 +561,7 @@ std::string GbnfBuilder::string_rule(const json& schema, const std::string& name
     return "\"\\\"\" " + add_rule(name + "-pattern", PatternTranslator(schema["pattern"].get<std::string>()).translate()) + " \"\\\"\"";
   }
   long long lo = schema.value("minLength", 0LL), hi = schema.contains("maxLength") ? schema["maxLength"].get<long long>() : -1;
-  if (lo < 0 || (hi >= 0 && hi < lo) || lo > 100000 || hi > 100000) throw SchemaError("maxLength", "minLength/maxLength out of range");
+  if (lo < 0 || (hi >= 0 && hi < lo) || lo > 10000 || hi > 10000) throw SchemaError("maxLength", "minLength/maxLength must be between 0 and 10000");
   if (lo == 0 && hi < 0) return "json-string";
   return "\"\\\"\" json-char{" + std::to_string(lo) + "," + (hi < 0 ? "" : std::to_string(hi)) + "} \"\\\"\"";
 }

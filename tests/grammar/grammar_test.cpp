@@ -53,6 +53,12 @@ TEST(Gbnf, LiteralsClassesAndRepetition) {
   EXPECT_FALSE(matches(R"(root ::= .)", "\xc3"));  // half a character never completes
 }
 
+TEST(Gbnf, LongBoundedRepetitionsStillCompile) {
+  auto index = index_of("root ::= [a-z]{0,9000} \".\"");  // past one DFA's size: split into rules
+  EXPECT_TRUE(matches(index, std::string(8999, 'q') + "."));
+  EXPECT_FALSE(matches(index, std::string(9001, 'q') + "."));
+}
+
 TEST(Gbnf, RecursiveRules) {
   const std::string parens = "root ::= p\np ::= \"(\" p* \")\"\n";
   auto index = index_of(parens);
@@ -77,6 +83,9 @@ TEST(Gbnf, ErrorsNameTheProblem) {
   EXPECT_NE(message("root ::= \"a").find("unterminated"), std::string::npos);
   EXPECT_NE(message("root ::= a\na ::= \"x\" a").find("never finish"), std::string::npos);
   EXPECT_NE(message("root ::= [b-a]").find("out of order"), std::string::npos);
+  // Hostile sizes end in a clear error, quickly, instead of exhausting memory.
+  EXPECT_NE(message("root ::= ((\"a\" x){0,9000}){0,9000}\nx ::= \"b\" x | \"c\"").find("too large"), std::string::npos);
+  EXPECT_NE(message("root ::= \"a\"{0,100000}").find("too large"), std::string::npos);
 }
 
 TEST(Utf8Sequences, CoverEveryCodePointOnce) {
