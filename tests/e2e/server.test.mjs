@@ -151,7 +151,7 @@ test('logprobs, seed and sampling parameters', async () => {
 
 test('errors: status codes and OpenAI error bodies', async () => {
   await assert.rejects(client.chat.completions.create({ model: 'nope', messages: [{ role: 'user', content: 'x' }] }), (e) => e.status === 404 && e.code === 'model_not_found');
-  await assert.rejects(client.chat.completions.create({ model: 'stories260K', messages: [{ role: 'user', content: 'x' }], n: 2 }), (e) => e.status === 400 && e.param === 'n');
+  await assert.rejects(client.chat.completions.create({ model: 'stories260K', messages: [{ role: 'user', content: 'x' }], n: 200 }), (e) => e.status === 400 && e.param === 'n');
   await assert.rejects(client.completions.create({ model: 'stories260K', prompt: 'x', max_tokens: 5000 }), (e) => e.status === 400 && /2048/.test(e.message));
   await assert.rejects(client.chat.completions.create({ model: 'stories260K', messages: [{ role: 'wizard', content: 'x' }] }), (e) => e.status === 400);
   const raw = async (body, headers = {}) => fetch(`${server.baseURL}/v1/chat/completions`, { method: 'POST', body, headers: { 'content-type': 'application/json', ...headers } });
