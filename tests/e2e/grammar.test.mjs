@@ -63,7 +63,7 @@ test('random schemas: every finished random walk over the Qwen3 vocabulary valid
   const dir = mkdtempSync(path.join(os.tmpdir(), 'promptly-grammar-'));
   const vocab = path.join(SHARED, 'tokenizers', 'qwen3', 'tokenizer.json');
   let walks = 0;
-  for (let seed = 1; seed <= 16; seed++) {
+  for (let seed = 1; seed <= 10; seed++) {
     const r = rng(seed);
     const defs = {};
     const schema = randomSchema(r, 3, defs);
@@ -84,5 +84,5 @@ test('random schemas: every finished random walk over the Qwen3 vocabulary valid
       walks++;
     }
   }
-  assert.ok(walks >= 48);
+  assert.ok(walks >= 30);
 });
