@@ -1,6 +1,7 @@
 // `promptly bench serve`: load on a running OpenAI-compatible server, measured from the client.
 // Exit status: 0 when every request succeeded, 2 when any failed (the report and --json are still
-// written, the failures counted and their errors listed), 1 for bad flags or input.
+// written, the failures counted and their errors listed), 1 for bad input (CLI11 uses its own codes
+// for malformed flags).
 #include <unistd.h>
 
 #include <algorithm>

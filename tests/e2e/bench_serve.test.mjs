@@ -4,7 +4,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -73,6 +73,22 @@ test('multiturn: each turn resends the history with the server\'s answers', asyn
   // One conversation runs turn after turn, so the records are in turn order: each prompt holds the
   // previous prompt and its answer.
   for (let t = 1; t < 3; t++) assert.ok(j.input_lens[t] >= j.input_lens[t - 1] + j.output_lens[t - 1], `input_lens ${j.input_lens}`);
+});
+
+test('ShareGPT conversations over the completions API: max_tokens from the reference answers', async () => {
+  const data = path.join(dir, 'chats.jsonl');
+  writeFileSync(data, [
+    { conversations: [{ from: 'human', value: 'Tell me a story' }, { from: 'gpt', value: 'Once upon a time there was a cat.' },
+      { from: 'human', value: 'And then?' }, { from: 'gpt', value: 'The end.' }] },
+    { messages: [{ role: 'user', content: 'Hi' }, { role: 'assistant', content: 'Hello, how can I help you today?' }] },
+  ].map((c) => JSON.stringify(c)).join('\n') + '\n');
+  const out = path.join(dir, 'chats.json');
+  const r = await bench(['--url', `${server.baseURL}/v1`, '--api', 'completions', '--dataset', data, '--think-ms', '0', '--ignore-eos', '--json', out]);
+  assert.equal(r.code, 0, r.stderr);
+  const j = JSON.parse(readFileSync(out, 'utf8'));
+  assert.equal(j.completed, 3);
+  // 34, 8 and 32 bytes of reference answer at about 4 bytes a token.
+  assert.deepEqual([...j.output_lens].sort((a, b) => a - b), [2, 8, 9]);
 });
 
 test('a request-rate sweep reports each rate and plots TTFT and ITL against the rate', async () => {
