@@ -37,7 +37,7 @@ std::string rate_text(double rate) {
 // A bar on stderr, redrawn in place on a terminal; in a log, a line every tenth of the run.
 class ProgressBar {
  public:
-  ProgressBar(std::string label) : label_(std::move(label)), tty_(::isatty(STDERR_FILENO) == 1), start_(SteadyClock::now()) {}
+  explicit ProgressBar(std::string label) : label_(std::move(label)), tty_(::isatty(STDERR_FILENO) == 1), start_(SteadyClock::now()) {}
 
   void update(std::size_t done, std::size_t failed, std::size_t total) {
     const bool last = done == total;

@@ -38,7 +38,8 @@ class HttpClient {
   void post_stream(const std::string& path, std::string body, std::function<void(std::string_view)> on_event,
                    std::function<void(const StreamEnd&)> on_end);
 
-  // A blocking GET (used before a run starts): the body, or nullopt with `error` set.
+  // A GET that runs the io_context until it is answered, so call it only while no run is under
+  // way (the benchmark asks for /v1/models first): the body, or nullopt with `error` set.
   std::optional<std::string> get(const std::string& path, std::string& error);
 
   const Endpoint& endpoint() const { return endpoint_; }
