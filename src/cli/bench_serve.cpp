@@ -2,6 +2,7 @@
 // Exit status: 0 when every request succeeded, 2 when any failed (the report and --json are still
 // written, the failures counted and their errors listed), 1 for bad input (CLI11 uses its own codes
 // for malformed flags).
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -150,6 +151,17 @@ void write_text(const std::string& path, const std::string& text, const char* wh
   if (!out) throw Error("cannot write the " + std::string(what) + " to " + path);
 }
 
+// Every request in flight holds a socket, and `--request-rate inf` without --max-concurrency opens
+// them all at once: lift the soft limit on open files to the hard one so that a run of a few
+// thousand prompts measures the server rather than this process's default of 1024.
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
 }  // namespace
 
 int bench_serve(const BenchServeOptions& o) {
@@ -169,6 +181,7 @@ int bench_serve(const BenchServeOptions& o) {
   std::size_t requests = 0;
   for (const auto& s : sessions) requests += s.turns.size();
 
+  raise_open_file_limit();
   boost::asio::io_context io;
   loadgen::HttpClient client(io, loadgen::parse_url(o.url), o.api_key, o.timeout_s);
   loadgen::RunConfig config;
