@@ -149,6 +149,30 @@ struct BenchSpecOptions {
 };
 int bench_spec(const BenchSpecOptions& o);
 
+// `bench serve`: an OpenAI-compatible server measured from the client, over HTTP.
+struct BenchServeOptions {
+  std::string url;
+  std::string model;    // empty: the first of the server's /v1/models
+  std::string api_key;
+  std::string api = "chat";  // chat or completions
+  std::string dataset = "random";
+  std::size_t num_prompts = 100;
+  std::string request_rate = "inf";  // one rate, or a comma-separated sweep
+  double burstiness = 1;
+  std::size_t max_concurrency = 0;  // 0: no limit
+  std::size_t input_len = 1024;     // words
+  std::optional<std::size_t> output_len;
+  std::size_t turns = 0;  // 0: the dataset's own (4 for multiturn)
+  double think_ms = 1000;
+  std::optional<double> slo_ttft_ms, slo_tpot_ms, slo_e2el_ms;
+  bool ignore_eos = false;
+  double timeout_s = 300;
+  std::uint64_t seed = 0;
+  std::string json_file;
+  std::string plot_file;
+};
+int bench_serve(const BenchServeOptions& o);
+
 // The serving engine's flags, shared by `serve` and `bench engine`.
 struct EngineFlags {
   int threads = 0;

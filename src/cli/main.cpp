@@ -189,6 +189,46 @@ int main(int argc, char** argv) {
   beng_cmd->add_option("--seed", beng.seed, "Seed of the random prompts")->capture_default_str();
   beng_cmd->add_flag("--json", beng.json, "Print JSON");
 
+  cli::BenchServeOptions bsrv;
+  auto* bsrv_cmd = bench_cmd->add_subcommand(
+      "serve", "A running OpenAI-compatible server (Promptly, llama-server, vLLM) under load: TTFT, TPOT, ITL, E2E latency, throughput, goodput");
+  bsrv_cmd->add_option("--url", bsrv.url, "The server, http://HOST:PORT")->required();
+  bsrv_cmd->add_option("--model", bsrv.model, "Model name sent with each request (default: the first the server lists)");
+  bsrv_cmd->add_option("--api-key", bsrv.api_key, "Sent as 'Authorization: Bearer KEY'");
+  bsrv_cmd->add_option("--api", bsrv.api, "chat (/v1/chat/completions) or completions (/v1/completions)")
+      ->check(CLI::IsMember({"chat", "completions"}))
+      ->capture_default_str();
+  bsrv_cmd->add_option("--dataset", bsrv.dataset, "random, multiturn, shared-prefix, or a .jsonl/.json file of ShareGPT-style conversations")
+      ->capture_default_str();
+  bsrv_cmd->add_option("--num-prompts", bsrv.num_prompts, "Conversations to send (multiturn: each --turns requests)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10000000}))
+      ->capture_default_str();
+  bsrv_cmd->add_option("--request-rate", bsrv.request_rate,
+                       "Conversations started per second (inf: all at once); a comma-separated list sweeps the rates, e.g. 0.5,1,2,4")
+      ->capture_default_str();
+  bsrv_cmd->add_option("--burstiness", bsrv.burstiness, "Gamma shape of the arrival gaps: 1 Poisson, below 1 burstier, above 1 steadier")
+      ->capture_default_str();
+  bsrv_cmd->add_option("--max-concurrency", bsrv.max_concurrency, "Most requests in flight (0: no limit)")->capture_default_str();
+  bsrv_cmd->add_option("--input-len", bsrv.input_len, "Words per user turn of the synthetic datasets (shared-prefix: of the shared system prompt)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10000000}))
+      ->capture_default_str();
+  bsrv_cmd->add_option("--output-len", bsrv.output_len, "max_tokens of each request (default 128; a file's reference answer lengths)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10000000}));
+  bsrv_cmd->add_option("--turns", bsrv.turns, "Turns per conversation (default: 4 for multiturn, a file's every turn)");
+  bsrv_cmd->add_option("--think-ms", bsrv.think_ms, "Mean of the exponential pause between a conversation's turns")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  bsrv_cmd->add_option("--slo-ttft-ms", bsrv.slo_ttft_ms, "Goodput counts requests with TTFT at most this")->check(CLI::PositiveNumber);
+  bsrv_cmd->add_option("--slo-tpot-ms", bsrv.slo_tpot_ms, "Goodput counts requests with TPOT at most this")->check(CLI::PositiveNumber);
+  bsrv_cmd->add_option("--slo-e2el-ms", bsrv.slo_e2el_ms, "Goodput counts requests with end-to-end latency at most this")->check(CLI::PositiveNumber);
+  bsrv_cmd->add_flag("--ignore-eos", bsrv.ignore_eos, "Ask for exactly --output-len tokens (ignore_eos: llama.cpp, vLLM and Promptly accept it)");
+  bsrv_cmd->add_option("--timeout", bsrv.timeout_s, "Seconds a request may wait for the server before it counts as failed")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  bsrv_cmd->add_option("--seed", bsrv.seed, "Seed of the prompts, arrivals and think times")->capture_default_str();
+  bsrv_cmd->add_option("--json", bsrv.json_file, "Write the results (vLLM's field names, per-request lists) to this file");
+  bsrv_cmd->add_option("--plot", bsrv.plot_file, "Write an SVG of TTFT p50/p99 and ITL p99 against the request rate");
+
   cli::ServeOptions srv;
   auto* serve_cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat/completions, completions, models, health, metrics)");
   serve_cmd->add_option("-m,--model", srv.model, "GGUF model file (default: the built-in promptly-code-23m)");
@@ -232,6 +272,7 @@ int main(int argc, char** argv) {
     if (*bmod_cmd) return cli::bench_model(bmod);
     if (*bspec_cmd) return cli::bench_spec(bspec);
     if (*beng_cmd) return cli::bench_engine(beng);
+    if (*bsrv_cmd) return cli::bench_serve(bsrv);
     if (*serve_cmd) return cli::serve(srv);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
