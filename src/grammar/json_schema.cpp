@@ -402,10 +402,11 @@ std::string GbnfBuilder::visit(const json& schema, const std::string& name, int 
       std::string out = "(";
       for (std::size_t i = 0; i < options.size(); ++i) {
         json option = options[i];
-        // Sibling keywords (e.g. a shared "type") apply to every option.
-        if (option.is_object())
-          for (auto it = schema.begin(); it != schema.end(); ++it)
-            if (it.key() != key && !option.contains(it.key()) && !kAnnotations.count(it.key())) option[it.key()] = it.value();
+        // A sibling "type" applies to every option; other siblings would mean allOf(siblings, anyOf).
+        for (auto it = schema.begin(); it != schema.end(); ++it)
+          if (it.key() != key && it.key() != "type" && !kAnnotations.count(it.key()))
+            throw SchemaError(it.key(), "'" + it.key() + "' beside " + key + " is not supported: move it into each option");
+        if (option.is_object() && schema.contains("type") && !option.contains("type")) option["type"] = schema["type"];
         out += (i ? " | " : " ") + add_rule(name + "-" + std::to_string(i), visit(option, name + "-" + std::to_string(i), depth + 1));
       }
       return out + " )";
