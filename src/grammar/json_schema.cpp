@@ -279,6 +279,15 @@ const char* kFormats[][2] = {
     {"email", "[a-zA-Z0-9_%+-]{1,32} ( \".\" [a-zA-Z0-9_%+-]{1,32} ){0,3} \"@\" ( [a-zA-Z0-9] ( [a-zA-Z0-9-]{0,30} [a-zA-Z0-9] )? \".\" ){1,4} [a-zA-Z] ( [a-zA-Z0-9-]{0,30} [a-zA-Z0-9] )?"},
 };
 
+// A non-negative count keyword (minItems, maxLength, ...), or `fallback` when absent.
+long long count(const json& schema, const char* key, long long fallback) {
+  auto it = schema.find(key);
+  if (it == schema.end()) return fallback;
+  if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<long long>() >= 0))
+    throw SchemaError(key, std::string(key) + " must be a non-negative integer");
+  return it->get<std::uint64_t>() > 1000000 ? 1000000 : static_cast<long long>(it->get<std::uint64_t>());
+}
+
 }  // namespace
 
 std::string integer_range_gbnf(long long lo, long long hi) {
@@ -512,7 +521,7 @@ std::string GbnfBuilder::array_rule(const json& schema, const std::string& name,
   } else if (!prefix.empty()) {
     items_allowed = false;  // a tuple: nothing after the prefix unless items says so
   }
-  long long min_items = schema.value("minItems", 0LL), max_items = schema.contains("maxItems") ? schema["maxItems"].get<long long>() : -1;
+  long long min_items = count(schema, "minItems", 0), max_items = count(schema, "maxItems", -1);
   if (min_items < 0 || (max_items >= 0 && max_items < min_items)) throw SchemaError("maxItems", "minItems/maxItems leave no length");
   if (max_items > 10000 || min_items > 10000) throw SchemaError("maxItems", "minItems/maxItems above 10000 are not supported");
   // Elements in order: the prefix, then `item` repeated.
@@ -561,7 +570,7 @@ std::string GbnfBuilder::string_rule(const json& schema, const std::string& name
       throw SchemaError("pattern", "pattern together with minLength/maxLength is not supported");
     return "\"\\\"\" " + add_rule(name + "-pattern", PatternTranslator(schema["pattern"].get<std::string>()).translate()) + " \"\\\"\"";
   }
-  long long lo = schema.value("minLength", 0LL), hi = schema.contains("maxLength") ? schema["maxLength"].get<long long>() : -1;
+  long long lo = count(schema, "minLength", 0), hi = count(schema, "maxLength", -1);
   if (lo < 0 || (hi >= 0 && hi < lo) || lo > 10000 || hi > 10000) throw SchemaError("maxLength", "minLength/maxLength must be between 0 and 10000");
   if (lo == 0 && hi < 0) return "json-string";
   return "\"\\\"\" json-char{" + std::to_string(lo) + "," + (hi < 0 ? "" : std::to_string(hi)) + "} \"\\\"\"";

@@ -58,6 +58,8 @@ void parse_structured_output(const json& body, ApiRequest& r) {
   } catch (const grammar::SchemaError& e) {
     throw ApiError(400, std::string("response_format: ") + e.what() + " (keyword '" + e.keyword() + "')", "invalid_request_error",
                    "response_format", "unsupported_schema");
+  } catch (const nlohmann::json::exception& e) {  // a keyword of the wrong JSON type deep inside
+    throw ApiError(400, std::string("response_format: malformed schema: ") + e.what(), "invalid_request_error", "response_format");
   }
 }
 

@@ -752,6 +752,8 @@ class Session : public std::enable_shared_from_this<Session> {
       } catch (const grammar::SchemaError& e) {
         throw ApiError(400, std::string("tools: a function's parameters cannot be enforced: ") + e.what() + " (keyword '" + e.keyword() + "')",
                        "invalid_request_error", "tools", "unsupported_schema");
+      } catch (const nlohmann::json::exception& e) {
+        throw ApiError(400, std::string("tools: malformed parameters schema: ") + e.what(), "invalid_request_error", "tools");
       }
       param = "tools";
     }
