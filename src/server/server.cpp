@@ -26,6 +26,7 @@
 #include "server/grammar_cache.h"
 #include "server/tool_grammar.h"
 #include "server/api.h"
+#include "server/webui.h"
 #include "util/error.h"
 
 namespace promptly::server {
@@ -291,6 +292,20 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
+  // A HEAD answer: the headers a GET would get, Content-Length included, and no body.
+  void send_head(std::shared_ptr<http::response<http::string_body>> res, bool keep_alive) {
+    res->keep_alive(keep_alive);
+    auto serializer = std::make_shared<http::response_serializer<http::string_body>>(*res);
+    stream_.expires_after(std::chrono::seconds(30));
+    http::async_write_header(stream_, *serializer, [self = shared_from_this(), res, serializer, keep_alive](beast::error_code ec, std::size_t) {
+      if (ec || !keep_alive) {
+        self->close();
+        return;
+      }
+      self->continue_reading();
+    });
+  }
+
   // The next request, once the disconnect watch (if any) has stopped: one read at a time.
   void continue_reading() {
     if (watching_) {
@@ -335,6 +350,13 @@ class Session : public std::enable_shared_from_this<Session> {
         send(res, request_.keep_alive());
         return;
       }
+      if (server_.options.webui) {
+        if (const WebAsset* asset = find_web_asset(path)) {
+          if (method != http::verb::get && method != http::verb::head) throw ApiError(405, "use GET for " + path);
+          send_web_asset(*asset, method == http::verb::head);
+          return;
+        }
+      }
       if (path.rfind("/v1/", 0) != 0) throw ApiError(404, "no route for " + path, "invalid_request_error", "", "not_found");
       authorize();
       if (path == "/v1/models") {
@@ -357,6 +379,40 @@ class Session : public std::enable_shared_from_this<Session> {
     } catch (const std::exception& e) {
       send_error(ApiError(500, std::string("internal error: ") + e.what(), "server_error"));
     }
+  }
+
+  // The UI's files carry no secrets (the API key guards /v1/*), so they are served without one.
+  // no-cache: the browser revalidates on every load, which costs a 304 and shows a new binary's UI
+  // at once.
+  void send_web_asset(const WebAsset& asset, bool head_only) {
+    const auto header = [this](http::field f) {
+      const beast::string_view v = request_[f];
+      return std::string_view(v.data(), v.size());
+    };
+    const bool gzip = accepts_gzip(header(http::field::accept_encoding));
+    const std::string& etag = gzip ? asset.etag_gzipped : asset.etag_plain;
+    const bool not_modified = etag_matches(header(http::field::if_none_match), etag);
+    auto res = std::make_shared<http::response<http::string_body>>(not_modified ? http::status::not_modified : http::status::ok,
+                                                                    request_.version());
+    res->set(http::field::server, "promptly");
+    res->set(http::field::etag, etag);
+    res->set(http::field::cache_control, "no-cache");
+    res->set(http::field::vary, "Accept-Encoding");
+    if (not_modified) {
+      send(res, request_.keep_alive());
+      return;
+    }
+    res->set(http::field::content_type, std::string(asset.content_type));
+    res->set("X-Content-Type-Options", "nosniff");
+    if (gzip) res->set(http::field::content_encoding, "gzip");
+    const std::span<const std::uint8_t> bytes = gzip ? asset.gzipped : asset.plain;
+    if (head_only) {
+      res->content_length(bytes.size());
+      send_head(res, request_.keep_alive());
+      return;
+    }
+    res->body().assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    send(res, request_.keep_alive());
   }
 
   void authorize() {

@@ -18,9 +18,11 @@ for (const [name, language] of Object.entries({ bash, cpp, javascript, json, pyt
 const STORAGE_CONVERSATIONS = 'promptly.conversations';
 const STORAGE_SETTINGS = 'promptly.settings';
 const STORAGE_THEME = 'promptly.theme';
-const DEFAULT_SETTINGS = { system: '', temperature: 0.7, top_p: 0.95, max_tokens: 512 };
+const DEFAULT_SETTINGS = { system: '', temperature: 0.7, top_p: 0.95, max_tokens: 512, api_key: '' };
 
 const $ = (id) => document.getElementById(id);
+// The /v1 routes need the key when the server runs with --api-key; the page itself does not.
+const authHeaders = () => (state.settings.api_key ? { Authorization: `Bearer ${state.settings.api_key}` } : {});
 const escapeHtml = (s) => s.replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c]);
 
 // Model output is untrusted: raw HTML is shown as text, and links keep only web and mail schemes,
@@ -285,7 +287,7 @@ async function generate(conversation) {
   try {
     const response = await fetch('/v1/chat/completions', {
       method: 'POST',
-      headers: { 'Content-Type': 'application/json' },
+      headers: { 'Content-Type': 'application/json', ...authHeaders() },
       body: JSON.stringify(body),
       signal: controller.signal,
     });
@@ -396,7 +398,7 @@ async function pollStatus() {
 
 async function loadModel() {
   try {
-    const response = await fetch('/v1/models');
+    const response = await fetch('/v1/models', { headers: authHeaders() });
     const list = await response.json();
     state.model = list.data?.[0]?.id ?? null;
     if (state.model) $('model-name').textContent = state.model;
@@ -408,13 +410,14 @@ async function loadModel() {
 // --- settings and theme ---
 
 function bindSettings() {
-  const fields = { 'system-prompt': 'system', temperature: 'temperature', 'top-p': 'top_p', 'max-tokens': 'max_tokens' };
+  const fields = { 'system-prompt': 'system', temperature: 'temperature', 'top-p': 'top_p', 'max-tokens': 'max_tokens', 'api-key': 'api_key' };
   for (const [id, key] of Object.entries(fields)) {
     const input = $(id);
     input.value = state.settings[key];
     input.addEventListener('input', () => {
-      state.settings[key] = key === 'system' ? input.value : Number(input.value);
+      state.settings[key] = key === 'system' || key === 'api_key' ? input.value : Number(input.value);
       save(STORAGE_SETTINGS, state.settings);
+      if (key === 'api_key') loadModel();
     });
   }
   $('toggle-settings').onclick = () => {
