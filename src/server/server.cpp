@@ -27,6 +27,7 @@
 #include "server/tool_grammar.h"
 #include "server/api.h"
 #include "server/webui.h"
+#include "metrics/process.h"
 #include "util/error.h"
 
 namespace promptly::server {
@@ -97,6 +98,9 @@ struct Server::Impl {
   AnswerCache answers{tokenizer, std::size_t{64} << 20};
 
   metrics::Registry registry{"promptly:"};
+  // The standard process_* metrics keep their usual names (no prefix), as Prometheus clients and
+  // dashboards expect them.
+  metrics::Registry process_registry{""};
   metrics::Histogram *ttft, *itl, *e2e, *queue, *prefill;
   metrics::Counter *prompt_tokens, *generation_tokens;
   std::map<FinishReason, metrics::Counter*> success;
@@ -143,6 +147,18 @@ struct Server::Impl {
                    [this] { return engine.stats().step_per_1k_attended_ms / 1e6; });
     registry.counter_fn("engine_steps_interrupted_total", "Engine steps stopped early so that a follow-up could run first",
                         [this] { return static_cast<double>(engine.stats().steps_interrupted); });
+    // Utilisation: how much of the time the step loop computes, on how many threads, and the
+    // tokens as they are made (generation_tokens_total counts a request's when it finishes).
+    registry.gauge("engine_busy_ratio", "Fraction of the last 10 s of wall time the engine's step loop spent computing batches",
+                   [this] { return engine.busy().recent_ratio(SteadyClock::now()); });
+    registry.counter_fn("engine_busy_seconds_total", "Seconds the engine's step loop spent computing batches",
+                        [this] { return engine.busy().busy_seconds(SteadyClock::now()); });
+    registry.gauge("cpu_threads", "Threads that compute an engine step (-t)", [this] { return static_cast<double>(engine.compute_threads()); });
+    registry.counter_fn("engine_generated_tokens_total", "Tokens generated, counted at the step that made them",
+                        [this] { return static_cast<double>(engine.stats().generation_tokens); });
+    process_registry.counter_fn("process_cpu_seconds_total", "User and system CPU time of this process", [] { return metrics::process_cpu_seconds(); });
+    process_registry.gauge("process_resident_memory_bytes", "Resident memory of this process",
+                           [] { return static_cast<double>(metrics::process_resident_bytes()); });
     // Speculative decoding, vLLM's names (spec_decode_*).
     registry.counter_fn("spec_decode_num_drafts_total", "Verification rounds with guesses (one per speculated stream and step)",
                         [this] { return static_cast<double>(engine.stats().spec_drafts); });
@@ -346,7 +362,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (path == "/metrics") {
         auto res = std::make_shared<http::response<http::string_body>>(http::status::ok, request_.version());
         res->set(http::field::content_type, "text/plain; version=0.0.4");
-        res->body() = server_.registry.render();
+        res->body() = server_.registry.render() + server_.process_registry.render();
         send(res, request_.keep_alive());
         return;
       }
