@@ -109,7 +109,7 @@ test('/metrics reports utilisation: busy ratio, compute threads, process CPU and
   assert.match(m.text, /^# TYPE promptly:engine_busy_ratio gauge$/m);
 });
 
-test('the chat page streams a reply, stops a long one (cancelled on the server) and keeps both across a reload', { timeout: 5 * SLOW }, async () => {
+async function withPage(fn) {
   const browser = await puppeteer.launch({
     executablePath: findChromium(),
     headless: true,
@@ -122,6 +122,91 @@ test('the chat page streams a reply, stops a long one (cancelled on the server) 
     const pageErrors = [];
     page.on('pageerror', (e) => pageErrors.push(e.message));
     await page.goto(`${server.baseURL}/`, { waitUntil: 'load' });
+    await fn(page);
+    assert.deepEqual(pageErrors, []);
+  } finally {
+    await browser.close();
+  }
+}
+
+test('replies render as Markdown with highlighted code and copy buttons, never as live HTML; edit, regenerate, new chat, theme', { timeout: 5 * SLOW }, async () => {
+  await withPage(async (page) => {
+    // A stored conversation (as a previous session would have left it) with hostile Markdown.
+    const reply = [
+      '# Title',
+      'Some **bold** text and a [good link](https://example.com) and a [bad one](javascript:alert(1)).',
+      '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>',
+      '```python',
+      'def add(a, b):',
+      '    return a + b',
+      '```',
+    ].join('\n');
+    await page.evaluate((content) => {
+      localStorage.setItem('promptly.conversations', JSON.stringify([
+        { id: 'stored', title: 'Stored chat', updated: Date.now(), messages: [{ role: 'user', content: 'Add two numbers' }, { role: 'assistant', content, stats: { ttft_ms: 12, tokens: 30, tokens_per_s: 99.5, finish_reason: 'stop' } }] },
+      ]));
+      localStorage.setItem('promptly.settings', JSON.stringify({ temperature: 0, max_tokens: 16 }));
+    }, reply);
+    await page.reload({ waitUntil: 'load' });
+    await page.waitForSelector('.message.assistant pre code');
+    const rendered = await page.$eval('.message.assistant .content', (el) => ({
+      heading: el.querySelector('h1')?.textContent,
+      bold: el.querySelector('strong')?.textContent,
+      links: [...el.querySelectorAll('a')].map((a) => a.getAttribute('href')),
+      keywords: [...el.querySelectorAll('pre code .hljs-keyword')].map((k) => k.textContent),
+      copyButtons: el.querySelectorAll('pre .copy').length,
+      liveElements: el.querySelectorAll('script, img').length,
+      text: el.textContent,
+    }));
+    assert.equal(rendered.heading, 'Title');
+    assert.equal(rendered.bold, 'bold');
+    assert.deepEqual(rendered.links, ['https://example.com']);
+    assert.ok(rendered.keywords.includes('def') && rendered.keywords.includes('return'), JSON.stringify(rendered.keywords));
+    assert.equal(rendered.copyButtons, 1);
+    assert.equal(rendered.liveElements, 0);
+    assert.ok(rendered.text.includes('<script>'), 'raw HTML shows as text');
+    assert.equal(await page.evaluate(() => window.pwned), undefined);
+    assert.match(await page.$eval('.message.assistant .stats', (el) => el.textContent), /TTFT 12 ms · 30 tokens · 99\.5 tokens\/s/);
+
+    // Edit the question and resend: the old answer goes, a new one streams in its place.
+    await page.click('.message.user .edit');
+    await page.$eval('.message.user textarea', (el) => {
+      el.value = 'Multiply two numbers';
+    });
+    await page.click('.message.user .resend');
+    await page.waitForSelector('#send', { visible: true, timeout: SLOW });
+    const afterEdit = await page.$$eval('.message', (els) => els.map((el) => [el.classList[1], el.querySelector('.content')?.textContent ?? '']));
+    assert.equal(afterEdit.length, 2);
+    assert.deepEqual(afterEdit[0], ['user', 'Multiply two numbers']);
+    assert.ok(!afterEdit[1][1].includes('Title'), 'the old answer is gone');
+    assert.match(await page.$eval('.message.assistant .stats', (el) => el.textContent), /TTFT \d+ ms/);
+
+    // Regenerate replaces the last answer; still two messages.
+    await page.click('.message.assistant .regenerate');
+    await page.waitForSelector('#send', { visible: true, timeout: SLOW });
+    assert.equal(await page.$$eval('.message', (els) => els.length), 2);
+
+    // New chat: an empty page, and a second conversation once it has a message.
+    await page.click('#new-chat');
+    assert.equal(await page.$$eval('.message', (els) => els.length), 0);
+    await page.type('#prompt', 'Hello');
+    await page.keyboard.press('Enter');
+    await page.waitForFunction(() => document.querySelectorAll('.conversation').length === 2, { timeout: SLOW });
+    await page.waitForSelector('#send', { visible: true, timeout: SLOW });
+
+    // Theme toggles and is remembered.
+    const theme = () => page.evaluate(() => document.documentElement.dataset.theme);
+    const before = await theme();
+    await page.click('#toggle-theme');
+    const flipped = await theme();
+    assert.notEqual(flipped, before);
+    await page.reload({ waitUntil: 'load' });
+    assert.equal(await theme(), flipped);
+  });
+});
+
+test('the chat page streams a reply, stops a long one (cancelled on the server) and keeps both across a reload', { timeout: 5 * SLOW }, async () => {
+  await withPage(async (page) => {
     await page.waitForFunction(() => document.getElementById('model-name').textContent !== 'Promptly', { timeout: SLOW });
     // The status panel has read /metrics.
     await page.waitForFunction(() => /^\d+$/.test(document.getElementById('status-running').textContent), { timeout: SLOW });
@@ -175,8 +260,5 @@ test('the chat page streams a reply, stops a long one (cancelled on the server) 
 
     mkdirSync(path.dirname(SCREENSHOT), { recursive: true });
     await page.screenshot({ path: SCREENSHOT });
-    assert.deepEqual(pageErrors, []);
-  } finally {
-    await browser.close();
-  }
+  });
 });
