@@ -238,7 +238,11 @@ test('the chat page streams a reply, stops a long one (cancelled on the server) 
     await page.click('#send');
     await page.waitForFunction(() => document.querySelectorAll('.message.assistant').length === 2, { timeout: SLOW });
     const streamedLength = () => page.$eval('.message.assistant:last-child .content', (el) => el.textContent.length);
-    await page.waitForFunction(() => document.querySelector('.message.assistant:last-child .content').textContent.length > 0, { timeout: SLOW });
+    // Text on the page while the reply is still running: it streams.
+    await page.waitForFunction(
+      () => document.querySelector('.message.assistant:last-child .content').textContent.length > 0 && !document.getElementById('stop').hidden,
+      { timeout: SLOW },
+    );
     const partial = await streamedLength();
     await page.click('#stop');
     await page.waitForSelector('#send', { visible: true, timeout: SLOW });
