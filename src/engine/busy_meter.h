@@ -13,7 +13,7 @@ namespace promptly {
 
 class BusyMeter {
  public:
-  // The recent fraction covers `slots` slots of `slot` each, the newest one partly elapsed.
+  // The recent fraction covers kSlots slots of `slot` each, the newest one partly elapsed.
   static constexpr std::size_t kSlots = 10;
   explicit BusyMeter(SteadyClock::time_point start = SteadyClock::now(), SteadyClock::duration slot = std::chrono::seconds(1));
 
