@@ -6,6 +6,7 @@ packages=(
   cmake ninja-build g++ clang libclang-rt-14-dev ccache
   libgtest-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libboost-dev
+  chromium  # the web UI's browser test (tests/e2e/webui.test.mjs) drives it headless
 )
 missing=()
 for p in "${packages[@]}"; do

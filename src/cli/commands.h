@@ -225,6 +225,7 @@ struct ServeOptions {
   double shutdown_grace_s = 10;
   SpecFlags spec;
   std::size_t spec_max_streams = 2;
+  bool no_webui = false;
 };
 int serve(const ServeOptions& o);
 

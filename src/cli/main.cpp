@@ -244,6 +244,7 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--api-key", srv.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
   serve_cmd->add_option("--alias", srv.alias, "Model name clients use (default: the file name)");
   serve_cmd->add_option("--chat-template", srv.chat_template_file, "Jinja chat template file (overrides the model's)");
+  serve_cmd->add_flag("--no-webui", srv.no_webui, "Do not serve the browser chat UI at /");
   serve_cmd->add_option("--shutdown-grace", srv.shutdown_grace_s, "Seconds in-flight requests get on SIGINT/SIGTERM")->capture_default_str();
 
   std::string isa;

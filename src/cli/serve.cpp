@@ -34,6 +34,7 @@ int serve(const ServeOptions& o) {
   so.model_id = !o.alias.empty() ? o.alias : o.model.empty() ? kBuiltinModelName : std::filesystem::path(o.model).stem().string();
   if (!o.chat_template_file.empty()) so.chat_template = read_file(o.chat_template_file, "chat template");
   so.shutdown_grace_s = o.shutdown_grace_s;
+  so.webui = !o.no_webui;
   server::Server server(model, tokenizer, engine, so);
   const unsigned short port = server.listen();
   const EngineStats st = engine.stats();
@@ -51,6 +52,7 @@ int serve(const ServeOptions& o) {
                  eo.spec == EngineOptions::Spec::Draft ? ("the draft model " + o.spec.draft).c_str() : "n-gram prompt lookup",
                  eo.spec_sampled ? "all" : "greedy", eo.spec_tokens, eo.spec_max_streams, eo.spec_sampled ? "" : " (--spec none: off)");
   }
+  if (so.webui) std::fprintf(stderr, "promptly: chat UI at http://%s:%u/ (--no-webui: off)\n", o.host.c_str(), port);
   std::fflush(stderr);
   server.run();
   return 0;

@@ -303,6 +303,8 @@ void Engine::step() {
     }
     return;
   }
+  // Busy from here: the batch is computed. Planning an empty step and waiting are idle time.
+  const BusyMeter::Step busy_step(busy_);
   const std::vector<std::size_t> first_row = add_guesses(plan);
   const auto t0 = SteadyClock::now();
   // A follow-up arriving while this step runs may have it stop at a layer boundary, while at most

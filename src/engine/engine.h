@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/busy_meter.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "engine/step_cost.h"
@@ -112,6 +113,10 @@ class Engine {
   EngineStats stats() const;
   const EngineOptions& options() const { return options_; }
   std::size_t ctx_size() const { return ctx_; }
+  // Threads that compute a step (the pool's, the step loop's own included).
+  std::size_t compute_threads() const { return static_cast<std::size_t>(pool_.size()); }
+  // Time the step loop spends computing batches (not waiting for work): see BusyMeter.
+  const BusyMeter& busy() const { return busy_; }
 
  private:
   void loop();
@@ -177,6 +182,7 @@ class Engine {
   // sequences' owners: its thread is joined before any sequence is destroyed.
   mutable grammar::MaskWorker mask_worker_;
   std::vector<std::uint64_t> spec_accepted_per_pos_;
+  BusyMeter busy_;
   std::thread thread_;
 };
 

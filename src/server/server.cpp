@@ -26,6 +26,8 @@
 #include "server/grammar_cache.h"
 #include "server/tool_grammar.h"
 #include "server/api.h"
+#include "server/webui.h"
+#include "metrics/process.h"
 #include "util/error.h"
 
 namespace promptly::server {
@@ -96,6 +98,9 @@ struct Server::Impl {
   AnswerCache answers{tokenizer, std::size_t{64} << 20};
 
   metrics::Registry registry{"promptly:"};
+  // The standard process_* metrics keep their usual names (no prefix), as Prometheus clients and
+  // dashboards expect them.
+  metrics::Registry process_registry{""};
   metrics::Histogram *ttft, *itl, *e2e, *queue, *prefill;
   metrics::Counter *prompt_tokens, *generation_tokens;
   std::map<FinishReason, metrics::Counter*> success;
@@ -142,6 +147,18 @@ struct Server::Impl {
                    [this] { return engine.stats().step_per_1k_attended_ms / 1e6; });
     registry.counter_fn("engine_steps_interrupted_total", "Engine steps stopped early so that a follow-up could run first",
                         [this] { return static_cast<double>(engine.stats().steps_interrupted); });
+    // Utilisation: how much of the time the step loop computes, on how many threads, and the
+    // tokens as they are made (generation_tokens_total counts a request's when it finishes).
+    registry.gauge("engine_busy_ratio", "Fraction of the last 10 s of wall time the engine's step loop spent computing batches",
+                   [this] { return engine.busy().recent_ratio(SteadyClock::now()); });
+    registry.counter_fn("engine_busy_seconds_total", "Seconds the engine's step loop spent computing batches",
+                        [this] { return engine.busy().busy_seconds(SteadyClock::now()); });
+    registry.gauge("cpu_threads", "Threads that compute an engine step (-t)", [this] { return static_cast<double>(engine.compute_threads()); });
+    registry.counter_fn("engine_generated_tokens_total", "Tokens generated, counted at the step that made them",
+                        [this] { return static_cast<double>(engine.stats().generation_tokens); });
+    process_registry.counter_fn("process_cpu_seconds_total", "User and system CPU time of this process", [] { return metrics::process_cpu_seconds(); });
+    process_registry.gauge("process_resident_memory_bytes", "Resident memory of this process",
+                           [] { return static_cast<double>(metrics::process_resident_bytes()); });
     // Speculative decoding, vLLM's names (spec_decode_*).
     registry.counter_fn("spec_decode_num_drafts_total", "Verification rounds with guesses (one per speculated stream and step)",
                         [this] { return static_cast<double>(engine.stats().spec_drafts); });
@@ -291,6 +308,20 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
+  // A HEAD answer: the headers a GET would get, Content-Length included, and no body.
+  void send_head(std::shared_ptr<http::response<http::string_body>> res, bool keep_alive) {
+    res->keep_alive(keep_alive);
+    auto serializer = std::make_shared<http::response_serializer<http::string_body>>(*res);
+    stream_.expires_after(std::chrono::seconds(30));
+    http::async_write_header(stream_, *serializer, [self = shared_from_this(), res, serializer, keep_alive](beast::error_code ec, std::size_t) {
+      if (ec || !keep_alive) {
+        self->close();
+        return;
+      }
+      self->continue_reading();
+    });
+  }
+
   // The next request, once the disconnect watch (if any) has stopped: one read at a time.
   void continue_reading() {
     if (watching_) {
@@ -331,9 +362,16 @@ class Session : public std::enable_shared_from_this<Session> {
       if (path == "/metrics") {
         auto res = std::make_shared<http::response<http::string_body>>(http::status::ok, request_.version());
         res->set(http::field::content_type, "text/plain; version=0.0.4");
-        res->body() = server_.registry.render();
+        res->body() = server_.registry.render() + server_.process_registry.render();
         send(res, request_.keep_alive());
         return;
+      }
+      if (server_.options.webui) {
+        if (const WebAsset* asset = find_web_asset(path)) {
+          if (method != http::verb::get && method != http::verb::head) throw ApiError(405, "use GET for " + path);
+          send_web_asset(*asset, method == http::verb::head);
+          return;
+        }
       }
       if (path.rfind("/v1/", 0) != 0) throw ApiError(404, "no route for " + path, "invalid_request_error", "", "not_found");
       authorize();
@@ -357,6 +395,40 @@ class Session : public std::enable_shared_from_this<Session> {
     } catch (const std::exception& e) {
       send_error(ApiError(500, std::string("internal error: ") + e.what(), "server_error"));
     }
+  }
+
+  // The UI's files carry no secrets (the API key guards /v1/*), so they are served without one.
+  // no-cache: the browser revalidates on every load, which costs a 304 and shows a new binary's UI
+  // at once.
+  void send_web_asset(const WebAsset& asset, bool head_only) {
+    const auto header = [this](http::field f) {
+      const beast::string_view v = request_[f];
+      return std::string_view(v.data(), v.size());
+    };
+    const bool gzip = accepts_gzip(header(http::field::accept_encoding));
+    const std::string& etag = gzip ? asset.etag_gzipped : asset.etag_plain;
+    const bool not_modified = etag_matches(header(http::field::if_none_match), etag);
+    auto res = std::make_shared<http::response<http::string_body>>(not_modified ? http::status::not_modified : http::status::ok,
+                                                                    request_.version());
+    res->set(http::field::server, "promptly");
+    res->set(http::field::etag, etag);
+    res->set(http::field::cache_control, "no-cache");
+    res->set(http::field::vary, "Accept-Encoding");
+    if (not_modified) {
+      send(res, request_.keep_alive());
+      return;
+    }
+    res->set(http::field::content_type, std::string(asset.content_type));
+    res->set("X-Content-Type-Options", "nosniff");
+    if (gzip) res->set(http::field::content_encoding, "gzip");
+    const std::span<const std::uint8_t> bytes = gzip ? asset.gzipped : asset.plain;
+    if (head_only) {
+      res->content_length(bytes.size());
+      send_head(res, request_.keep_alive());
+      return;
+    }
+    res->body().assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    send(res, request_.keep_alive());
   }
 
   void authorize() {

@@ -33,6 +33,7 @@ struct ServerOptions {
   std::size_t max_body_bytes = 8 << 20;
   double idle_timeout_s = 60;             // keep-alive connections and slow request bodies
   double shutdown_grace_s = 10;
+  bool webui = true;                      // the chat UI at / (--no-webui: 404 there)
 };
 
 // The `markers` (tool_call_control_markers) that `tokenizer` holds as control tokens, by id: the
