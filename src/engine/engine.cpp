@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <limits>
 
 #include "spec/draft_model.h"
 #include "spec/ngram.h"
@@ -451,10 +450,7 @@ Engine::Pick Engine::pick(Sequence& s, float* logits) const {
   if (s.constraint) {
     // Tokens the grammar does not allow get no probability (logprobs below are the constrained
     // distribution's). Ids past the tokenizer's vocabulary are never allowed.
-    const std::uint32_t* mask = mask_worker_.wait(*s.constraint);
-    const std::size_t known = s.constraint->matcher.index().vocab().size();
-    for (std::size_t i = 0; i < n_vocab; ++i)
-      if (i >= known || !((mask[i / 32] >> (i % 32)) & 1u)) logits[i] = -std::numeric_limits<float>::infinity();
+    grammar::mask_logits(mask_worker_.wait(*s.constraint), s.constraint->matcher.index().vocab().size(), logits, n_vocab);
   }
   // Log-probabilities of the model's distribution (after logit_bias and any grammar, before sampling penalties).
   float logprob = 0.0f;

@@ -1,7 +1,6 @@
 #include "engine/generate.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "grammar/mask_worker.h"
 #include "spec/verify.h"
@@ -42,10 +41,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
   }
   auto constrain = [&](float* row) {
     if (!constraint) return;
-    const std::uint32_t* mask = mask_worker.wait(*constraint);
-    const std::size_t known = options.grammar->vocab().size();
-    for (std::size_t i = 0; i < cfg.n_vocab; ++i)
-      if (i >= known || !((mask[i / 32] >> (i % 32)) & 1u)) row[i] = -std::numeric_limits<float>::infinity();
+    grammar::mask_logits(mask_worker.wait(*constraint), options.grammar->vocab().size(), row, cfg.n_vocab);
   };
 
   const auto t0 = SteadyClock::now();

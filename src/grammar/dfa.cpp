@@ -326,6 +326,13 @@ std::vector<std::vector<std::pair<std::uint8_t, std::uint8_t>>> utf8_sequences(s
   return out;
 }
 
+void append_utf8(std::string& out, std::uint32_t cp) {
+  const int n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+  std::uint8_t bytes[4];
+  encode(cp, bytes, n);
+  out.append(reinterpret_cast<const char*>(bytes), static_cast<std::size_t>(n));
+}
+
 std::array<bool, 256> Dfa::first_bytes(int state) const {
   std::array<bool, 256> out{};
   for (int b = 0; b < 256; ++b) out[static_cast<std::size_t>(b)] = step(state, static_cast<std::uint8_t>(b)) >= 0;

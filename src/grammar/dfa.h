@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -36,6 +37,9 @@ std::vector<std::vector<std::pair<std::uint8_t, std::uint8_t>>> utf8_sequences(s
 // One round of Moore refinement: `next` gets the classes of states that share their class in `cls`
 // and, on every byte class, the class they move to (or both have no move). Returns how many.
 int refine_classes(const Dfa& d, const std::vector<std::int32_t>& cls, std::vector<std::int32_t>& next);
+
+// Appends the UTF-8 encoding of code point `cp` (at most U+10FFFF) to `out`.
+void append_utf8(std::string& out, std::uint32_t cp);
 
 // Builds the DFA of `e` by subset construction, inlining rule references through `g` (the caller guarantees
 // they do not recurse). Returns nullopt when it would need more than `max_states` states.

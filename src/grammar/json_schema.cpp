@@ -1,5 +1,7 @@
 #include "grammar/json_schema.h"
 
+#include "grammar/dfa.h"
+
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -76,13 +78,6 @@ std::string nonnegative_range(unsigned long long lo, unsigned long long hi) {
   std::string out = "(";
   for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? " | " : " ") + parts[i];
   return out + " )";
-}
-
-void append_utf8(std::string& out, std::uint32_t cp) {
-  if (cp < 0x80) out += static_cast<char>(cp);
-  else if (cp < 0x800) { out += static_cast<char>(0xC0 | (cp >> 6)); out += static_cast<char>(0x80 | (cp & 0x3F)); }
-  else if (cp < 0x10000) { out += static_cast<char>(0xE0 | (cp >> 12)); out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F)); out += static_cast<char>(0x80 | (cp & 0x3F)); }
-  else { out += static_cast<char>(0xF0 | (cp >> 18)); out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F)); out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F)); out += static_cast<char>(0x80 | (cp & 0x3F)); }
 }
 
 // A pattern (the regex subset documented in README) as a GBNF expression over the characters of

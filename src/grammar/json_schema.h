@@ -36,9 +36,6 @@ class GbnfBuilder {
   GbnfBuilder();
   // Adds rules for values matching `schema`; returns the name of the rule matching one value.
   std::string add_schema(const nlohmann::ordered_json& schema, const std::string& name_hint);
-  // A rule for any JSON object ({"type": "json_object"}) / any JSON value.
-  std::string any_object() { return "json-object"; }
-  std::string any_value() { return "json-value"; }
   // The whitespace rule used between JSON tokens.
   static const char* ws() { return "ws"; }
   // Adds a rule verbatim (`body` in GBNF); returns its (unique) name.

@@ -1,6 +1,7 @@
 #include "grammar/mask_worker.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace promptly::grammar {
 
@@ -11,6 +12,11 @@ MaskWorker::~MaskWorker() {
   }
   work_.notify_all();
   if (thread_.joinable()) thread_.join();
+}
+
+void mask_logits(const std::uint32_t* mask, std::size_t mask_ids, float* logits, std::size_t n_vocab) {
+  for (std::size_t i = 0; i < n_vocab; ++i)
+    if (i >= mask_ids || !((mask[i / 32] >> (i % 32)) & 1u)) logits[i] = -std::numeric_limits<float>::infinity();
 }
 
 bool MaskWorker::spare_core(int compute_threads) {

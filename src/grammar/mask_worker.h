@@ -30,6 +30,10 @@ class ConstrainedStream {
   State state = State::Stale;
 };
 
+// Gives the tokens `mask` does not allow (and any id at or past `mask_ids`, beyond the grammar's
+// vocabulary) a logit of -inf, so that no sampler or log-probability sees them.
+void mask_logits(const std::uint32_t* mask, std::size_t mask_ids, float* logits, std::size_t n_vocab);
+
 class MaskWorker {
  public:
   // `background`: use a worker thread (see above); false computes every mask in wait().

@@ -96,7 +96,6 @@ TEST(Utf8Sequences, CoverEveryCodePointOnce) {
     std::uint32_t cp = rng() % 0x110000;
     if (cp >= 0xD800 && cp <= 0xDFFF) continue;
     std::string s;
-    Expr dummy;
     // encode
     if (cp < 0x80) s = std::string(1, static_cast<char>(cp));
     else if (cp < 0x800) s = {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
