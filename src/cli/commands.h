@@ -40,6 +40,8 @@ struct RunOptions {
   bool parse_special = false;
   std::string kv_type = "f32";
   SpecFlags spec;
+  std::string kv_spool;  // the KV spool's directory (empty: none)
+  std::string kv_spool_size = "10%";
   std::string json_schema;  // output constrained to this JSON Schema (a file), or
   std::string grammar;      // to this GBNF grammar (a file)
 };
@@ -180,9 +182,16 @@ struct EngineFlags {
   std::string kv_memory;           // empty: the engine's default
   std::size_t max_batch_tokens = 512;
   double itl_target_ms = EngineOptions::kDefaultItlTargetMs;  // 0: steps sized by max_batch_tokens alone
+  std::string kv_spool;                 // directory of the KV spool; empty: none
+  std::string kv_spool_size = kDefaultSpoolSize;
+  static constexpr const char* kDefaultSpoolSize = "10%";
   // Throws Error for an unknown KV type or a malformed memory size.
   EngineOptions to_options() const {
     EngineOptions e;
+    if (!kv_spool.empty()) {
+      e.kv_spool_dir = kv_spool;
+      e.kv_spool_bytes = parse_disk_size(kv_spool_size, kv_spool);
+    }
     e.threads = threads;
     e.kv_type = parse_kv_type(kv_type);
     if (!kv_memory.empty()) e.kv_memory = parse_memory_size(kv_memory);

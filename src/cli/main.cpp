@@ -20,6 +20,10 @@ void add_engine_flags(CLI::App* cmd, promptly::cli::EngineFlags& f) {
                   "Size steps, by their measured cost, so that streams get a token about this often while prompts prefill (0: off, steps of "
                   "--max-batch-tokens)")
       ->capture_default_str();
+  cmd->add_option("--kv-spool", f.kv_spool,
+                  "Directory of the KV spool: cached prompt prefixes are written there and read back instead of recomputed, also after a "
+                  "restart (default: none)");
+  cmd->add_option("--kv-spool-size", f.kv_spool_size, "Size cap of the KV spool, e.g. 20GiB or 10% (of its file system)")->capture_default_str();
 }
 
 }  // namespace
@@ -55,6 +59,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("-c,--ctx-size", run.gen.ctx_size, "Context size (default: the model's)");
   run_cmd->add_option("-b,--batch-size", run.gen.prefill_chunk, "Prompt tokens per forward pass")->capture_default_str();
   run_cmd->add_flag("--ignore-eos", run.gen.ignore_eos, "Keep generating past end-of-generation tokens");
+  run_cmd->add_option("--kv-spool", run.kv_spool, "Directory of the KV spool: a prompt seen before is read back instead of computed");
+  run_cmd->add_option("--kv-spool-size", run.kv_spool_size, "Size cap of the KV spool, e.g. 20GiB or 10% (of its file system)")->capture_default_str();
   run_cmd->add_option("--kv-type", run.kv_type, "KV cache element type: f32 (exact), f16 (half the memory) or q8_0 (about a quarter)")->capture_default_str();
   run_cmd->add_option("--json-schema", run.json_schema, "Constrain the output to this JSON Schema (a file)");
   run_cmd->add_option("--grammar", run.grammar, "Constrain the output to this GBNF grammar (a file)");

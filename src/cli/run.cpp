@@ -47,6 +47,10 @@ int run(const RunOptions& o) {
   if (!o.json) stream(prompt);
   GenerateOptions gen = o.gen;
   gen.kv_type = parse_kv_type(o.kv_type);
+  if (!o.kv_spool.empty()) {
+    gen.kv_spool_dir = o.kv_spool;
+    gen.kv_spool_bytes = parse_disk_size(o.kv_spool_size, o.kv_spool);
+  }
   std::unique_ptr<Model> draft_model;
   const std::size_t ctx = gen.ctx_size ? gen.ctx_size : model.config().n_ctx_train;
   const std::unique_ptr<spec::Proposer> proposer =
@@ -68,7 +72,7 @@ int run(const RunOptions& o) {
     j["text"] = r.text;
     j["finish_reason"] = r.finish_reason;
     j["timings"] = {{"load_ms", load_ms}, {"ttft_ms", t.ttft_ms}, {"prompt_ms", t.prompt_ms}, {"prompt_tps", t.prompt_tps()},
-                    {"gen_ms", t.gen_ms}, {"gen_tps", t.gen_tps()}, {"n_prompt", t.n_prompt}, {"n_gen", t.n_gen},
+                    {"gen_ms", t.gen_ms}, {"gen_tps", t.gen_tps()}, {"n_prompt", t.n_prompt}, {"n_spooled", t.n_spooled}, {"n_gen", t.n_gen},
                     {"threads", threads}};
     if (proposer) {
       j["timings"]["spec"] = proposer->name();
@@ -86,6 +90,7 @@ int run(const RunOptions& o) {
                  "\nload: %.1f ms | prompt: %zu tokens, %.1f tokens/s | time to first token: %.1f ms | "
                  "generation: %zu tokens, %.1f tokens/s | threads: %d | finish: %s\n",
                  load_ms, t.n_prompt, t.prompt_tps(), t.ttft_ms, t.n_gen, t.gen_tps(), threads, r.finish_reason.c_str());
+    if (!o.kv_spool.empty()) std::fprintf(stderr, "KV spool: %zu of the %zu prompt tokens read back instead of computed\n", t.n_spooled, t.n_prompt);
     if (proposer && t.spec_passes > 0) {
       std::fprintf(stderr, "speculation (%s): %zu target passes for %zu tokens (%.2f a pass), %zu of %zu guesses accepted (%.0f%%)\n",
                    proposer->name(), t.spec_passes, t.n_gen - 1, t.tokens_per_pass(), t.spec_accepted, t.spec_drafted, 100.0 * t.accept_rate());

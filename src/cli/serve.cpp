@@ -52,9 +52,23 @@ int serve(const ServeOptions& o) {
                  eo.spec == EngineOptions::Spec::Draft ? ("the draft model " + o.spec.draft).c_str() : "n-gram prompt lookup",
                  eo.spec_sampled ? "all" : "greedy", eo.spec_tokens, eo.spec_max_streams, eo.spec_sampled ? "" : " (--spec none: off)");
   }
+  if (const KvSpool* spool = engine.spool()) {
+    const SpoolStats ss = spool->stats();
+    if (ss.enabled) {
+      std::fprintf(stderr, "promptly: KV spool '%s': %llu blocks (%.0f MB) of this model and settings, cap %.0f MB\n", spool->options().dir.c_str(),
+                   static_cast<unsigned long long>(ss.blocks), static_cast<double>(ss.bytes) / 1e6, static_cast<double>(spool->options().max_bytes) / 1e6);
+    }
+  }
   if (so.webui) std::fprintf(stderr, "promptly: chat UI at http://%s:%u/ (--no-webui: off)\n", o.host.c_str(), port);
   std::fflush(stderr);
   server.run();
+  if (const KvSpool* spool = engine.spool(); spool && spool->stats().write_queue_bytes > 0) {
+    // What is still queued goes to disk within the grace period; what is left then is lost (the
+    // spool holds everything written before it).
+    const bool all = engine.flush_spool(SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
+                                                                 std::chrono::duration<double>(o.shutdown_grace_s)));
+    if (!all) std::fprintf(stderr, "promptly: warning: KV spool: queued blocks not written within the grace period were dropped\n");
+  }
   return 0;
 }
 

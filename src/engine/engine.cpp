@@ -4,8 +4,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
+#include <sys/statvfs.h>
 
+#include "model/fingerprint.h"
 #include "spec/draft_model.h"
 #include "spec/ngram.h"
 #include "spec/verify.h"
@@ -60,6 +63,23 @@ std::size_t parse_memory_size(const std::string& text) {
   return static_cast<std::size_t>(value * scale);
 }
 
+std::uint64_t parse_disk_size(const std::string& text, const std::string& dir) {
+  if (text.empty() || text.back() != '%') return parse_memory_size(text);
+  char* end = nullptr;
+  const double pct = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || std::string(end) != "%" || !(pct > 0) || pct > 100) {
+    throw Error("invalid size '" + text + "'; use e.g. 20GiB or 10% (of the file system holding the directory)");
+  }
+  // The directory may not exist yet: measure the nearest existing parent's file system.
+  std::filesystem::path at = std::filesystem::absolute(dir.empty() ? "." : dir);
+  struct statvfs fs {};
+  while (::statvfs(at.c_str(), &fs) != 0) {
+    if (!at.has_parent_path() || at.parent_path() == at) throw Error("cannot measure the file system of '" + dir + "'");
+    at = at.parent_path();
+  }
+  return static_cast<std::uint64_t>(static_cast<double>(fs.f_blocks) * static_cast<double>(fs.f_frsize) * pct / 100.0);
+}
+
 namespace {
 
 KvCache make_engine_cache(const Model& model, const EngineOptions& o, std::size_t ctx) {
@@ -76,6 +96,14 @@ KvCache make_engine_cache(const Model& model, const EngineOptions& o, std::size_
                 std::to_string(o.block_tokens) + " tokens (" + std::to_string(block_bytes) + " bytes each); raise --kv-memory");
   }
   return KvCache::with_blocks(c.n_layer, c.kv_dim(), n_blocks, ctx, o.kv_type, o.block_tokens, c.head_dim);
+}
+
+std::unique_ptr<KvSpool> make_spool(const Model& model, const EngineOptions& o, const KvCache& cache) {
+  if (o.kv_spool_dir.empty()) return nullptr;
+  SpoolOptions so;
+  so.dir = o.kv_spool_dir;
+  so.max_bytes = o.kv_spool_bytes;
+  return std::make_unique<KvSpool>(so, SpoolSettings::of(model_fingerprint(model.file()), cache.pool(), model.config().n_layer));
 }
 
 // The step cost model's prior, from forward passes on a scratch sequence of the engine's own cache
@@ -133,6 +161,7 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, EngineOptions opt
       ctx_(options.ctx_size ? options.ctx_size : model.config().n_ctx_train),
       pool_(options.threads > 0 ? options.threads : default_thread_count()),
       cache_(make_engine_cache(model, options_, ctx_)),
+      spool_(make_spool(model, options_, cache_)),
       cost_(calibrate_step_cost(model, cache_, pool_)),
       scheduler_(cache_, SchedulerOptions{std::max<std::size_t>(1, options.max_running), options.prefix_cache,
                                           // Running a follow-up alone skips the streams' tokens for a step:
@@ -145,6 +174,10 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, EngineOptions opt
   if (options_.spec == EngineOptions::Spec::Ngram) ngram_ = std::make_unique<spec::NgramProposer>(options_.spec_ngram);
   if (options_.spec == EngineOptions::Spec::Draft && !options_.draft) throw Error("speculation with a draft model needs the draft model");
   spec_accepted_per_pos_.assign(options_.spec_tokens, 0);
+  if (spool_) {
+    scheduler_.set_spool(spool_.get());
+    spool_->set_on_read_done([this] { wake_.notify_one(); });
+  }
   publish_stats();
   thread_ = std::thread([this] { loop(); });
 }
@@ -588,6 +621,13 @@ void Engine::deliver_events() {
   for (auto& [callback, event] : events) (*callback)(event);
 }
 
+void Engine::set_spool_read_observer(std::function<void(double)> observer) {
+  std::lock_guard lock(mutex_);
+  spool_read_observer_ = std::move(observer);
+}
+
+bool Engine::flush_spool(std::chrono::steady_clock::time_point deadline) { return !spool_ || spool_->flush(deadline); }
+
 void Engine::publish_stats() {
   EngineStats st;
   for (const auto& s : scheduler_.running()) {
@@ -626,7 +666,13 @@ void Engine::publish_stats() {
   st.spec_draft_tokens = spec_draft_tokens_;
   st.spec_accepted_tokens = spec_accepted_tokens_;
   st.spec_accepted_per_pos = spec_accepted_per_pos_;
+  st.spool_hit_blocks = k.spool_hit_blocks;
+  st.spool_hit_tokens = k.spool_hit_tokens;
+  const std::vector<double> read_waits = scheduler_.take_spool_read_waits();
   std::lock_guard lock(mutex_);
+  if (spool_read_observer_) {
+    for (double w : read_waits) spool_read_observer_(w);
+  }
   // Requests still in the inbox are waiting too.
   st.waiting += inbox_.size();
   stats_ = st;

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,6 +19,7 @@
 #include "engine/scheduler.h"
 #include "engine/step_cost.h"
 #include "kv/kv_cache.h"
+#include "kv/spool.h"
 #include "model/model.h"
 #include "spec/proposer.h"
 #include "tokenizer/tokenizer.h"
@@ -52,6 +54,10 @@ struct EngineOptions {
   std::size_t max_running = 32;
   std::size_t ctx_size = 0;         // per-request positions; 0: the model's training context
   bool prefix_cache = true;
+  // The prefix cache's disk tier (kv/spool.h): full blocks are written here behind the steps and
+  // read back for prompts that reach them, across restarts. Empty: none.
+  std::string kv_spool_dir;
+  std::uint64_t kv_spool_bytes = std::uint64_t{4} << 30;  // the spool's size cap
   int threads = 0;                  // 0: one per core
   // Speculative decoding inside the step: a decoding stream's guesses (n-gram prompt lookup, or a
   // draft model with a KV cache per stream) join the batch after its token and are verified by the
@@ -84,6 +90,7 @@ struct EngineStats {
   std::uint64_t prompt_tokens = 0, generation_tokens = 0;
   std::uint64_t preemptions = 0, evicted_blocks = 0, steps = 0;
   std::uint64_t steps_interrupted = 0;  // steps stopped early for a follow-up (Scheduler::gives_way)
+  std::uint64_t spool_hit_blocks = 0, spool_hit_tokens = 0;  // read back from the KV spool for requests
   // The step cost model's coefficients now (StepCostModel) and the step time limit they serve
   // (0: none, no ITL target).
   double step_fixed_ms = 0, step_per_token_ms = 0, step_per_1k_attended_ms = 0, step_limit_ms = 0;
@@ -117,6 +124,12 @@ class Engine {
   std::size_t compute_threads() const { return static_cast<std::size_t>(pool_.size()); }
   // Time the step loop spends computing batches (not waiting for work): see BusyMeter.
   const BusyMeter& busy() const { return busy_; }
+  // The KV spool, or null without --kv-spool (its stats are thread-safe).
+  const KvSpool* spool() const { return spool_.get(); }
+  // Receives, on the engine thread, how long each request waited for its spooled blocks.
+  void set_spool_read_observer(std::function<void(double seconds)> observer);
+  // Waits until the spool's queued writes are on disk or `deadline` passes (graceful shutdown).
+  bool flush_spool(std::chrono::steady_clock::time_point deadline);
 
  private:
   void loop();
@@ -155,6 +168,10 @@ class Engine {
   std::vector<std::int32_t> eog_ids_;
   ThreadPool pool_;
   KvCache cache_;
+  // After the cache (its reader thread fills pool blocks: joined before the pool goes) and before
+  // the scheduler (which holds reads in flight).
+  std::unique_ptr<KvSpool> spool_;
+  std::function<void(double)> spool_read_observer_;  // guarded by mutex_
   StepCostModel cost_;  // calibrated before the first step, then refined by every step's time
   StepOverrun overrun_;
   Scheduler scheduler_;
@@ -188,5 +205,7 @@ class Engine {
 
 // "4GiB", "512MiB", "300MB", "1e9", or "25%" (of the memory available now). Throws Error otherwise.
 std::size_t parse_memory_size(const std::string& text);
+// A disk size: as parse_memory_size, or "10%" of the file system that holds `dir`.
+std::uint64_t parse_disk_size(const std::string& text, const std::string& dir);
 
 }  // namespace promptly

@@ -1,13 +1,68 @@
 #include "engine/generate.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "grammar/mask_worker.h"
+#include "kv/spool.h"
+#include "model/fingerprint.h"
 #include "spec/verify.h"
 #include "util/clock.h"
 #include "util/error.h"
 
 namespace promptly {
+
+namespace {
+
+const std::vector<ChainHash>& extend_chain(std::vector<ChainHash>& chain, std::span<const std::int32_t> tokens, std::size_t bt,
+                                           std::size_t n_blocks) {
+  while (chain.size() < n_blocks) {
+    const std::size_t i = chain.size();
+    chain.push_back(chain_hash(i == 0 ? 0 : chain[i - 1], tokens.subspan(i * bt, bt)));
+  }
+  return chain;
+}
+
+// Reads the longest spooled prefix of the prompt (whole blocks, never its last token) into the
+// sequence's blocks; returns how many tokens it covers.
+std::size_t read_spooled_prefix(KvSpool& spool, const std::vector<std::int32_t>& prompt, KvCache& cache, int seq,
+                                std::vector<ChainHash>& chain) {
+  const std::size_t bt = cache.block_tokens();
+  const std::size_t n_full = (prompt.size() - 1) / bt;
+  extend_chain(chain, prompt, bt, n_full);
+  const std::size_t n = spool.present_run(chain, 0);
+  if (n == 0) return 0;
+  cache.reserve(seq, n * bt);
+  const std::vector<int> blocks = cache.blocks(seq);
+  std::vector<std::shared_ptr<const KvSpool::Read>> reads;
+  for (std::size_t i = 0; i < n; ++i) {
+    reads.push_back(spool.read(chain[i], i * bt, std::span<const std::int32_t>(prompt).subspan(i * bt, bt), cache.pool().block_data(blocks[i])));
+  }
+  std::size_t arrived = 0;
+  bool failed = false;
+  for (const auto& r : reads) {  // all of them: none may still be writing into the cache after this
+    while (!r->done.load(std::memory_order_acquire)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (!r->ok) failed = true;
+    if (!failed) ++arrived;
+  }
+  cache.set_length(seq, arrived * bt);
+  return arrived * bt;
+}
+
+// Spools every full block whose K/V the sequence holds, and waits until they are on disk.
+void spool_computed_blocks(KvSpool& spool, std::span<const std::int32_t> tokens, KvCache& cache, int seq, std::vector<ChainHash>& chain) {
+  const std::size_t bt = cache.block_tokens();
+  const std::size_t n_full = std::min(cache.length(seq), tokens.size()) / bt;
+  extend_chain(chain, tokens, bt, n_full);
+  const std::vector<int>& blocks = cache.blocks(seq);
+  for (std::size_t i = 0; i < n_full; ++i) {
+    spool.write(chain[i], i == 0 ? 0 : chain[i - 1], i * bt, tokens.subspan(i * bt, bt), cache.pool().block_data(blocks[i]),
+                /*wait_for_room=*/true);
+  }
+  spool.flush(std::chrono::steady_clock::time_point::max());
+}
+
+}  // namespace
 
 GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const std::vector<std::int32_t>& prompt,
                         const GenerateOptions& options, ThreadPool& pool,
@@ -45,8 +100,17 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
   };
 
   const auto t0 = SteadyClock::now();
+  std::unique_ptr<KvSpool> spool;
+  std::vector<ChainHash> chain;
+  std::size_t from_spool = 0;
+  if (!options.kv_spool_dir.empty()) {
+    spool = std::make_unique<KvSpool>(SpoolOptions{options.kv_spool_dir, options.kv_spool_bytes},
+                                      SpoolSettings::of(model_fingerprint(model.file()), cache.pool(), cfg.n_layer));
+    from_spool = read_spooled_prefix(*spool, prompt, cache, kSeq, chain);
+    result.timings.n_spooled = from_spool;
+  }
   const std::size_t chunk = std::max<std::size_t>(1, options.prefill_chunk);
-  for (std::size_t start = 0; start < prompt.size(); start += chunk) {
+  for (std::size_t start = from_spool; start < prompt.size(); start += chunk) {
     batch.clear();
     const std::size_t end = std::min(prompt.size(), start + chunk);
     for (std::size_t i = start; i < end; ++i) {
@@ -121,6 +185,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
       if (constraint) mask_worker.request(*constraint);
     }
   }
+  if (spool) spool_computed_blocks(*spool, history, cache, kSeq, chain);
   const std::string tail = detok.flush();
   result.text += tail;
   if (on_text && !tail.empty()) on_text(tail);

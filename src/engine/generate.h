@@ -35,6 +35,10 @@ struct GenerateOptions {
   // Constrained decoding (grammar/): only tokens the grammar allows are sampled, and generation ends
   // when it is complete. Speculation is off for constrained generation.
   std::shared_ptr<const grammar::GrammarIndex> grammar;
+  // The KV spool (kv/spool.h) in this directory: the prompt's spooled blocks are read instead of
+  // computed, and every full block computed is spooled before generate returns. Empty: none.
+  std::string kv_spool_dir;
+  std::uint64_t kv_spool_bytes = std::uint64_t{4} << 30;
 };
 
 struct GenerateTimings {
@@ -42,6 +46,7 @@ struct GenerateTimings {
   double ttft_ms = 0;    // from the start of prefill to the first sampled token
   double gen_ms = 0;     // decode wall time after the first token
   std::size_t n_prompt = 0;
+  std::size_t n_spooled = 0;      // prompt tokens read back from the KV spool instead of computed
   std::size_t n_gen = 0;
   std::size_t spec_passes = 0;    // target passes after the first token
   std::size_t spec_drafted = 0;   // proposed tokens the target checked

@@ -23,7 +23,105 @@ Scheduler::~Scheduler() {
 
 void Scheduler::add(std::unique_ptr<Sequence> seq) {
   seq->state = RequestState::Waiting;
+  start_spool_reads(*seq);
   waiting_.push_back(std::move(seq));
+}
+
+const std::vector<ChainHash>& Scheduler::chain_of(Sequence& s, std::size_t n_blocks) {
+  const std::size_t bt = cache_.block_tokens();
+  n_blocks = std::min(n_blocks, s.tokens.size() / bt);
+  while (s.chain.size() < n_blocks) {
+    const std::size_t i = s.chain.size();
+    s.chain.push_back(chain_hash(i == 0 ? 0 : s.chain[i - 1], std::span<const std::int32_t>(s.tokens).subspan(i * bt, bt)));
+  }
+  return s.chain;
+}
+
+// Why reads start here (the request's arrival) and not at admission: the read of a long spooled
+// prefix (tens of MB) then overlaps the steps that run before the request's turn, and the request
+// is admitted as a plain RAM hit once its blocks are in.
+void Scheduler::start_spool_reads(Sequence& s) {
+  if (!spool_ || !options_.prefix_cache || s.spool_wait || s.tokens.size() < 2) return;
+  const std::size_t bt = cache_.block_tokens();
+  const std::size_t n_full = (s.tokens.size() - 1) / bt;  // the last token is always computed
+  if (n_full == 0) return;
+  const auto tokens = std::span<const std::int32_t>(s.tokens);
+  const std::size_t ram = tree_.cached_length(tokens.first(n_full * bt)) / bt;
+  if (ram >= n_full) return;
+  const std::vector<ChainHash>& chain = chain_of(s, n_full);
+  std::size_t n = 0;
+  while (ram + n < n_full && (reads_.count(chain[ram + n]) > 0 || spool_->present_run(chain, ram + n) > 0)) ++n;
+  if (n == 0) return;
+  auto wait = std::make_unique<Sequence::SpoolWait>();
+  tree_.match(s.tokens, wait->held, ram * bt, /*count=*/false);
+  wait->first_block = ram;
+  wait->since = SteadyClock::now();
+  BlockPool& pool = cache_.pool();
+  for (std::size_t i = ram; i < ram + n; ++i) {
+    const ChainHash h = chain[i];
+    if (auto it = reads_.find(h); it != reads_.end()) {
+      ++it->second.waiters;
+      wait->awaited.push_back(h);
+      continue;
+    }
+    int block = pool.allocate();
+    if (block < 0 && tree_.evict(1) > 0) {
+      ++counters_.evicted_blocks;
+      block = pool.allocate();
+    }
+    if (block < 0) break;  // no room now: the rest is recomputed
+    auto read = spool_->read(h, i * bt, tokens.subspan(i * bt, bt), pool.block_data(block));
+    reads_.emplace(h, PendingRead{block, std::move(read), 1});
+    wait->awaited.push_back(h);
+  }
+  if (wait->awaited.empty()) {
+    for (int b : wait->held) pool.release(b);
+    return;
+  }
+  s.spool_wait = std::move(wait);
+}
+
+void Scheduler::abandon_spool_wait(Sequence& s) {
+  if (!s.spool_wait) return;
+  for (int b : s.spool_wait->held) cache_.pool().release(b);
+  for (ChainHash h : s.spool_wait->awaited) --reads_.at(h).waiters;
+  s.spool_wait.reset();
+}
+
+void Scheduler::settle_spool_reads() {
+  if (reads_.empty()) return;
+  const std::size_t bt = cache_.block_tokens();
+  for (auto& seq : waiting_) {
+    Sequence& s = *seq;
+    if (!s.spool_wait) continue;
+    Sequence::SpoolWait& w = *s.spool_wait;
+    const bool all_done = std::all_of(w.awaited.begin(), w.awaited.end(),
+                                      [&](ChainHash h) { return reads_.at(h).read->done.load(std::memory_order_acquire); });
+    if (!all_done) continue;
+    std::vector<int> blocks = w.held;
+    std::size_t arrived = 0;
+    for (ChainHash h : w.awaited) {
+      const PendingRead& r = reads_.at(h);
+      if (!r.read->ok) break;  // what follows a block that failed has no parent: recomputed
+      blocks.push_back(r.block);
+      ++arrived;
+    }
+    if (arrived > 0) {
+      tree_.insert(std::span<const std::int32_t>(s.tokens).first((w.first_block + arrived) * bt), blocks);
+      counters_.spool_hit_blocks += arrived;
+      counters_.spool_hit_tokens += arrived * bt;
+    }
+    spool_read_waits_.push_back(std::chrono::duration<double>(SteadyClock::now() - w.since).count());
+    abandon_spool_wait(s);
+  }
+  for (auto it = reads_.begin(); it != reads_.end();) {
+    if (it->second.waiters <= 0 && it->second.read->done.load(std::memory_order_acquire)) {
+      cache_.pool().release(it->second.block);
+      it = reads_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 Sequence* Scheduler::find(std::uint64_t id) {
@@ -54,6 +152,7 @@ std::unique_ptr<Sequence> Scheduler::remove(Sequence* s) {
     release_kv(*owned);
     return owned;
   }
+  abandon_spool_wait(*s);
   return take(waiting_, s);
 }
 
@@ -61,8 +160,19 @@ std::vector<std::pair<std::unique_ptr<Sequence>, FinishReason>> Scheduler::take_
 
 void Scheduler::offer_blocks(Sequence& s) {
   if (!options_.prefix_cache) return;
-  const std::size_t full = s.n_computed / cache_.block_tokens();
+  const std::size_t bt = cache_.block_tokens();
+  const std::size_t full = s.n_computed / bt;
   if (full <= s.inserted_blocks) return;
+  if (spool_) {
+    // Full blocks are final: spooled now (a copy, written behind), so evicting them later is free.
+    const std::vector<ChainHash>& chain = chain_of(s, full);
+    const std::vector<int>& blocks = cache_.blocks(s.seq_id);
+    for (std::size_t i = s.inserted_blocks; i < full; ++i) {
+      if (spool_->contains(chain[i])) continue;
+      spool_->write(chain[i], i == 0 ? 0 : chain[i - 1], i * bt, std::span<const std::int32_t>(s.tokens).subspan(i * bt, bt),
+                    cache_.pool().block_data(blocks[i]));
+    }
+  }
   tree_.insert(std::span<const std::int32_t>(s.tokens).first(full * cache_.block_tokens()), cache_.blocks(s.seq_id));
   s.inserted_blocks = full;
 }
@@ -86,6 +196,7 @@ void Scheduler::preempt(Sequence& s) {
   ++counters_.preemptions;
   s.state = RequestState::Waiting;  // recomputed from the cache when memory allows
   if (auto owned = take(running_, &s)) waiting_.push_back(std::move(owned));
+  start_spool_reads(s);
 }
 
 void Scheduler::end(Sequence& s, FinishReason reason) {
@@ -307,6 +418,7 @@ void Scheduler::isolate_short_prompt(StepPlan& plan) {
 
 StepPlan Scheduler::plan(const StepBudget& budget) {
   StepPlan plan;
+  settle_spool_reads();
   const bool after_giving_way = isolated_last_ || std::exchange(interrupted_last_, false);
   auto by_rank = [](const auto& a, const auto& b) { return a->ranks_before(*b); };
   std::stable_sort(running_.begin(), running_.end(), by_rank);
@@ -334,11 +446,15 @@ StepPlan Scheduler::plan(const StepBudget& budget) {
   }
   std::stable_sort(waiting_.begin(), waiting_.end(), by_rank);
   auto admit_waiting = [&](bool with_chunks) {
-    while (room.tokens_left > 0 && !waiting_.empty() && running_.size() < options_.max_running) {
-      Sequence& s = *waiting_.front();
+    for (std::size_t i = 0; room.tokens_left > 0 && i < waiting_.size() && running_.size() < options_.max_running;) {
+      Sequence& s = *waiting_[i];
+      if (s.spool_wait) {  // its spooled blocks are still being read: the next ones go ahead meanwhile
+        ++i;
+        continue;
+      }
       if (!admit(s)) break;  // strict rank order: a big request is not overtaken forever by small ones
-      running_.push_back(std::move(waiting_.front()));
-      waiting_.erase(waiting_.begin());
+      running_.push_back(std::move(waiting_[i]));
+      waiting_.erase(waiting_.begin() + static_cast<long>(i));
       if (with_chunks) schedule_prefill(s, room, plan);
     }
   };

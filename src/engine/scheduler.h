@@ -20,12 +20,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/request.h"
 #include "engine/step_cost.h"
 #include "kv/kv_cache.h"
 #include "kv/prefix_tree.h"
+#include "kv/spool.h"
 #include "model/batch.h"
 #include "grammar/mask_worker.h"
 #include "sampling/sampler.h"
@@ -58,6 +60,18 @@ struct Sequence {
   std::unique_ptr<StreamingDetokenizer> detokenizer;
   std::string held_text;  // decoded but not yet shown: it may be the start of a stop string
   std::unique_ptr<grammar::ConstrainedStream> constraint;  // when the request has a grammar
+  // Chain hashes (kv/spool.h) of the first chain.size() full blocks of `tokens`.
+  std::vector<ChainHash> chain;
+  // Waiting for spooled blocks of its prompt to be read back: the RAM-cached blocks before them,
+  // held so that they stay, and the spooled blocks awaited (Scheduler::reads_), from block
+  // `first_block` on.
+  struct SpoolWait {
+    std::vector<int> held;
+    std::vector<ChainHash> awaited;
+    std::size_t first_block = 0;
+    SteadyClock::time_point since;
+  };
+  std::unique_ptr<SpoolWait> spool_wait;
 
   Sequence(std::uint64_t id, std::uint64_t order, Request r);
   // Priority first (higher earlier), then arrival.
@@ -107,6 +121,8 @@ struct SchedulerCounters {
   std::uint64_t tokens_reused = 0;        // tokens taken from the cache instead (incl. after preemption)
   std::uint64_t preemptions = 0;
   std::uint64_t evicted_blocks = 0;
+  std::uint64_t spool_hit_blocks = 0;     // blocks read back from the spool for a request
+  std::uint64_t spool_hit_tokens = 0;
 };
 
 struct StepPlan {
@@ -127,6 +143,13 @@ class Scheduler {
  public:
   Scheduler(KvCache& cache, SchedulerOptions options);
   ~Scheduler();
+
+  // The prefix cache's disk tier (may be null): full blocks are written to it as they are offered
+  // to the prefix tree, and a request whose prompt goes on into spooled blocks waits in the queue
+  // while they are read back into the pool, then is admitted as a RAM hit.
+  void set_spool(KvSpool* spool) { spool_ = spool; }
+  // Seconds each request waited for its spooled blocks since the last call.
+  std::vector<double> take_spool_read_waits() { return std::move(spool_read_waits_); }
 
   void add(std::unique_ptr<Sequence> seq);
   Sequence* find(std::uint64_t id);
@@ -188,6 +211,12 @@ class Scheduler {
   std::vector<Sequence*> prefill_order(const StepBudget& budget) const;
   void isolate_short_prompt(StepPlan& plan);
   void end(Sequence& s, FinishReason reason);
+  const std::vector<ChainHash>& chain_of(Sequence& s, std::size_t n_blocks);
+  void start_spool_reads(Sequence& s);
+  // Takes in the reads that are done: each waiting sequence whose blocks have all arrived has them
+  // inserted into the prefix tree (up to the first that failed) and is admissible again.
+  void settle_spool_reads();
+  void abandon_spool_wait(Sequence& s);
 
   KvCache& cache_;
   PrefixTree tree_;
@@ -198,6 +227,16 @@ class Scheduler {
   std::vector<std::pair<std::unique_ptr<Sequence>, FinishReason>> ended_;
   bool isolated_last_ = false;     // the last plan ran a short prompt alone
   bool interrupted_last_ = false;  // the last plan's step stopped early (gives_way)
+  KvSpool* spool_ = nullptr;
+  // Spooled blocks being read, by chain hash: each into a pool block held here, awaited by
+  // `waiters` sequences, so that requests sharing a spooled prefix read it once.
+  struct PendingRead {
+    int block = -1;
+    std::shared_ptr<const KvSpool::Read> read;
+    int waiters = 0;
+  };
+  std::unordered_map<ChainHash, PendingRead> reads_;
+  std::vector<double> spool_read_waits_;
 };
 
 }  // namespace promptly

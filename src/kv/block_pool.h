@@ -56,6 +56,12 @@ class BlockPool {
   KvType type() const { return type_; }
   std::size_t segment_dim() const { return segment_dim_; }
 
+  // The whole block (every layer's keys and values): block_bytes() contiguous bytes, what the KV
+  // spool writes and reads back.
+  std::uint8_t* block_data(int block) { return base(block, 0); }
+  const std::uint8_t* block_data(int block) const { return storage_.data() + static_cast<std::size_t>(block) * n_layers_ * 2 * block_tokens_ * row_bytes_; }
+  std::size_t n_layers() const { return n_layers_; }
+
   // The keys (values) of `layer` in `block`: kv_dim / segment_dim() segments, each block_tokens rows
   // of segment_dim() elements of type().
   std::uint8_t* keys(int block, std::size_t layer) { return base(block, layer); }

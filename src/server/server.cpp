@@ -175,14 +175,39 @@ struct Server::Impl {
           },
           "position=\"" + std::to_string(pos) + "\"");
     }
+    if (const KvSpool* spool = engine.spool()) register_spool_metrics(*spool);
     for (FinishReason r : {FinishReason::Stop, FinishReason::Length, FinishReason::Cancelled, FinishReason::Timeout, FinishReason::Error}) {
       success[r] = &registry.counter("request_success_total", "Finished requests by reason",
                                      "finished_reason=\"" + finish_reason_text(r) + "\"");
     }
   }
 
+  // The engine may outlive the server: it must not call into this registry then.
+  ~Impl() { engine.set_spool_read_observer({}); }
+
   void accept();
   void begin_shutdown();
+
+  void register_spool_metrics(const KvSpool& spool) {
+    registry.gauge("kv_spool_blocks", "KV blocks in the spool on disk", [&spool] { return static_cast<double>(spool.stats().blocks); });
+    registry.gauge("kv_spool_bytes", "Bytes of the KV spool's block files", [&spool] { return static_cast<double>(spool.stats().bytes); });
+    registry.counter_fn("kv_spool_hits_total", "KV blocks read back from the spool for requests instead of computed",
+                        [this] { return static_cast<double>(engine.stats().spool_hit_blocks); });
+    registry.counter_fn("kv_spool_written_total", "KV blocks written to the spool", [&spool] { return static_cast<double>(spool.stats().written); });
+    registry.counter_fn("kv_spool_write_dropped_total", "KV block writes skipped because the write queue was full",
+                        [&spool] { return static_cast<double>(spool.stats().write_dropped); });
+    registry.counter_fn("kv_spool_evicted_total", "KV blocks deleted from the spool for its size cap",
+                        [&spool] { return static_cast<double>(spool.stats().evicted); });
+    for (std::size_t r = 0; r < static_cast<std::size_t>(SpoolReject::kCount); ++r) {
+      registry.counter_fn(
+          "kv_spool_rejected_total", "Spooled KV blocks never used, by reason",
+          [&spool, r] { return static_cast<double>(spool.stats().rejected[r]); },
+          std::string("reason=\"") + spool_reject_name(static_cast<SpoolReject>(r)) + "\"");
+    }
+    metrics::Histogram* read_seconds =
+        &registry.histogram("kv_spool_read_seconds", "Time a request waited for its spooled KV blocks to be read back", metrics::latency_buckets());
+    engine.set_spool_read_observer([read_seconds](double s) { read_seconds->observe(s); });
+  }
 };
 
 namespace {
