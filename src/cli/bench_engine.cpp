@@ -7,6 +7,9 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <unistd.h>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -116,6 +119,7 @@ class Scenario {
   json burst();
   json head_of_line();
   json throughput();
+  json spool();
   // The largest KV budget any engine of the run had (for the peak-RSS bound).
   std::size_t max_kv_budget() const { return max_kv_budget_; }
 
@@ -474,17 +478,159 @@ json Scenario::throughput() {
           {"speedup", many / one}};
 }
 
+// The KV spool (--kv-spool; a scratch directory when not given): (1) a long prompt re-sent to a
+// restarted engine, cold and with a warm spool; (2) sessions whose histories overflow the KV memory
+// (sized to hold spool_in_ram of them) come back for a follow-up in random order, with fresh prompts
+// (misses) among them, each without and with the spool; (3) streams decoding while long prompts
+// evict, without and with the spool (its writes must not stall a step).
+json Scenario::spool() {
+  namespace fs = std::filesystem;
+  const std::string scratch = (fs::temp_directory_path() / ("promptly-bench-spool-" + std::to_string(::getpid()))).string();
+  const std::string dir = !o_.engine.kv_spool.empty() ? o_.engine.kv_spool : scratch;
+  auto fresh_dir = [&](const std::string& name) {
+    const std::string d = dir + "/" + name;
+    fs::remove_all(d);
+    return d;
+  };
+  const ModelConfig& c = model_.config();
+  const std::size_t user_tokens = 45, answer_tokens = 16;
+  const std::size_t history = std::min(o_.spool_history, c.n_ctx_train - user_tokens - 2 * answer_tokens - 8);
+  const std::size_t ctx = std::max<std::size_t>(c.n_ctx_train, history + user_tokens + 2 * answer_tokens + 8);
+  auto options = [&](const std::string& spool_dir, std::size_t kv_memory) {
+    EngineOptions e = engine_options(ctx);
+    e.kv_spool_dir = spool_dir;
+    if (kv_memory) e.kv_memory = kv_memory;
+    return e;
+  };
+  auto one = [&](Engine& engine, Client& client, const std::vector<std::int32_t>& prompt, int max_tokens) {
+    return client.wait(client.submit(engine, request(prompt, max_tokens)));
+  };
+  json out = {{"scenario", "spool"}, {"spool_dir", dir}};
+
+  // (1) A restart.
+  {
+    const std::string d = fresh_dir("restart");
+    auto prompt = tokens(std::min(o_.restart_prompt, ctx - 8));
+    prompt[0] = 1;
+    double cold_ms = 0, warm_ms = 0;
+    std::uint64_t hit_tokens = 0;
+    {
+      Engine engine(model_, nullptr, options(d, 0));
+      Client client;
+      cold_ms = one(engine, client, prompt, 1).end.times.ttft_seconds() * 1000;
+      engine.flush_spool(SteadyClock::now() + std::chrono::seconds(60));
+    }
+    {
+      Engine engine(model_, nullptr, options(d, 0));
+      Client client;
+      const auto r = one(engine, client, prompt, 1);
+      warm_ms = r.end.times.ttft_seconds() * 1000;
+      hit_tokens = r.end.usage.cached_tokens;
+    }
+    out["restart"] = {{"prompt_tokens", prompt.size()}, {"cold_ttft_ms", cold_ms}, {"warm_ttft_ms", warm_ms},
+                      {"warm_over_cold", warm_ms / cold_ms}, {"cached_tokens", hit_tokens}};
+  }
+
+  // (2) Sessions overflowing RAM, follow-ups in random order, fresh prompts among them.
+  const std::size_t bt = KvCache::kDefaultBlockTokens;
+  const std::size_t block_bytes = BlockPool::block_bytes(c.n_layer, c.kv_dim(), bt, parse_kv_type(o_.engine.kv_type));
+  const std::size_t session_blocks = (history + user_tokens + 2 * answer_tokens + bt - 1) / bt + 1;
+  const std::size_t kv_memory = std::max<std::size_t>(2, o_.spool_in_ram) * session_blocks * block_bytes;
+  std::vector<std::vector<std::int32_t>> histories, fresh;
+  for (std::size_t i = 0; i < o_.spool_sessions; ++i) {
+    histories.push_back(tokens(history));
+    histories.back()[0] = 1;
+  }
+  for (std::size_t i = 0; i < std::max<std::size_t>(4, o_.spool_sessions / 4); ++i) {
+    fresh.push_back(tokens(history));
+    fresh.back()[0] = 1;
+  }
+  std::vector<std::vector<std::int32_t>> follow_ups;
+  for (std::size_t i = 0; i < histories.size(); ++i) {
+    auto f = histories[i];
+    auto more = tokens(user_tokens + answer_tokens);
+    f.insert(f.end(), more.begin(), more.end());
+    follow_ups.push_back(std::move(f));
+  }
+  std::vector<std::size_t> order(histories.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng_);
+  for (const bool with_spool : {false, true}) {
+    Engine engine(model_, nullptr, options(with_spool ? fresh_dir("sessions") : "", kv_memory));
+    note(engine);
+    Client client;
+    for (const auto& h : histories) one(engine, client, h, static_cast<int>(answer_tokens));
+    engine.flush_spool(SteadyClock::now() + std::chrono::seconds(60));
+    std::vector<double> follow_ttft, fresh_ttft;
+    std::size_t follow_cached = 0, follow_prompt = 0;
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      const auto r = one(engine, client, follow_ups[order[k]], static_cast<int>(answer_tokens));
+      follow_ttft.push_back(r.end.times.ttft_seconds() * 1000);
+      follow_cached += r.end.usage.cached_tokens;
+      follow_prompt += follow_ups[order[k]].size();
+      if (k % 4 == 3 && k / 4 < fresh.size()) fresh_ttft.push_back(one(engine, client, fresh[k / 4], 1).end.times.ttft_seconds() * 1000);
+    }
+    const EngineStats st = engine.stats();
+    out[with_spool ? "sessions_spool" : "sessions_ram_only"] = {
+        {"sessions", histories.size()},
+        {"history_tokens", history},
+        {"histories_in_ram", o_.spool_in_ram},
+        {"followup_ttft_ms", {{"p50", quantile(follow_ttft, 0.5)}, {"p99", quantile(follow_ttft, 0.99)}}},
+        {"fresh_ttft_ms", {{"p50", quantile(fresh_ttft, 0.5)}, {"n", fresh_ttft.size()}}},
+        {"followup_cached_fraction", static_cast<double>(follow_cached) / static_cast<double>(follow_prompt)},
+        {"spool_hit_blocks", st.spool_hit_blocks},
+        {"evicted_blocks", st.evicted_blocks}};
+  }
+  out["followup_p50_spool_over_ram_only"] = out["sessions_spool"]["followup_ttft_ms"]["p50"].get<double>() /
+                                            out["sessions_ram_only"]["followup_ttft_ms"]["p50"].get<double>();
+  out["fresh_p50_spool_over_ram_only"] =
+      out["sessions_spool"]["fresh_ttft_ms"]["p50"].get<double>() / out["sessions_ram_only"]["fresh_ttft_ms"]["p50"].get<double>();
+
+  // (3) Streams decoding while long prompts arrive and evict.
+  for (const bool with_spool : {false, true}) {
+    Engine engine(model_, nullptr, options(with_spool ? fresh_dir("streams") : "", kv_memory));
+    Client client;
+    std::vector<std::uint64_t> streams;
+    for (int i = 0; i < 4; ++i) {
+      auto p = tokens(64);
+      p[0] = 1;
+      streams.push_back(client.submit(engine, request(p, 10000)));
+    }
+    for (auto id : streams) client.wait_first_token(id);
+    for (const auto& h : fresh) one(engine, client, h, 1);  // each prefill's blocks are spooled, older ones evicted
+    std::vector<double> itl;
+    for (auto id : streams) {
+      engine.cancel(id);
+      const auto r = client.wait(id);
+      for (std::size_t i = 1; i < r.token_times.size(); ++i) itl.push_back(ms(r.token_times[i] - r.token_times[i - 1]));
+    }
+    const EngineStats st = engine.stats();
+    json j = {{"itl_ms", {{"p50", quantile(itl, 0.5)}, {"p99", quantile(itl, 0.99)}, {"n", itl.size()}}}, {"evicted_blocks", st.evicted_blocks}};
+    if (engine.spool()) {
+      const SpoolStats ss = engine.spool()->stats();
+      j["spool_written"] = ss.written;
+      j["spool_write_dropped"] = ss.write_dropped;
+    }
+    out[with_spool ? "streams_spool" : "streams_ram_only"] = j;
+  }
+  out["itl_p99_spool_over_ram_only"] =
+      out["streams_spool"]["itl_ms"]["p99"].get<double>() / out["streams_ram_only"]["itl_ms"]["p99"].get<double>();
+  if (o_.engine.kv_spool.empty()) fs::remove_all(scratch);
+  return out;
+}
+
 }  // namespace
 
 int bench_engine(const BenchEngineOptions& o) {
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   Model model(file);
   const ModelConfig& c = model.config();
+  // "all" leaves out spool, which writes to disk and runs the sessions twice.
   const std::vector<std::string> all = {"multiturn", "sessions", "shared-prefix", "burst", "head-of-line", "throughput"};
   std::vector<std::string> names = o.scenario == "all" ? all : std::vector<std::string>{o.scenario};
   for (const auto& n : names) {
-    if (std::find(all.begin(), all.end(), n) == all.end()) {
-      throw Error("unknown scenario '" + n + "'; choose multiturn, sessions, shared-prefix, burst, head-of-line, throughput or all");
+    if (n != "spool" && std::find(all.begin(), all.end(), n) == all.end()) {
+      throw Error("unknown scenario '" + n + "'; choose multiturn, sessions, shared-prefix, burst, head-of-line, throughput, spool or all");
     }
   }
   Scenario scenario(model, o);
@@ -497,6 +643,7 @@ int bench_engine(const BenchEngineOptions& o) {
     if (n == "burst") results.push_back(scenario.burst());
     if (n == "head-of-line") results.push_back(scenario.head_of_line());
     if (n == "throughput") results.push_back(scenario.throughput());
+    if (n == "spool") results.push_back(scenario.spool());
   }
 
   // Memory: bytes per cached token by the arithmetic, and what a budget holds in each KV type.
@@ -539,6 +686,21 @@ int bench_engine(const BenchEngineOptions& o) {
                   r["steps"].get<std::size_t>());
       std::printf("| multiturn | prompt tokens served from cache | %.1f%% |\n", 100 * r["followup_cached_fraction"].get<double>());
       std::printf("| multiturn | TTFT re-prefilling %zu tokens (no cache) | %.0f ms |\n", o.history, r["cold_prefill_ttft_ms"].get<double>());
+    } else if (n == "spool") {
+      const json& rs = r["restart"];
+      std::printf("| spool | TTFT of a %zu-token prompt: cold / after a restart with the spool | %.0f / %.0f ms (%.1f%%) |\n",
+                  rs["prompt_tokens"].get<std::size_t>(), rs["cold_ttft_ms"].get<double>(), rs["warm_ttft_ms"].get<double>(),
+                  100 * rs["warm_over_cold"].get<double>());
+      const json &a = r["sessions_ram_only"], &b = r["sessions_spool"];
+      std::printf("| spool | follow-up TTFT p50, %zu sessions x %zu tokens, RAM for %zu: without / with the spool | %.0f / %.0f ms (%.2fx) |\n",
+                  a["sessions"].get<std::size_t>(), a["history_tokens"].get<std::size_t>(), a["histories_in_ram"].get<std::size_t>(),
+                  a["followup_ttft_ms"]["p50"].get<double>(), b["followup_ttft_ms"]["p50"].get<double>(),
+                  r["followup_p50_spool_over_ram_only"].get<double>());
+      std::printf("| spool | fresh prompts' (misses') TTFT p50: without / with | %.0f / %.0f ms (%.2fx) |\n", a["fresh_ttft_ms"]["p50"].get<double>(),
+                  b["fresh_ttft_ms"]["p50"].get<double>(), r["fresh_p50_spool_over_ram_only"].get<double>());
+      std::printf("| spool | 4 streams' ITL p99 while prompts evict: without / with | %.1f / %.1f ms (%.2fx) |\n",
+                  r["streams_ram_only"]["itl_ms"]["p99"].get<double>(), r["streams_spool"]["itl_ms"]["p99"].get<double>(),
+                  r["itl_p99_spool_over_ram_only"].get<double>());
     } else if (n == "sessions") {
       std::printf("| sessions | follow-up TTFT p50 / p99 / max (%zu follow-ups; %zu sessions x %zu turns, %zu-token first turns) | %.0f / %.0f / %.0f ms |\n",
                   r["followup_ttft_ms"]["n"].get<std::size_t>(), r["sessions"].get<std::size_t>(), r["turns"].get<std::size_t>(),

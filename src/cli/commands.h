@@ -215,6 +215,10 @@ struct BenchEngineOptions {
   int streams = 8;                 // throughput
   int gen_tokens = 128;            // throughput
   int rounds = 3;                  // throughput: alternating 1-stream / many-stream measurements
+  std::size_t spool_sessions = 64;    // spool: sessions whose histories overflow the KV memory
+  std::size_t spool_history = 1500;   // spool: tokens of each session's history
+  std::size_t spool_in_ram = 8;       // spool: histories the KV memory holds
+  std::size_t restart_prompt = 2000;  // spool: the prompt re-sent after a restart
   std::uint64_t seed = 1;
   bool json = false;
 };

@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
   auto* beng_cmd = bench_cmd->add_subcommand(
       "engine", "The serving engine in chat scenarios: multi-turn, cold sessions, shared prefix, bursts, head-of-line, throughput");
   beng_cmd->add_option("-m,--model", beng.model, "GGUF model file, or promptly-code-23m for the built-in one")->required();
-  beng_cmd->add_option("--scenario", beng.scenario, "multiturn, sessions, shared-prefix, burst, head-of-line, throughput or all")
+  beng_cmd->add_option("--scenario", beng.scenario, "multiturn, sessions, shared-prefix, burst, head-of-line, throughput, spool or all")
       ->capture_default_str();
   add_engine_flags(beng_cmd, beng.engine);
   beng_cmd->add_option("--conversations", beng.conversations, "multiturn, sessions: concurrent conversations")->capture_default_str();
@@ -192,6 +192,10 @@ int main(int argc, char** argv) {
   beng_cmd->add_option("--rounds", beng.rounds, "throughput: alternating rounds of 1 stream and --streams streams (medians)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  beng_cmd->add_option("--spool-sessions", beng.spool_sessions, "spool: sessions, more than the KV memory holds")->capture_default_str();
+  beng_cmd->add_option("--spool-history", beng.spool_history, "spool: tokens of each session's history")->capture_default_str();
+  beng_cmd->add_option("--spool-in-ram", beng.spool_in_ram, "spool: histories the KV memory is sized to hold")->capture_default_str();
+  beng_cmd->add_option("--restart-prompt", beng.restart_prompt, "spool: tokens of the prompt re-sent after a restart")->capture_default_str();
   beng_cmd->add_option("--seed", beng.seed, "Seed of the random prompts")->capture_default_str();
   beng_cmd->add_flag("--json", beng.json, "Print JSON");
 

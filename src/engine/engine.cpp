@@ -189,6 +189,8 @@ Engine::~Engine() {
   }
   wake_.notify_all();
   thread_.join();
+  // The spool's reader calls back into wake_, which goes before spool_ would: stop it first.
+  spool_.reset();
 }
 
 std::uint64_t Engine::submit(Request request) {

@@ -49,8 +49,9 @@ std::size_t read_spooled_prefix(KvSpool& spool, const std::vector<std::int32_t>&
   return arrived * bt;
 }
 
-// Spools every full block whose K/V the sequence holds, and waits until they are on disk.
-void spool_computed_blocks(KvSpool& spool, std::span<const std::int32_t> tokens, KvCache& cache, int seq, std::vector<ChainHash>& chain) {
+// Spools every full block whose K/V the sequence holds; with `wait`, returns once they are on disk.
+void spool_computed_blocks(KvSpool& spool, std::span<const std::int32_t> tokens, KvCache& cache, int seq, std::vector<ChainHash>& chain,
+                           bool wait) {
   const std::size_t bt = cache.block_tokens();
   const std::size_t n_full = std::min(cache.length(seq), tokens.size()) / bt;
   extend_chain(chain, tokens, bt, n_full);
@@ -59,7 +60,7 @@ void spool_computed_blocks(KvSpool& spool, std::span<const std::int32_t> tokens,
     spool.write(chain[i], i == 0 ? 0 : chain[i - 1], i * bt, tokens.subspan(i * bt, bt), cache.pool().block_data(blocks[i]),
                 /*wait_for_room=*/true);
   }
-  spool.flush(std::chrono::steady_clock::time_point::max());
+  if (wait) spool.flush(std::chrono::steady_clock::time_point::max());
 }
 
 }  // namespace
@@ -118,6 +119,9 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
     }
     model.forward(batch, cache, pool, logits);
   }
+  // The prompt's blocks go to the spool now (written behind the generation), so that a run stopped
+  // midway still leaves them.
+  if (spool) spool_computed_blocks(*spool, prompt, cache, kSeq, chain, /*wait=*/false);
   result.timings.n_prompt = prompt.size();
   result.timings.prompt_ms = seconds_since(t0) * 1000.0;
 
@@ -185,7 +189,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
       if (constraint) mask_worker.request(*constraint);
     }
   }
-  if (spool) spool_computed_blocks(*spool, history, cache, kSeq, chain);
+  if (spool) spool_computed_blocks(*spool, history, cache, kSeq, chain, /*wait=*/true);
   const std::string tail = detok.flush();
   result.text += tail;
   if (on_text && !tail.empty()) on_text(tail);
