@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
   beng_cmd->add_option("--long-prompt", beng.long_prompt, "head-of-line: tokens of the long prompt")->capture_default_str();
   beng_cmd->add_option("--streams", beng.streams, "throughput: concurrent streams")->capture_default_str();
   beng_cmd->add_option("--gen-tokens", beng.gen_tokens, "throughput: tokens per stream")->capture_default_str();
-  beng_cmd->add_option("--rounds", beng.rounds, "throughput: alternating rounds of 1 stream and --streams streams (medians)")
+  beng_cmd->add_option("--rounds", beng.rounds, "throughput, spool: alternating rounds (throughput: 1 stream and --streams streams; spool: without and with the spool), medians")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
   beng_cmd->add_option("--spool-sessions", beng.spool_sessions, "spool: sessions, more than the KV memory holds")->capture_default_str();

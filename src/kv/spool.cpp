@@ -1,6 +1,8 @@
 #include "kv/spool.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -384,6 +386,11 @@ bool KvSpool::write_file(const WriteJob& job) {
 }
 
 void KvSpool::writer_loop() {
+  // Writes are never urgent, steps are: the writer runs only on a core nobody else wants (a
+  // compute thread it displaced would hold up the whole step at its next barrier). Under sustained
+  // full load the queue fills and writes are skipped, which is the documented trade.
+  sched_param idle{};
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
   std::unique_lock lock(mutex_);
   for (;;) {
     work_.wait(lock, [&] { return stopping_ || !writes_.empty(); });
@@ -406,7 +413,7 @@ void KvSpool::writer_loop() {
       reject(SpoolReject::Io);
       disable(std::string("writing a block failed (") + std::strerror(err) + ")");
     }
-    if (spare_buffers_.size() < 8) spare_buffers_.push_back(std::move(job.data));
+    if (spare_buffers_.size() < 32) spare_buffers_.push_back(std::move(job.data));
     written_.notify_all();
   }
 }
