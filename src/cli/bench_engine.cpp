@@ -486,7 +486,8 @@ json Scenario::throughput() {
 json Scenario::spool() {
   namespace fs = std::filesystem;
   const std::string scratch = (fs::temp_directory_path() / ("promptly-bench-spool-" + std::to_string(::getpid()))).string();
-  const std::string dir = !o_.engine.kv_spool.empty() ? o_.engine.kv_spool : scratch;
+  const bool own_dir = o_.engine.kv_spool.empty() || o_.engine.kv_spool == "none";
+  const std::string dir = own_dir ? scratch : o_.engine.kv_spool;
   auto fresh_dir = [&](const std::string& name) {
     const std::string d = dir + "/" + name;
     fs::remove_all(d);
@@ -624,7 +625,7 @@ json Scenario::spool() {
   out["itl_p99_ms_ram_only"] = quantile(p99_without, 0.5);
   out["itl_p99_ms_spool"] = quantile(p99_with, 0.5);
   out["itl_p99_spool_over_ram_only"] = quantile(p99_with, 0.5) / quantile(p99_without, 0.5);
-  if (o_.engine.kv_spool.empty()) fs::remove_all(scratch);
+  if (own_dir) fs::remove_all(scratch);
   return out;
 }
 

@@ -182,13 +182,13 @@ struct EngineFlags {
   std::string kv_memory;           // empty: the engine's default
   std::size_t max_batch_tokens = 512;
   double itl_target_ms = EngineOptions::kDefaultItlTargetMs;  // 0: steps sized by max_batch_tokens alone
-  std::string kv_spool;                 // directory of the KV spool; empty: none
+  std::string kv_spool;                 // directory of the KV spool; empty or "none": none (serve: see default_kv_spool_dir)
   std::string kv_spool_size = kDefaultSpoolSize;
   static constexpr const char* kDefaultSpoolSize = "10%";
   // Throws Error for an unknown KV type or a malformed memory size.
   EngineOptions to_options() const {
     EngineOptions e;
-    if (!kv_spool.empty()) {
+    if (!kv_spool.empty() && kv_spool != "none") {
       e.kv_spool_dir = kv_spool;
       e.kv_spool_bytes = parse_disk_size(kv_spool_size, kv_spool);
     }
@@ -241,5 +241,8 @@ struct ServeOptions {
   bool no_webui = false;
 };
 int serve(const ServeOptions& o);
+// serve's KV spool when --kv-spool is not given: $XDG_CACHE_HOME/promptly/kv-spool, else
+// ~/.cache/promptly/kv-spool; empty when neither variable is set.
+std::string default_kv_spool_dir();
 
 }  // namespace promptly::cli

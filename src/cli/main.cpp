@@ -22,7 +22,7 @@ void add_engine_flags(CLI::App* cmd, promptly::cli::EngineFlags& f) {
       ->capture_default_str();
   cmd->add_option("--kv-spool", f.kv_spool,
                   "Directory of the KV spool: cached prompt prefixes are written there and read back instead of recomputed, also after a "
-                  "restart (default: none)");
+                  "restart; none: off (default: serve ~/.cache/promptly/kv-spool or $XDG_CACHE_HOME/promptly/kv-spool, bench none)");
   cmd->add_option("--kv-spool-size", f.kv_spool_size, "Size cap of the KV spool, e.g. 20GiB or 10% (of its file system)")->capture_default_str();
 }
 

@@ -1,5 +1,6 @@
 // `promptly serve`: load the model, start the engine and the OpenAI-compatible HTTP server.
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "cli/commands.h"
@@ -13,12 +14,22 @@
 
 namespace promptly::cli {
 
+std::string default_kv_spool_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg && *xdg) return std::string(xdg) + "/promptly/kv-spool";
+  const char* home = std::getenv("HOME");
+  if (home && *home) return std::string(home) + "/.cache/promptly/kv-spool";
+  return {};
+}
+
 int serve(const ServeOptions& o) {
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   Model model(file);
   Tokenizer tokenizer(Vocab::from_gguf(*file));
 
-  EngineOptions eo = o.engine.to_options();
+  EngineFlags flags = o.engine;
+  if (flags.kv_spool.empty()) flags.kv_spool = default_kv_spool_dir();  // on by default: README, KV spool
+  EngineOptions eo = flags.to_options();
   eo.ctx_size = o.ctx_size;
   eo.max_running = o.max_running;
   std::unique_ptr<Model> draft_model;
