@@ -6,13 +6,15 @@
 //
 //   node tools/cluster-bench.mjs --url http://127.0.0.1:8080 [--key session|user|prefix|body|none]
 //   node tools/cluster-bench.mjs --urls http://127.0.0.1:8081,http://127.0.0.1:8082 ...  # session i -> url i mod n
+//   node tools/cluster-bench.mjs --urls R1,R2,R3 --pin http://127.0.0.1:8080 ...  # each session straight to
+//     the replica the front would pick for it (r1 -> R1, ...): the same placement without the proxy
 //
 // --key: how a session identifies itself to the load balancer: an X-Session-Id header, the `user`
 // field, the X-Promptly-Prefix-Key header sent back from the first answer, the body alone (the
 // balancer computes the prefix key), or nothing. A follow-up is a hit when its cached tokens cover
 // its previous turn's prompt but for the last, partly filled KV block (16 tokens).
 // Other options: --sessions 24 --turns 4 --system-words 200 --first-words 100 --user-words 20
-// --answer-tokens 32 --think-ms 1000 --stagger-ms 4000 --seed 1 --model M --json
+// --answer-tokens 32 --think-ms 2000 --stagger-ms 4000 --seed 1 --model M --json
 import { pathToFileURL } from 'node:url';
 
 // One streamed chat turn: status, TTFT, text, usage and the routing headers of the answer;
@@ -110,6 +112,7 @@ export function percentile(values, p) {
   return sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo);
 }
 
+const sessionId = (o, id) => `bench-${o.seed}-${id}`;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 export async function runSessions(o) {
@@ -131,7 +134,13 @@ export async function runSessions(o) {
   await Promise.all(
     sessions.map(async (s) => {
       await sleep(s.starts);
-      const url = o.urls[s.id % o.urls.length];
+      let url = o.urls[s.id % o.urls.length];
+      if (o.pin) {
+        // Where the front sends this session's key (the key is in a header, so /health will do).
+        const probe = await fetch(`${o.pin}/health`, { headers: { 'x-session-id': sessionId(o, s.id) } });
+        await probe.text();
+        url = o.urls[Number(probe.headers.get('x-promptly-replica').slice(1)) - 1];
+      }
       const messages = [
         { role: 'system', content: system },
         { role: 'user', content: s.first },
@@ -147,7 +156,7 @@ export async function runSessions(o) {
         const body = { messages, max_tokens: o.answerTokens, temperature: 0, ignore_eos: true };
         if (o.model) body.model = o.model;
         const headers = {};
-        if (o.key === 'session') headers['x-session-id'] = `bench-${o.seed}-${s.id}`;
+        if (o.key === 'session') headers['x-session-id'] = sessionId(o, s.id);
         if (o.key === 'user') body.user = `user-${o.seed}-${s.id}`;
         if (o.key === 'prefix' && prefixKey) headers['x-promptly-prefix-key'] = prefixKey;
         const r = await streamChat(url, body, headers);
@@ -198,7 +207,7 @@ export async function runSessions(o) {
 function parseArgs(argv) {
   const o = {
     urls: ['http://127.0.0.1:8080'], key: 'body', sessions: 24, turns: 4, systemWords: 200, firstWords: 100, userWords: 20,
-    answerTokens: 32, thinkMs: 1000, staggerMs: 4000, seed: 1, model: '', json: false,
+    answerTokens: 32, thinkMs: 2000, staggerMs: 4000, seed: 1, model: '', json: false, pin: '',
   };
   for (let i = 0; i < argv.length; ++i) {
     const a = argv[i];
@@ -206,6 +215,7 @@ function parseArgs(argv) {
     switch (a) {
       case '--url': o.urls = [next()]; break;
       case '--urls': o.urls = next().split(','); break;
+      case '--pin': o.pin = next(); break;
       case '--key': o.key = next(); break;
       case '--sessions': o.sessions = Number(next()); break;
       case '--turns': o.turns = Number(next()); break;

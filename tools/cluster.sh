@@ -117,6 +117,7 @@ up() {
     sleep 0.1
     waited=$((waited + 1))
   done
+  echo "$port" >"$dir/front.port"
   echo "cluster: $n replicas on 127.0.0.1:$((base + 1))-$((base + n)) behind HAProxy on http://127.0.0.1:$port (logs in $dir)"
 }
 
@@ -133,7 +134,7 @@ status() {
     fi
   done
   if alive "$dir/haproxy.pid"; then
-    echo "haproxy: pid $(cat "$dir/haproxy.pid"), http://127.0.0.1:$port"
+    echo "haproxy: pid $(cat "$dir/haproxy.pid"), http://127.0.0.1:$(cat "$dir/front.port" 2>/dev/null || echo "$port")"
   else
     echo "haproxy: not running"
   fi

@@ -209,6 +209,11 @@ class Session : public std::enable_shared_from_this<Session> {
   Session(tcp::socket socket, Server::Impl& server) : stream_(std::move(socket)), server_(server) {}
 
   void start() {
+    // Tokens are small writes that must leave at once: without TCP_NODELAY, Nagle holds a write
+    // until the peer ACKs the previous one, and a proxy in front (HAProxy) delays its ACKs by up
+    // to 40-200 ms.
+    beast::error_code ignored;
+    stream_.socket().set_option(tcp::no_delay(true), ignored);
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_request(); });
   }
 
