@@ -2,7 +2,7 @@
 # Promptly replicas behind HAProxy on this machine, with cache affinity (deploy/haproxy/haproxy.cfg).
 #
 #   tools/cluster.sh up N [MODEL|builtin] [SERVE ARGS...]   N replicas + HAProxy; returns when all serve
-#   tools/cluster.sh status                                 which replicas run, and HAProxy's view of them
+#   tools/cluster.sh status                                 which replicas and HAProxy run, on which ports
 #   tools/cluster.sh down                                   drains the replicas (SIGTERM), then stops HAProxy
 #
 # Replica i (1..N) is `promptly serve [-m MODEL] --port BASE+i -t 1 --drain-delay 2 ARGS...` (`-t`
