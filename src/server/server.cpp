@@ -1059,7 +1059,12 @@ unsigned short Server::listen() {
 void Server::run() {
   Impl& s = *impl_;
   s.signals.async_wait([&s](beast::error_code ec, int) {
-    if (!ec) s.begin_drain();
+    if (ec) return;
+    s.begin_drain();
+    // A second signal (Ctrl-C again) skips the rest of the drain delay.
+    s.signals.async_wait([&s](beast::error_code ec2, int) {
+      if (!ec2) s.begin_shutdown();
+    });
   });
   s.accept();
   std::vector<std::thread> threads;

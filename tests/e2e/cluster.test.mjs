@@ -168,6 +168,15 @@ test('follow-ups reach the replica that holds their KV, whichever key a session 
   const twin = newSession(2, 'body');
   await sequentialTurns([twin]);
   assert.equal(twin.replica, sessions[2].replica);
+  // Answers that do not stream carry the key too.
+  const plain = await fetch(`${front}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ messages: newSession(2, 'body').messages, max_tokens: 2 }),
+  });
+  assert.equal(plain.status, 200);
+  await plain.json();
+  assert.equal(plain.headers.get('x-promptly-prefix-key'), sessions[2].prefixKey);
 });
 
 test('a killed replica: its sessions move to the others and still get answers', { skip, timeout: 120000 }, async () => {
