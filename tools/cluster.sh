@@ -6,7 +6,7 @@
 #   tools/cluster.sh down                                   drains the replicas (SIGTERM), then stops HAProxy
 #
 # Replica i (1..N) is `promptly serve [-m MODEL] --port BASE+i -t 1 --drain-delay 2 ARGS...` (`-t`
-# only when ARGS give none); HAProxy (Debian's `haproxy` package) listens on 127.0.0.1:PORT.
+# and `--drain-delay` only when ARGS give none); HAProxy (Debian's `haproxy` package) listens on 127.0.0.1:PORT.
 # Environment: PROMPTLY_CLUSTER_PORT (8080), PROMPTLY_CLUSTER_BASE_PORT (PORT), PROMPTLY_BINARY
 # (build/release/promptly), PROMPTLY_CLUSTER_DIR (build/cluster: the generated haproxy.cfg, pid files,
 # logs, HAProxy's admin socket haproxy.sock), PROMPTLY_CLUSTER_BALANCE (another HAProxy `balance`
@@ -54,9 +54,12 @@ up() {
   fi
   mkdir -p "$dir"
   rm -f "$dir"/replica-*.pid "$dir"/replica-*.log "$dir"/replica-*.port
-  local args=("$@") threads=(-t 1) a
+  local args=("$@") threads=(-t 1) drain=(--drain-delay 2) a
   for a in "${args[@]}"; do
-    case "$a" in -t | --threads | -t* | --threads=*) threads=() ;; esac
+    case "$a" in
+      -t | --threads | -t* | --threads=*) threads=() ;;
+      --drain-delay | --drain-delay=*) drain=() ;;
+    esac
   done
   local model_args=()
   [ "$model" = builtin ] || model_args=(-m "$model")
@@ -65,7 +68,7 @@ up() {
   for ((i = 1; i <= n; i++)); do
     p=$((base + i))
     # setsid: the replica outlives this script and gets only the signals sent to it.
-    setsid "$binary" serve "${model_args[@]}" --port "$p" "${threads[@]}" --drain-delay 2 "${args[@]}" \
+    setsid "$binary" serve "${model_args[@]}" --port "$p" "${threads[@]}" "${drain[@]}" "${args[@]}" \
       </dev/null >"$dir/replica-$i.log" 2>&1 &
     echo $! >"$dir/replica-$i.pid"
     echo "$p" >"$dir/replica-$i.port"

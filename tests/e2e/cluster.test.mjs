@@ -51,8 +51,9 @@ before(async () => {
   const base = await freePorts();
   front = `http://127.0.0.1:${base}`;
   env = { ...process.env, PROMPTLY_BINARY: BINARY, PROMPTLY_CLUSTER_DIR: dir, PROMPTLY_CLUSTER_PORT: String(base) };
-  // The built-in model, one thread a replica, a short grace so that the test never waits long.
-  cluster('up', '3', 'builtin', '--no-webui', '--shutdown-grace', '20');
+  // The built-in model, one thread a replica. A short drain delay: the drained replica's streams
+  // go on after it stops accepting, and requests that meet its closed port are retried elsewhere.
+  cluster('up', '3', 'builtin', '--no-webui', '--drain-delay', '0.5', '--shutdown-grace', '90');
 });
 
 after(() => {
@@ -64,7 +65,7 @@ after(() => {
   }
 });
 
-const SYSTEM = words(rng(7), 60);
+const SYSTEM = words(rng(7), 40);
 
 // Sessions: the first turn, then follow-ups, each identified one of four ways.
 function newSession(id, how) {
@@ -74,7 +75,7 @@ function newSession(id, how) {
     how,
     messages: [
       { role: 'system', content: SYSTEM },
-      { role: 'user', content: `session ${id}: ${words(random, 40)}` },
+      { role: 'user', content: `session ${id}: ${words(random, 30)}` },
     ],
     random,
     prefixKey: null,
@@ -84,7 +85,7 @@ function newSession(id, how) {
   };
 }
 
-async function turn(s, { maxTokens = 8 } = {}) {
+async function turn(s, { maxTokens = 6 } = {}) {
   if (s.turns.length > 0) s.messages.push({ role: 'user', content: words(s.random, 12) });
   const body = { messages: s.messages, max_tokens: maxTokens, temperature: 0, ignore_eos: true };
   const headers = {};
@@ -151,7 +152,7 @@ const HOWS = ['session', 'user', 'prefix', 'body'];
 let sessions = [];
 
 test('follow-ups reach the replica that holds their KV, whichever key a session sends', { skip, timeout: 120000 }, async () => {
-  sessions = Array.from({ length: 12 }, (_, i) => newSession(i, HOWS[i % HOWS.length]));
+  sessions = Array.from({ length: 8 }, (_, i) => newSession(i, HOWS[i % HOWS.length]));
   for (let t = 0; t < 3; ++t) await sequentialTurns(sessions);
   const replicas = new Set();
   for (const s of sessions) {
@@ -162,7 +163,7 @@ test('follow-ups reach the replica that holds their KV, whichever key a session 
       assert.ok(f.hit, `session ${s.id} (${s.how}): ${f.cached} of ${f.prompt} prompt tokens cached after a ${s.turns[0].prompt}-token turn`);
     }
   }
-  assert.ok(replicas.size >= 2, `12 sessions spread over the replicas (${[...replicas]})`);
+  assert.ok(replicas.size >= 2, `8 sessions spread over the replicas (${[...replicas]})`);
   // The prefix key is the same whether the client echoes it or HAProxy reads the body: a 'body'
   // session and a 'prefix' one with the same first messages land together.
   const twin = newSession(2, 'body');
@@ -205,7 +206,7 @@ test('a killed replica: its sessions move to the others and still get answers', 
   sessions.victim = victim;
 });
 
-test('draining: /health answers 503 at once, every stream finishes, new requests still get answers', { skip, timeout: 120000 }, async () => {
+test('draining: /health answers 503 at once, every stream finishes, new requests still get answers', { skip, timeout: 150000 }, async () => {
   const alive = ['r1', 'r2', 'r3'].filter((r) => r !== sessions.victim);
   const drained = alive[0];
   // Long streams on every live replica (until the drained one has at least two).
@@ -218,12 +219,17 @@ test('draining: /health answers 503 at once, every stream finishes, new requests
     }
   }
   assert.ok(running.filter((p) => p.replica === drained).length >= 2, 'found sessions on the replica to drain');
+  // The drained replica's sessions first: the first request, alone in flight, always reaches its
+  // replica (bounded load may move the others).
+  running.sort((a, b) => (b.replica === drained) - (a.replica === drained));
   // SIGTERM once every stream has its first token: all are in flight.
   let started = 0;
   let allStarted;
   const streaming = new Promise((resolve) => (allStarted = resolve));
   const pending = running.map(({ s }) =>
-    streamChat(front, { messages: s.messages, max_tokens: 200, temperature: 0, ignore_eos: true }, { 'x-session-id': `test-session-${s.id}` },
+    // Long enough to outlast the 0.5 s drain delay (no speculation: it would shorten them).
+    streamChat(front, { messages: s.messages, max_tokens: 600, temperature: 0, ignore_eos: true, speculative: false },
+      { 'x-session-id': `test-session-${s.id}` },
       { onFirstToken: () => ++started === running.length && allStarted() }),
   );
   await Promise.race([streaming, Promise.all(pending)]);
@@ -239,9 +245,12 @@ test('draining: /health answers 503 at once, every stream finishes, new requests
     }, 50);
   });
   process.kill(pid, 'SIGTERM');
-  await new Promise((r) => setTimeout(r, 100));
-  const health = await fetch(`${replicaUrl(drained)}/health`);
-  assert.equal(health.status, 503, 'a draining replica answers 503 on /health');
+  let health;
+  for (const end = Date.now() + 400; Date.now() < end; await new Promise((r) => setTimeout(r, 10))) {
+    health = (await fetch(`${replicaUrl(drained)}/health`)).status;
+    if (health !== 200) break;
+  }
+  assert.equal(health, 503, 'a draining replica answers 503 on /health');
   // New turns of the drained replica's sessions while it drains: served there or elsewhere.
   const during = await Promise.all(
     running.filter((p) => p.replica === drained).map(({ s }) =>
@@ -254,9 +263,14 @@ test('draining: /health answers 503 at once, every stream finishes, new requests
     assert.equal(r.status, 200);
     assert.ok(r.done, `stream ${i} (on ${running[i].replica}) ended with [DONE]`);
     assert.equal(r.finishReason, 'length', `stream ${i} (on ${running[i].replica}) ran to its max_tokens`);
-    assert.equal(r.usage.completion_tokens, 200);
+    assert.equal(r.usage.completion_tokens, 600);
   }
   await exited;
+  // Its streams went on after it had stopped accepting, and it exited when they were done.
+  const log = readFileSync(path.join(dir, `replica-${drained.slice(1)}.log`), 'utf8');
+  const stopped = log.indexOf('shutting down: no new requests');
+  assert.ok(stopped > 0, 'the replica stopped accepting');
+  assert.match(log.slice(stopped), /"completion_tokens":600/, 'a stream finished after the replica stopped accepting');
   // After it left, its sessions are answered by the others.
   const afterwards = await streamChat(front, { messages: running.find((p) => p.replica === drained).s.messages, max_tokens: 2 },
     { 'x-session-id': `test-session-${running.find((p) => p.replica === drained).s.id}` });
