@@ -7,6 +7,7 @@ packages=(
   libgtest-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libboost-dev
   chromium  # the web UI's browser test (tests/e2e/webui.test.mjs) drives it headless
+  haproxy   # tools/cluster.sh and the cluster test (tests/e2e/cluster.test.mjs): replicas behind it
 )
 missing=()
 for p in "${packages[@]}"; do

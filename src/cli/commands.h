@@ -236,6 +236,7 @@ struct ServeOptions {
   std::string alias;
   std::string chat_template_file;
   double shutdown_grace_s = 10;
+  double drain_delay_s = 0;
   SpecFlags spec;
   std::size_t spec_max_streams = 2;
   bool no_webui = false;

@@ -256,6 +256,9 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--chat-template", srv.chat_template_file, "Jinja chat template file (overrides the model's)");
   serve_cmd->add_flag("--no-webui", srv.no_webui, "Do not serve the browser chat UI at /");
   serve_cmd->add_option("--shutdown-grace", srv.shutdown_grace_s, "Seconds in-flight requests get on SIGINT/SIGTERM")->capture_default_str();
+  serve_cmd->add_option("--drain-delay", srv.drain_delay_s,
+                        "Seconds after SIGINT/SIGTERM that /health answers 503 while new requests are still served (behind a load balancer)")
+      ->capture_default_str();
 
   std::string isa;
   app.add_option("--isa", isa, "Force a kernel path: scalar, avx2, avx512, amx (default: the best the CPU has; env PROMPTLY_ISA)");

@@ -45,6 +45,7 @@ int serve(const ServeOptions& o) {
   so.model_id = !o.alias.empty() ? o.alias : o.model.empty() ? kBuiltinModelName : std::filesystem::path(o.model).stem().string();
   if (!o.chat_template_file.empty()) so.chat_template = read_file(o.chat_template_file, "chat template");
   so.shutdown_grace_s = o.shutdown_grace_s;
+  so.drain_delay_s = o.drain_delay_s;
   so.webui = !o.no_webui;
   server::Server server(model, tokenizer, engine, so);
   const unsigned short port = server.listen();

@@ -26,6 +26,7 @@
 #include "server/grammar_cache.h"
 #include "server/tool_grammar.h"
 #include "server/api.h"
+#include "server/prefix_key.h"
 #include "server/webui.h"
 #include "metrics/process.h"
 #include "util/error.h"
@@ -89,7 +90,8 @@ struct Server::Impl {
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
   net::signal_set signals{ioc, SIGINT, SIGTERM};
-  std::atomic<bool> shutting_down{false};
+  std::atomic<bool> draining{false};       // SIGTERM seen: /health answers 503 (see --drain-delay)
+  std::atomic<bool> shutting_down{false};  // no new requests; in-flight ones finish
   std::atomic<std::uint64_t> next_request{1};
   std::mutex live_mutex;
   std::set<std::uint64_t> live_engine_ids;  // engine requests in flight (for shutdown)
@@ -186,6 +188,7 @@ struct Server::Impl {
   ~Impl() { engine.set_spool_read_observer({}); }
 
   void accept();
+  void begin_drain();  // SIGINT/SIGTERM: /health 503 for drain_delay_s, then begin_shutdown
   void begin_shutdown();
 
   void register_spool_metrics(const KvSpool& spool) {
@@ -231,6 +234,11 @@ class Session : public std::enable_shared_from_this<Session> {
   Session(tcp::socket socket, Server::Impl& server) : stream_(std::move(socket)), server_(server) {}
 
   void start() {
+    // Tokens are small writes that must leave at once: without TCP_NODELAY, Nagle holds a write
+    // until the peer ACKs the previous one, and a proxy in front (HAProxy) delays its ACKs by up
+    // to 40-200 ms.
+    beast::error_code ignored;
+    stream_.socket().set_option(tcp::no_delay(true), ignored);
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_request(); });
   }
 
@@ -249,6 +257,7 @@ class Session : public std::enable_shared_from_this<Session> {
   ApiRequest api_;
   std::string request_id_;
   std::string route_;
+  std::optional<std::string> prefix_key_;  // chat: X-Promptly-Prefix-Key (server/prefix_key.h)
   std::int64_t created_ = 0;
   std::vector<Choice> choices_;
   std::size_t n_finished_ = 0;
@@ -381,6 +390,7 @@ class Session : public std::enable_shared_from_this<Session> {
     try {
       if (path == "/health") {
         if (server_.shutting_down) throw ApiError(503, "the server is shutting down", "server_error");
+        if (server_.draining) throw ApiError(503, "the server is draining: it finishes its requests, then exits", "server_error");
         send_json(200, R"({"status":"ok"})", request_.keep_alive());
         return;
       }
@@ -538,6 +548,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
 
     route_ = chat ? "chat" : "completions";
+    prefix_key_ = chat ? prefix_key(api_.messages) : std::nullopt;
     request_id_ = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(server_.next_request++);
     created_ = unix_now();
     // n choices per prompt (index: prompt * n + choice), each with its own seed. Identical prompts
@@ -797,7 +808,9 @@ class Session : public std::enable_shared_from_this<Session> {
                        {"model", server_.options.model_id},
                        {"choices", choices},
                        {"usage", usage_json()}};
-    send_json(200, body.dump(-1, ' ', false, json::error_handler_t::replace), request_.keep_alive());
+    std::vector<std::pair<std::string, std::string>> headers;
+    if (prefix_key_) headers.emplace_back(kPrefixKeyHeader, *prefix_key_);
+    send_json(200, body.dump(-1, ' ', false, json::error_handler_t::replace), request_.keep_alive(), headers);
   }
 
   std::string first_error() const {
@@ -813,6 +826,7 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_header_->set(http::field::server, "promptly");
     stream_header_->set(http::field::content_type, "text/event-stream");
     stream_header_->set(http::field::cache_control, "no-cache");
+    if (prefix_key_) stream_header_->set(kPrefixKeyHeader, *prefix_key_);
     stream_header_->keep_alive(request_.keep_alive());
     stream_header_->chunked(true);
     stream_serializer_ = std::make_shared<http::response_serializer<http::empty_body>>(*stream_header_);
@@ -997,8 +1011,24 @@ void Server::Impl::accept() {
   });
 }
 
+void Server::Impl::begin_drain() {
+  if (draining.exchange(true) || shutting_down) return;
+  if (options.drain_delay_s <= 0) {
+    begin_shutdown();
+    return;
+  }
+  // A load balancer polling /health sees 503 now and stops sending new requests here; those that
+  // arrive meanwhile are still served, so none is refused before it has noticed.
+  std::fprintf(stderr, "draining: /health answers 503; still serving new requests for %.1f s\n", options.drain_delay_s);
+  std::fflush(stderr);
+  auto timer = std::make_shared<net::steady_timer>(ioc);
+  timer->expires_after(std::chrono::milliseconds(static_cast<std::int64_t>(options.drain_delay_s * 1000)));
+  timer->async_wait([this, timer](beast::error_code) { begin_shutdown(); });
+}
+
 void Server::Impl::begin_shutdown() {
   if (shutting_down.exchange(true)) return;
+  draining = true;
   std::fprintf(stderr, "shutting down: no new requests; finishing in-flight ones for up to %.0f s\n", options.shutdown_grace_s);
   beast::error_code ec;
   acceptor.close(ec);
@@ -1054,7 +1084,12 @@ unsigned short Server::listen() {
 void Server::run() {
   Impl& s = *impl_;
   s.signals.async_wait([&s](beast::error_code ec, int) {
-    if (!ec) s.begin_shutdown();
+    if (ec) return;
+    s.begin_drain();
+    // A second signal (Ctrl-C again) skips the rest of the drain delay.
+    s.signals.async_wait([&s](beast::error_code ec2, int) {
+      if (!ec2) s.begin_shutdown();
+    });
   });
   s.accept();
   std::vector<std::thread> threads;

@@ -33,6 +33,9 @@ struct ServerOptions {
   std::size_t max_body_bytes = 8 << 20;
   double idle_timeout_s = 60;             // keep-alive connections and slow request bodies
   double shutdown_grace_s = 10;
+  // On SIGINT/SIGTERM, /health answers 503 at once but new requests are still served for this long,
+  // so that a load balancer checking /health stops sending them before they would be refused.
+  double drain_delay_s = 0;
   bool webui = true;                      // the chat UI at / (--no-webui: 404 there)
 };
 
@@ -50,8 +53,9 @@ class Server {
 
   // Binds (throws Error when it cannot) and returns the bound port.
   unsigned short listen();
-  // Serves until SIGINT/SIGTERM or stop(); then drains in-flight requests for the grace period,
-  // cancels the rest and returns.
+  // Serves until SIGINT/SIGTERM or stop(). A signal first drains: /health answers 503 while new
+  // requests are still served for drain_delay_s. Then (and at once on stop()) new requests get 503,
+  // in-flight ones finish for up to shutdown_grace_s, the rest are cancelled, and run() returns.
   void run();
   void stop();
 
