@@ -1,11 +1,17 @@
 // Starts `promptly serve` on a free loopback port and stops it; shared by the e2e tests.
 import { spawn, execFileSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { readFileSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
 
 export const BINARY = process.env.PROMPTLY_BINARY ?? path.resolve('build/release/promptly');
 export const SHARED = process.env.PROMPTLY_SHARED_MODELS ?? path.resolve('../shared/models');
 export const STORIES = path.join(SHARED, 'stories260K.gguf');
+
+// `serve` keeps a KV spool in $XDG_CACHE_HOME by default: every server a test process starts (and
+// tools/cluster.sh's replicas) uses a scratch one, never the user's, and no run sees another's blocks.
+process.env.XDG_CACHE_HOME = mkdtempSync(path.join(tmpdir(), 'promptly-e2e-cache-'));
+process.on('exit', () => rmSync(process.env.XDG_CACHE_HOME, { recursive: true, force: true }));
 
 export async function startServer(args, { env } = {}) {
   const threads = args.includes('-t') ? [] : ['-t', '1'];
