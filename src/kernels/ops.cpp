@@ -5,6 +5,8 @@
 
 #include "kernels/cpu.h"
 #include "kernels/dispatch.h"
+#include "tensor/quant.h"
+#include "util/fp16.h"
 
 namespace promptly::kernels {
 
@@ -13,6 +15,56 @@ void rmsnorm(const float* x, const float* weight, std::size_t n, float eps, floa
   for (std::size_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
   const float scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
   for (std::size_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+}
+
+void gelu_tanh_mul(float* gate, const float* up, std::size_t n) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    gate[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x))) * up[i];
+  }
+}
+
+namespace {
+
+float kv_element(const void* block, DType type, std::size_t i) {
+  switch (type) {
+    case DType::F16: return fp16_to_fp32(static_cast<const std::uint16_t*>(block)[i]);
+    case DType::Q8_0: {
+      const BlockQ8_0& b = static_cast<const BlockQ8_0*>(block)[i / kQK8_0];
+      return fp16_to_fp32(b.d) * static_cast<float>(b.qs[i % kQK8_0]);
+    }
+    default: return static_cast<const float*>(block)[i];
+  }
+}
+
+}  // namespace
+
+void attention_range(const float* q, const void* const* k_blocks, const void* const* v_blocks, DType kv_type,
+                     std::size_t block_tokens, std::size_t stride, std::size_t offset, std::size_t first, std::size_t n_ctx,
+                     std::size_t head_dim, float scale, float softcap, float* out) {
+  float m = -INFINITY, l = 0.0f;
+  std::fill_n(out, head_dim, 0.0f);
+  for (std::size_t j = first; j < n_ctx; ++j) {
+    const std::size_t at = (j % block_tokens) * stride + offset;
+    const void* kb = k_blocks[j / block_tokens];
+    float s = 0.0f;
+    for (std::size_t i = 0; i < head_dim; ++i) s += q[i] * kv_element(kb, kv_type, at + i);
+    s *= scale;
+    if (softcap > 0.0f) s = softcap * std::tanh(s / softcap);
+    if (s > m) {
+      const float correction = std::exp(m - s);  // exp(-inf) = 0 on the first position
+      for (std::size_t i = 0; i < head_dim; ++i) out[i] *= correction;
+      l *= correction;
+      m = s;
+    }
+    const float p = std::exp(s - m);
+    l += p;
+    const void* vb = v_blocks[j / block_tokens];
+    for (std::size_t i = 0; i < head_dim; ++i) out[i] += p * kv_element(vb, kv_type, at + i);
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (std::size_t i = 0; i < head_dim; ++i) out[i] *= inv;
 }
 
 void rope_angles(std::size_t n_rot, const float* inv_freq, float position, float* cos, float* sin) {
