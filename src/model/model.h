@@ -71,6 +71,7 @@ class Model {
   std::vector<float> inv_freq_local_;  // local layers' own speeds (gemma3); empty when they share inv_freq_
   HugePageBuffer repacked_;  // weights moved into kernel-friendly layouts
 
+  struct ForwardPass;  // one call's steps (model.cpp)
   void repack_for_kernels();
   // out[t] = the layer's expert mixture for each of the T rows of xn (n_embd each).
   void moe_ffn(const LayerWeights& L, const float* xn, std::size_t T, float* out, ThreadPool& pool) const;
