@@ -5,11 +5,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "../test_util.h"
 #include "arch_reference.h"
 #include "convert/synthetic_model.h"
 #include "gguf/writer.h"
+#include "kernels/cpu.h"
 #include "kernels/ops.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -79,6 +81,38 @@ INSTANTIATE_TEST_SUITE_P(Tiny, ArchPreset,
                            for (char& c : n) if (c == '-') c = '_';
                            return n;
                          });
+
+// Every kernel path this CPU has (scalar, AVX2, AVX-512, AMX), each chosen before the model loads
+// (repacking depends on it): F32 models against the reference, Q8_0 models (the integer kernels on
+// repacked weights, an F16 cache) against the scalar path's result.
+TEST(Arch, EveryKernelPathAgrees) {
+  test::TempDir dir;
+  const kernels::Isa original = kernels::active_isa();
+  const std::vector<std::string> presets = {"tiny-qwen3", "tiny-qwen3moe", "tiny-gemma2", "tiny-gemma3", "tiny-phi3", "tiny-mixtral"};
+  std::map<std::string, std::vector<float>> scalar_q8;
+  for (int i = 0; i <= static_cast<int>(kernels::best_isa()); ++i) {
+    const auto isa = static_cast<kernels::Isa>(i);
+    kernels::set_isa(isa);
+    for (const std::string& preset : presets) {
+      auto f = gguf::File::open(make_model(dir, preset));
+      Model model(f);
+      const auto want = test::ArchReference(*f).run(kTokens);
+      for (std::size_t chunk : {kTokens.size(), std::size_t{1}}) {
+        EXPECT_LT(max_diff(run_chunks(model, kTokens, chunk), want, model.config().n_vocab), 1e-3)
+            << kernels::isa_name(isa) << " " << preset << " chunk " << chunk;
+      }
+      const auto q8 = run_chunks(Model(gguf::File::open(make_model(dir, preset, DType::Q8_0))), kTokens, 1, KvType::F16);
+      auto [it, first] = scalar_q8.try_emplace(preset, q8);
+      double d = 0, scale = 0;
+      for (std::size_t j = 0; j < q8.size(); ++j) {
+        d = std::max(d, static_cast<double>(std::fabs(q8[j] - it->second[j])));
+        scale = std::max(scale, static_cast<double>(std::fabs(it->second[j])));
+      }
+      EXPECT_LT(d, 1e-2 * std::max(1.0, scale)) << kernels::isa_name(isa) << " " << preset << " Q8_0";
+    }
+  }
+  kernels::set_isa(original);
+}
 
 TEST(Arch, DescriptionsMatchTheFiles) {
   test::TempDir dir;
