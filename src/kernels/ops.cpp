@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu.h"
 #include "kernels/dispatch.h"
@@ -27,14 +28,25 @@ void gelu_tanh_mul(float* gate, const float* up, std::size_t n) {
 
 namespace {
 
-float kv_element(const void* block, DType type, std::size_t i) {
+// One cached row (head_dim values from element `at` of a block) as floats: F32 in place, F16 and
+// Q8_0 (whole blocks: `at` and head_dim multiples of 32) through tensor's row conversion.
+const float* kv_row(const void* block, DType type, std::size_t at, std::size_t head_dim, float* buffer) {
   switch (type) {
-    case DType::F16: return fp16_to_fp32(static_cast<const std::uint16_t*>(block)[i]);
-    case DType::Q8_0: {
-      const BlockQ8_0& b = static_cast<const BlockQ8_0*>(block)[i / kQK8_0];
-      return fp16_to_fp32(b.d) * static_cast<float>(b.qs[i % kQK8_0]);
-    }
-    default: return static_cast<const float*>(block)[i];
+    case DType::F16:
+      dequantize_row(type, static_cast<const std::uint8_t*>(block) + at * sizeof(std::uint16_t), buffer, head_dim);
+      return buffer;
+    case DType::Q8_0:
+      if (at % kQK8_0 == 0 && head_dim % kQK8_0 == 0) {
+        dequantize_row(type, static_cast<const std::uint8_t*>(block) + at / kQK8_0 * sizeof(BlockQ8_0), buffer, head_dim);
+      } else {
+        const auto* b = static_cast<const BlockQ8_0*>(block);
+        for (std::size_t i = 0; i < head_dim; ++i) {
+          const std::size_t e = at + i;
+          buffer[i] = fp16_to_fp32(b[e / kQK8_0].d) * static_cast<float>(b[e / kQK8_0].qs[e % kQK8_0]);
+        }
+      }
+      return buffer;
+    default: return static_cast<const float*>(block) + at;
   }
 }
 
@@ -43,14 +55,15 @@ float kv_element(const void* block, DType type, std::size_t i) {
 void attention_range(const float* q, const void* const* k_blocks, const void* const* v_blocks, DType kv_type,
                      std::size_t block_tokens, std::size_t stride, std::size_t offset, std::size_t first, std::size_t n_ctx,
                      std::size_t head_dim, float scale, float softcap, float* out) {
+  thread_local std::vector<float> k_buffer, v_buffer;
+  k_buffer.resize(head_dim);
+  v_buffer.resize(head_dim);
+  const KernelTable& kt = kernel_table(active_isa());
   float m = -INFINITY, l = 0.0f;
   std::fill_n(out, head_dim, 0.0f);
   for (std::size_t j = first; j < n_ctx; ++j) {
     const std::size_t at = (j % block_tokens) * stride + offset;
-    const void* kb = k_blocks[j / block_tokens];
-    float s = 0.0f;
-    for (std::size_t i = 0; i < head_dim; ++i) s += q[i] * kv_element(kb, kv_type, at + i);
-    s *= scale;
+    float s = kt.dot_f32(q, kv_row(k_blocks[j / block_tokens], kv_type, at, head_dim, k_buffer.data()), head_dim) * scale;
     if (softcap > 0.0f) s = softcap * std::tanh(s / softcap);
     if (s > m) {
       const float correction = std::exp(m - s);  // exp(-inf) = 0 on the first position
@@ -60,8 +73,8 @@ void attention_range(const float* q, const void* const* k_blocks, const void* co
     }
     const float p = std::exp(s - m);
     l += p;
-    const void* vb = v_blocks[j / block_tokens];
-    for (std::size_t i = 0; i < head_dim; ++i) out[i] += p * kv_element(vb, kv_type, at + i);
+    const float* v = kv_row(v_blocks[j / block_tokens], kv_type, at, head_dim, v_buffer.data());
+    for (std::size_t i = 0; i < head_dim; ++i) out[i] += p * v[i];
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   for (std::size_t i = 0; i < head_dim; ++i) out[i] *= inv;

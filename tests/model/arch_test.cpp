@@ -147,16 +147,16 @@ TEST(Arch, DescriptionsMatchTheFiles) {
 // to the F32 model's (not the reference: quantization moves them).
 TEST(Arch, QuantizedModelsStayCloseToF32) {
   test::TempDir dir;
-  for (const std::string preset : {"tiny-qwen3moe", "tiny-gemma3", "tiny-phi3"}) {
+  for (const std::string preset : {"tiny-qwen3moe", "tiny-gemma2", "tiny-gemma3", "tiny-phi3"}) {
     const auto f32 = run_chunks(Model(gguf::File::open(make_model(dir, preset))), kTokens, kTokens.size());
-    for (DType type : {DType::Q8_0, DType::F16}) {
-      const auto q = run_chunks(Model(gguf::File::open(make_model(dir, preset, type))), kTokens, 1, KvType::F16);
+    for (const auto& [type, kv] : {std::pair{DType::Q8_0, KvType::F16}, {DType::F16, KvType::F16}, {DType::Q8_0, KvType::Q8_0}}) {
+      const auto q = run_chunks(Model(gguf::File::open(make_model(dir, preset, type))), kTokens, 1, kv);
       double d = 0, scale = 0;
       for (std::size_t i = 0; i < q.size(); ++i) {
         d = std::max(d, static_cast<double>(std::fabs(q[i] - f32[i])));
         scale = std::max(scale, static_cast<double>(std::fabs(f32[i])));
       }
-      EXPECT_LT(d, 0.1 * scale) << preset << " " << dtype_name(type);
+      EXPECT_LT(d, 0.1 * scale) << preset << " " << dtype_name(type) << " kv " << static_cast<int>(kv);
     }
   }
 }
