@@ -54,6 +54,8 @@ class TensorLoader {
     return kernels::WeightMatrix{t->type, t->data, rows, cols};
   }
 
+  bool has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
+
   // Row ranges of one stored matrix (fused q/k/v, gate/up): views in the order given, which must
   // add up to its rows.
   std::vector<kernels::WeightMatrix> split(const std::string& name, std::uint64_t cols, const std::vector<std::uint64_t>& parts) {
@@ -130,9 +132,19 @@ LayerWeights load_layer(const ModelConfig& c, TensorLoader& load, std::uint32_t 
   }
   if (c.is_moe()) {
     l.router = load.matrix(p + "ffn_gate_inp.weight", c.n_embd, c.n_expert);
-    l.exp_gate = load.stack(p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_expert, c.n_expert);
-    l.exp_up = load.stack(p + "ffn_up_exps.weight", c.n_embd, c.n_ff_expert, c.n_expert);
-    l.exp_down = load.stack(p + "ffn_down_exps.weight", c.n_ff_expert, c.n_embd, c.n_expert);
+    if (!load.has(p + "ffn_gate_exps.weight") && load.has(p + "ffn_gate.0.weight")) {
+      // Early Mixtral files (before llama.cpp merged the experts): one 2-D tensor per expert.
+      for (std::uint32_t e = 0; e < c.n_expert; ++e) {
+        const std::string n = std::to_string(e);
+        l.exp_gate.push_back(load.matrix(p + "ffn_gate." + n + ".weight", c.n_embd, c.n_ff_expert));
+        l.exp_up.push_back(load.matrix(p + "ffn_up." + n + ".weight", c.n_embd, c.n_ff_expert));
+        l.exp_down.push_back(load.matrix(p + "ffn_down." + n + ".weight", c.n_ff_expert, c.n_embd));
+      }
+    } else {
+      l.exp_gate = load.stack(p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_expert, c.n_expert);
+      l.exp_up = load.stack(p + "ffn_up_exps.weight", c.n_embd, c.n_ff_expert, c.n_expert);
+      l.exp_down = load.stack(p + "ffn_down_exps.weight", c.n_ff_expert, c.n_embd, c.n_expert);
+    }
   } else if (a.fused_gate_up) {
     const auto gate_up = load.split(p + "ffn_up.weight", c.n_embd, {c.n_ff, c.n_ff});
     l.w_gate = gate_up[0], l.w_up = gate_up[1];

@@ -304,6 +304,30 @@ std::string load_error(const std::string& path) {
   return "(loaded)";
 }
 
+// Early Mixtral files hold each expert as its own tensor (blk.N.ffn_gate.E.weight); the same
+// weights split that way give the same logits.
+TEST(Arch, MixtralWithSplitExpertTensors) {
+  test::TempDir dir;
+  const std::string merged = make_model(dir, "tiny-mixtral");
+  const std::string split = rewrite(merged, dir.file("split.gguf"), {{}, [](const gguf::TensorInfo& t, gguf::Writer& w) {
+                                                                      const auto at = t.name.find("_exps.weight");
+                                                                      if (at == std::string::npos) return false;
+                                                                      const std::string base = t.name.substr(0, at);  // blk.N.ffn_gate
+                                                                      const std::size_t bytes = t.n_bytes / t.dims[2];
+                                                                      for (std::uint64_t e = 0; e < t.dims[2]; ++e) {
+                                                                        const std::uint8_t* src = t.data + e * bytes;
+                                                                        w.add_tensor(base + "." + std::to_string(e) + ".weight", {t.dims[0], t.dims[1]}, t.type,
+                                                                                     [src, bytes](std::uint8_t* o) { std::memcpy(o, src, bytes); });
+                                                                      }
+                                                                      return true;
+                                                                    }});
+  auto f = gguf::File::open(split);
+  ASSERT_NE(f->find_tensor("blk.1.ffn_down.3.weight"), nullptr);
+  const auto a = run_chunks(Model(gguf::File::open(merged)), kTokens, kTokens.size());
+  const auto b = run_chunks(Model(f), kTokens, kTokens.size());
+  EXPECT_EQ(a, b);
+}
+
 TEST(Arch, LoadErrorsNameTheTensor) {
   test::TempDir dir;
   const std::string phi3 = make_model(dir, "tiny-phi3"), moe = make_model(dir, "tiny-qwen3moe"), qwen3 = make_model(dir, "tiny-qwen3");
