@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--seed", gen.seed, "Weight seed")->capture_default_str();
   gen_cmd->add_option("--chat-template", gen.chat_template_file, "Jinja chat template file to embed");
   gen_cmd->add_option("-t,--threads", gen.threads, "Threads");
+  gen_cmd->add_option("--layers", gen.layers, "Write only this many of the preset's blocks (a slice of a large model)");
 
   cli::QuantizeOptions quant;
   auto* quant_cmd = app.add_subcommand("quantize", "Convert a GGUF model's matrices to another type");
