@@ -47,6 +47,39 @@ const char* const kWords[] = {
 
 bool moe_stack_name(const std::string& name) { return name.ends_with("_exps.weight"); }
 
+// Each family's chat format, as short templates of our own (the shape of the turns, not the
+// families' full templates: no tools). Qwen3's closes an empty think block when enable_thinking is
+// false, as Qwen's does; Gemma has no system role (it speaks as the user).
+const char* const kChatMlThinking =
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}";
+const char* const kGemmaChat =
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m.role == 'assistant' else 'user' }}\n"
+    "{{ m.content }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
+const char* const kPhi3Chat =
+    "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}";
+const char* const kMistralChat =
+    "{{ bos_token }}{% for m in messages %}{% if m.role == 'assistant' %}{{ m.content }}{{ eos_token }}"
+    "{% else %}[INST] {{ m.content }} [/INST]{% endif %}{% endfor %}";
+
+// The family's specials and template for a preset of architecture `arch` (test and real shapes alike).
+void set_family_chat(SyntheticModelSpec& s, bool mixtral) {
+  if (s.arch == "qwen3" || s.arch == "qwen3moe") {
+    s.special_tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"};
+    s.chat_template = kChatMlThinking;
+  } else if (s.arch == "gemma2" || s.arch == "gemma3") {
+    s.special_tokens = {"<start_of_turn>", "<end_of_turn>"};
+    s.chat_template = kGemmaChat;
+  } else if (s.arch == "phi3") {
+    s.special_tokens = {"<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"};
+    s.chat_template = kPhi3Chat;
+  } else if (mixtral) {
+    s.chat_template = kMistralChat;
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> synthetic_preset_names() {
@@ -127,10 +160,11 @@ SyntheticModelSpec synthetic_preset(const std::string& name) {
     for (const auto& n : synthetic_preset_names()) names += (names.empty() ? "" : ", ") + n;
     throw Error("unknown preset '" + name + "'; available: " + names);
   }
+  set_family_chat(s, s.n_expert > 0);
   return s;
 }
 
-SyntheticVocab synthetic_vocab(std::uint32_t n_vocab) {
+SyntheticVocab synthetic_vocab(std::uint32_t n_vocab, const std::vector<std::string>& special_tokens) {
   SyntheticVocab v;
   std::set<std::string> seen;
   auto add = [&](const std::string& piece, std::int32_t type) {
@@ -149,6 +183,7 @@ SyntheticVocab synthetic_vocab(std::uint32_t n_vocab) {
     add(name, 6);
   }
   if (v.tokens.size() < 259) throw Error("a synthetic vocabulary needs at least 259 tokens");
+  for (const std::string& special : special_tokens) add(special, 3);
   add(sp, 1);
   for (char c = 32; c < 127; ++c) {
     if (c != ' ') add(std::string(1, c), 1);
@@ -213,7 +248,7 @@ void write_synthetic_model(const SyntheticModelSpec& s, DType dtype, std::uint64
     if (s.arch == "qwen3moe") w.set_u32(a + "expert_feed_forward_length", s.n_ff_expert);
   }
 
-  const SyntheticVocab vocab = synthetic_vocab(s.n_vocab);
+  const SyntheticVocab vocab = synthetic_vocab(s.n_vocab, s.special_tokens);
   w.set_string("tokenizer.ggml.model", "llama");
   w.set_string("tokenizer.ggml.pre", "default");
   w.set_string_array("tokenizer.ggml.tokens", vocab.tokens);
@@ -225,7 +260,9 @@ void write_synthetic_model(const SyntheticModelSpec& s, DType dtype, std::uint64
   w.set_bool("tokenizer.ggml.add_bos_token", true);
   w.set_bool("tokenizer.ggml.add_eos_token", false);
   w.set_bool("tokenizer.ggml.add_space_prefix", true);
-  if (!chat_template.empty()) w.set_string("tokenizer.chat_template", chat_template);
+  if (!chat_template.empty() || !s.chat_template.empty()) {
+    w.set_string("tokenizer.chat_template", chat_template.empty() ? s.chat_template : chat_template);
+  }
 
   std::uint64_t tensor_index = 0;
   // n stacked matrices of rows x cols (n = 1: a plain 2-D matrix).

@@ -26,6 +26,10 @@ struct SyntheticModelSpec {
   std::uint32_t sliding_window = 0;
   float attn_softcap = 0.0f, final_softcap = 0.0f;  // gemma2
   float rope_linear_factor = 0.0f;                  // rope.scaling.type linear (gemma3 4b+)
+  // The family's chat: its special tokens (control tokens in the vocabulary, so that end-of-turn
+  // tokens end generation) and a chat template in its format (stored unless the caller gives one).
+  std::vector<std::string> special_tokens;
+  std::string chat_template;
 };
 
 // Presets: tiny, tiny-qwen2, tiny-qwen3, tiny-qwen3moe, tiny-gemma2, tiny-gemma3, tiny-phi3,
@@ -42,10 +46,11 @@ struct SyntheticVocab {
   std::vector<float> scores;
   std::vector<std::int32_t> types;
 };
-SyntheticVocab synthetic_vocab(std::uint32_t n_vocab);
+// `special_tokens` become control tokens right after the byte tokens.
+SyntheticVocab synthetic_vocab(std::uint32_t n_vocab, const std::vector<std::string>& special_tokens = {});
 
 // Writes the model to `path`. Matrices use `dtype`; norms and biases stay F32. `chat_template`, when
-// non-empty, is stored as tokenizer.chat_template.
+// non-empty, is stored as tokenizer.chat_template (else the preset's own, if it has one).
 void write_synthetic_model(const SyntheticModelSpec& spec, DType dtype, std::uint64_t seed, const std::string& path,
                            ThreadPool& pool, const std::string& chat_template = "");
 

@@ -9,12 +9,15 @@
 
 #include "../test_util.h"
 #include "arch_reference.h"
+#include "chat/chat_template.h"
+#include "chat/reasoning.h"
 #include "convert/synthetic_model.h"
 #include "gguf/writer.h"
 #include "kernels/cpu.h"
 #include "kernels/ops.h"
 #include "model/model.h"
 #include "model/moe.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/fp16.h"
 
@@ -326,6 +329,49 @@ TEST(Arch, MixtralWithSplitExpertTensors) {
   const auto a = run_chunks(Model(gguf::File::open(merged)), kTokens, kTokens.size());
   const auto b = run_chunks(Model(f), kTokens, kTokens.size());
   EXPECT_EQ(a, b);
+}
+
+// Each family's preset carries its chat format: the template renders its turns, its special tokens
+// are single control tokens, and its end-of-turn token ends generation.
+TEST(Arch, PresetsCarryTheirFamilysChat) {
+  test::TempDir dir;
+  const nlohmann::ordered_json messages = nlohmann::ordered_json::parse(R"([{"role":"user","content":"hello there"}])");
+  struct Family {
+    std::string preset, prompt, end_of_turn;
+  };
+  for (const Family& fam : {Family{"tiny-qwen3", "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>"},
+                            Family{"tiny-qwen3moe", "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>"},
+                            Family{"tiny-gemma2", "<s><start_of_turn>user\nhello there<end_of_turn>\n<start_of_turn>model\n", "<end_of_turn>"},
+                            Family{"tiny-gemma3", "<s><start_of_turn>user\nhello there<end_of_turn>\n<start_of_turn>model\n", "<end_of_turn>"},
+                            Family{"tiny-phi3", "<|user|>\nhello there<|end|>\n<|assistant|>\n", "<|end|>"},
+                            Family{"tiny-mixtral", "<s>[INST] hello there [/INST]", ""}}) {
+    auto f = gguf::File::open(make_model(dir, fam.preset));
+    const auto source = f->get_string("tokenizer.chat_template");
+    ASSERT_TRUE(source) << fam.preset;
+    ChatRenderOptions ro;
+    ro.bos_token = "<s>";
+    ro.eos_token = "</s>";
+    EXPECT_EQ(ChatTemplate(*source).render(messages, ro), fam.prompt) << fam.preset;
+    if (fam.end_of_turn.empty()) continue;
+    const Tokenizer tok(Vocab::from_gguf(*f));
+    const std::int32_t eot = tok.vocab().find(fam.end_of_turn);
+    ASSERT_GE(eot, 0) << fam.preset;
+    const auto ids = tok.encode(fam.prompt, false, true);
+    EXPECT_NE(std::find(ids.begin(), ids.end(), eot), ids.end()) << fam.preset;
+    const auto eog = tok.vocab().end_of_generation_ids();
+    EXPECT_NE(std::find(eog.begin(), eog.end(), eot), eog.end()) << fam.preset;
+    // The model runs the rendered prompt.
+    const std::vector<int> prompt_ids(ids.begin(), ids.end());
+    EXPECT_EQ(run_chunks(Model(f), prompt_ids, prompt_ids.size()).size(), prompt_ids.size() * tok.vocab().size());
+  }
+  // Qwen3's thinking switch.
+  auto f = gguf::File::open(make_model(dir, "tiny-qwen3"));
+  const std::string source = *f->get_string("tokenizer.chat_template");
+  EXPECT_TRUE(ReasoningSplitter::template_thinks(source));
+  ChatRenderOptions ro;
+  ro.extra["enable_thinking"] = false;
+  EXPECT_EQ(ChatTemplate(source).render(messages, ro),
+            "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
 }
 
 TEST(Arch, LoadErrorsNameTheTensor) {
