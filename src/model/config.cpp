@@ -55,10 +55,14 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     const double factor = f.get_double(p + "rope.scaling.factor").value_or(1.0);
     if (factor <= 0) throw Error("model '" + f.path() + "': rope.scaling.factor must be positive");
     c.rope_freq_scale = static_cast<float>(1.0 / factor);
-  } else if (scaling != "none" && scaling != "llama3") {
-    // llama3 scaling arrives as the rope_freqs.weight tensor, applied by the model.
-    throw Error("model '" + f.path() + "': rope scaling type '" + scaling + "' is not supported (supported: none, linear, llama3)");
+  } else if (scaling != "none" && scaling != "llama3" && scaling != "longrope") {
+    // llama3 scaling arrives as the rope_freqs.weight tensor, LongRoPE's as rope_factors_short/long,
+    // applied by the model.
+    throw Error("model '" + f.path() + "': rope scaling type '" + scaling +
+                "' is not supported (supported: none, linear, llama3, longrope)");
   }
+  c.rope_attn_factor = static_cast<float>(f.get_double(p + "rope.scaling.attn_factor").value_or(1.0));
+  if (!(c.rope_attn_factor > 0.0f)) throw Error("model '" + f.path() + "': rope.scaling.attn_factor must be positive");
   c.rope_neox = d.rope_neox;
 
   // The FFN: dense, or experts when the file says so (Mixtral is a llama with expert_count).

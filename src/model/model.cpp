@@ -194,7 +194,11 @@ Model::Model(std::shared_ptr<const gguf::File> file) : file_(std::move(file)), c
 
   repack_for_kernels();
 
+  // Per-pair frequency divisors: Llama 3's rope_freqs, or LongRoPE's (Phi-3 128k, Phi-3.5) short
+  // factors, those of contexts up to rope.scaling.original_context_length (the long ones, for longer
+  // contexts, are not used: the context a model will serve is not known when it loads).
   const float* freq_factors = load.vector("rope_freqs.weight", c.n_rot / 2, false);
+  if (!freq_factors) freq_factors = load.vector("rope_factors_short.weight", c.n_rot / 2, false);
   inv_freq_ = rope_speeds(c.n_rot, c.rope_freq_base, c.rope_freq_scale, freq_factors);
   if (c.swa_rope_base > 0) inv_freq_local_ = rope_speeds(c.n_rot, c.swa_rope_base, 1.0, nullptr);
 }
@@ -360,6 +364,9 @@ struct Model::ForwardPass {
     per_token([&](std::size_t t) {  // each token's rotation, the same for every head and layer (of a kind)
       const auto position = static_cast<float>(batch.positions[t]);
       kernels::rope_angles(c.n_rot, m.inv_freq_.data(), position, &s.rope_cos[t * R], &s.rope_sin[t * R]);
+      if (c.rope_attn_factor != 1.0f) {
+        for (std::size_t i = t * R; i < (t + 1) * R; ++i) s.rope_cos[i] *= c.rope_attn_factor, s.rope_sin[i] *= c.rope_attn_factor;
+      }
       if (local_rope) kernels::rope_angles(c.n_rot, m.inv_freq_local_.data(), position, &s.rope_cos_local[t * R], &s.rope_sin_local[t * R]);
     });
     const float embed_scale = c.desc->embed_scale ? std::sqrt(static_cast<float>(D)) : 1.0f;

@@ -41,6 +41,9 @@ class ArchReference {
     gemma_ = arch_ == "gemma2" || arch_ == "gemma3";
     neox_ = arch_ != "llama";
     n_vocab_ = static_cast<int>(f.find_tensor("token_embd.weight")->dims[1]);
+    // LongRoPE (phi3): short factors divide the frequencies, attn_factor scales cos and sin.
+    if (f.find_tensor("rope_factors_short.weight")) factors_ = vec("rope_factors_short.weight");
+    mscale_ = f.get_double(a + "rope.scaling.attn_factor").value_or(1.0);
   }
 
   int n_vocab() const { return n_vocab_; }
@@ -226,11 +229,12 @@ class ArchReference {
   }
   void rope(double* v, int pos, double base, double pscale) const {
     for (int i = 0; i < n_rot_ / 2; ++i) {
-      const double theta = pos * pscale * std::pow(base, -2.0 * i / n_rot_);
+      double theta = pos * pscale * std::pow(base, -2.0 * i / n_rot_);
+      if (!factors_.empty()) theta /= factors_[static_cast<std::size_t>(i)];
       const int a = neox_ ? i : 2 * i, b = neox_ ? i + n_rot_ / 2 : 2 * i + 1;
-      const double x0 = v[a], x1 = v[b];
-      v[a] = x0 * std::cos(theta) - x1 * std::sin(theta);
-      v[b] = x0 * std::sin(theta) + x1 * std::cos(theta);
+      const double x0 = v[a], x1 = v[b], c = std::cos(theta) * mscale_, s = std::sin(theta) * mscale_;
+      v[a] = x0 * c - x1 * s;
+      v[b] = x0 * s + x1 * c;
     }
   }
 
@@ -239,7 +243,8 @@ class ArchReference {
   std::string arch_;
   int n_embd_, n_layer_, n_head_, n_head_kv_, head_dim_, n_rot_, n_vocab_, window_, n_expert_, n_used_;
   double eps_, base_, attn_cap_, final_cap_;
-  double pos_scale_ = 1.0;
+  double pos_scale_ = 1.0, mscale_ = 1.0;
+  Vec factors_;
   bool renorm_, gemma_, neox_;
 };
 

@@ -407,6 +407,42 @@ TEST(Arch, PresetsCarryTheirFamilysChat) {
             "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
 }
 
+// Phi-3 128k / Phi-3.5 LongRoPE: the short factors divide the rotation speeds and attn_factor
+// scales cos and sin (so every score by its square); the long factors are present but unused.
+TEST(Arch, Phi3LongRopeShortFactors) {
+  test::TempDir dir;
+  const std::string base = make_model(dir, "tiny-phi3");
+  const auto factors = [](float first, float step) {
+    return [=](std::uint8_t* o) {
+      for (int i = 0; i < 8; ++i) {
+        const float f = first + step * static_cast<float>(i);
+        std::memcpy(o + 4 * i, &f, 4);
+      }
+    };
+  };
+  const std::string path = rewrite(base, dir.file("longrope.gguf"),
+                                   {[](gguf::Writer& w) {
+                                      w.set_string("phi3.rope.scaling.type", "longrope");
+                                      w.set_f32("phi3.rope.scaling.attn_factor", 1.19f);
+                                    },
+                                    [&](const gguf::TensorInfo& t, gguf::Writer& w) {
+                                      if (t.name != "output_norm.weight") return false;
+                                      const gguf::TensorInfo* src = &t;
+                                      w.add_tensor(t.name, t.dims, t.type, [src](std::uint8_t* o) { std::memcpy(o, src->data, src->n_bytes); });
+                                      w.add_tensor("rope_factors_short.weight", {8}, DType::F32, factors(1.0f, 0.5f));
+                                      w.add_tensor("rope_factors_long.weight", {8}, DType::F32, factors(2.0f, 4.0f));
+                                      return true;
+                                    }});
+  auto f = gguf::File::open(path);
+  Model model(f);
+  EXPECT_FLOAT_EQ(model.config().rope_attn_factor, 1.19f);
+  const std::size_t V = model.config().n_vocab;
+  const auto got = run_chunks(model, kTokens, 1);
+  EXPECT_LT(max_diff(got, test::ArchReference(*f).run(kTokens), V), 1e-3);
+  auto plain = gguf::File::open(base);
+  EXPECT_GT(max_diff(got, test::ArchReference(*plain).run(kTokens), V), 1e-3);  // the factors matter
+}
+
 TEST(Arch, LoadErrorsNameTheTensor) {
   test::TempDir dir;
   const std::string phi3 = make_model(dir, "tiny-phi3"), moe = make_model(dir, "tiny-qwen3moe"), qwen3 = make_model(dir, "tiny-qwen3");
