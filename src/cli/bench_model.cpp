@@ -98,13 +98,17 @@ int bench_model(const BenchModelOptions& o) {
   Model model(file);
   const ModelConfig& c = model.config();
 
-  // Bytes a decode step reads: every matrix once (the embedding table only one row, ignored).
-  std::uint64_t weight_bytes = 0, params = 0;
+  // Bytes a decode step reads: every matrix once (the embedding table only one row, ignored); of a
+  // mixture of experts' stacked tensors only the expert_used_count experts a token is routed to.
+  std::uint64_t weight_bytes = 0, params = 0, active_params = 0;
   std::map<std::string, std::uint64_t> bytes_by_type;
   for (const auto& t : file->tensors()) {
     params += t.n_elements;
+    const bool experts = c.is_moe() && t.name.ends_with("_exps.weight");
+    const auto active = [&](std::uint64_t n) { return experts ? n / c.n_expert * c.n_expert_used : n; };
     if (t.name == "token_embd.weight" && file->find_tensor("output.weight")) continue;
-    weight_bytes += t.n_bytes;
+    active_params += active(t.n_elements);
+    weight_bytes += active(t.n_bytes);
     bytes_by_type[std::string(dtype_name(t.type))] += t.n_bytes;
   }
   const std::string type = std::max_element(bytes_by_type.begin(), bytes_by_type.end(), [](auto& a, auto& b) {
@@ -166,12 +170,14 @@ int bench_model(const BenchModelOptions& o) {
   const double int8_measured_tops = measure_int8_tops(pool);
   const Stats pp = stats(pp_tps), tg = stats(tg_tps);
   const double tg_floor = bandwidth * 1e9 / static_cast<double>(weight_bytes);
-  const double pp_ops = 2.0 * static_cast<double>(params) * pp.median;  // multiply-adds count twice
+  // Multiply-adds count twice; of a mixture of experts only the active parameters.
+  const double pp_ops = 2.0 * static_cast<double>(c.is_moe() ? active_params : params) * pp.median;
   const double int8_peak = o.int8_peak_tops * 1e12;
   const double file_mb = static_cast<double>(file->file_size()) / 1e6;
 
   nlohmann::json j = {
       {"model", o.model}, {"type", type}, {"file_mb", file_mb}, {"params_m", static_cast<double>(params) / 1e6},
+      {"active_params_m", static_cast<double>(active_params) / 1e6},
       {"threads", threads}, {"isa", kernels::isa_name(kernels::active_isa())}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"depth", o.depth},
       {"repetitions", o.repetitions}, {"pp_tps", {{"mean", pp.mean}, {"stddev", pp.stddev}, {"median", pp.median}}},
       {"tg_tps", {{"mean", tg.mean}, {"stddev", tg.stddev}, {"median", tg.median}}},
@@ -190,6 +196,10 @@ int bench_model(const BenchModelOptions& o) {
   std::printf("| %s | %s | %.0f | %d | %s | %.1f ± %.1f | %.1f ± %.1f | %.1f | %.1f | %.0f%% | %.1f%% | %.0f |\n", o.model.c_str(),
               type.c_str(), file_mb, threads, kernels::isa_name(kernels::active_isa()), pp.mean, pp.stddev, tg.mean, tg.stddev, bandwidth,
               tg_floor, 100.0 * tg.median / tg_floor, 100.0 * pp_ops / int8_peak, rss);
+  if (c.is_moe()) {
+    std::printf("\nmixture of experts: %u of %u experts per token; %.1f M of %.1f M parameters active per token (the floor counts those)\n",
+                c.n_expert_used, c.n_expert, static_cast<double>(active_params) / 1e6, static_cast<double>(params) / 1e6);
+  }
   if (int8_measured_tops > 0) {
     std::printf("\nint8 peak: %.2f TOPS nominal (--int8-peak-tops), %.2f TOPS measured in this run (VNNI on registers, %d threads); "
                 "prefill = %.1f%% of the measured\n",

@@ -61,6 +61,7 @@ struct GenModelOptions {
   std::uint64_t seed = 42;
   std::string chat_template_file;
   int threads = 0;
+  int layers = 0;  // > 0: only this many blocks of the preset (a slice of a large model, for benchmarks)
 };
 int gen_model(const GenModelOptions& o);
 

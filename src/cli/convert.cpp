@@ -13,7 +13,11 @@
 namespace promptly::cli {
 
 int gen_model(const GenModelOptions& o) {
-  const SyntheticModelSpec spec = synthetic_preset(o.preset);
+  SyntheticModelSpec spec = synthetic_preset(o.preset);
+  if (o.layers < 0 || static_cast<std::uint32_t>(o.layers) > spec.n_layer) {
+    throw Error("--layers " + std::to_string(o.layers) + ": preset " + o.preset + " has " + std::to_string(spec.n_layer) + " blocks");
+  }
+  if (o.layers > 0) spec.n_layer = static_cast<std::uint32_t>(o.layers);
   const auto dtype = dtype_from_name(o.dtype);
   if (!dtype) throw Error("unknown --dtype '" + o.dtype + "'; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K");
   std::string tmpl;

@@ -25,6 +25,20 @@ int info(const InfoOptions& o) {
                   c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_ctx_train);
       std::printf("rope:          %s, %u dims, base %g, scale %g\n", c.rope_neox ? "neox" : "normal", c.n_rot, c.rope_freq_base,
                   c.rope_freq_scale);
+      if (c.is_moe()) {
+        std::printf("experts:       %u, %u per token, ffn %u each (%.1f M parameters active per token)\n", c.n_expert,
+                    c.n_expert_used, c.n_ff_expert, static_cast<double>(c.active_parameters()) / 1e6);
+      }
+      if (c.sliding_window > 0) {
+        std::size_t local = 0;
+        for (std::size_t il = 0; il < c.n_layer; ++il) local += c.layer_is_local(il) ? 1 : 0;
+        std::printf("attention:     sliding window %u on %zu of %u layers", c.sliding_window, local, c.n_layer);
+        if (c.swa_rope_base > 0) std::printf(" (their rope base %g)", c.swa_rope_base);
+        std::printf("\n");
+      }
+      if (c.attn_softcap > 0 || c.final_softcap > 0) {
+        std::printf("soft-capping:  attention %g, final logits %g\n", c.attn_softcap, c.final_softcap);
+      }
     } catch (const Error& e) {
       std::printf("shape:         not loadable: %s\n", e.what());
     }

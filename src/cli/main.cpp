@@ -77,12 +77,16 @@ int main(int argc, char** argv) {
 
   cli::GenModelOptions gen;
   auto* gen_cmd = app.add_subcommand("gen-model", "Write a random-weight model with a real shape");
-  gen_cmd->add_option("--preset", gen.preset, "tiny, tiny-qwen2, 125m, tinyllama-1.1b")->capture_default_str();
+  gen_cmd->add_option("--preset", gen.preset,
+                      "tiny, tiny-{qwen2,qwen3,qwen3moe,gemma2,gemma3,phi3,mixtral}, 125m, tinyllama-1.1b, qwen3-0.6b, qwen3-4b, "
+                      "gemma3-1b, gemma2-2b, phi3-mini, qwen3-30b-a3b, mixtral-8x7b")
+      ->capture_default_str();
   gen_cmd->add_option("--dtype", gen.dtype, "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K")->capture_default_str();
   gen_cmd->add_option("-o,--output", gen.out, "Output GGUF path")->required();
   gen_cmd->add_option("--seed", gen.seed, "Weight seed")->capture_default_str();
   gen_cmd->add_option("--chat-template", gen.chat_template_file, "Jinja chat template file to embed");
   gen_cmd->add_option("-t,--threads", gen.threads, "Threads");
+  gen_cmd->add_option("--layers", gen.layers, "Write only this many of the preset's blocks (a slice of a large model)");
 
   cli::QuantizeOptions quant;
   auto* quant_cmd = app.add_subcommand("quantize", "Convert a GGUF model's matrices to another type");

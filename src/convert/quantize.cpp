@@ -55,7 +55,8 @@ std::string quantize_model(const std::string& in_path, const std::string& out_pa
   std::map<std::string, int> counts;
   for (const gguf::TensorInfo& t : in->tensors()) {
     DType type = t.type;
-    if (t.dims.size() >= 2 && ends_with(t.name, ".weight")) {
+    // MoE routers stay F32, as llama.cpp keeps them (small, and they decide which experts run).
+    if (t.dims.size() >= 2 && ends_with(t.name, ".weight") && !ends_with(t.name, "ffn_gate_inp.weight")) {
       type = *base;
       // llama.cpp's mixes: the output matrix, or token_embd where the output is tied to it, gets
       // Q6_K in every quantized mix but Q8_0 (it shapes every logit).
@@ -63,7 +64,7 @@ std::string quantize_model(const std::string& in_path, const std::string& out_pa
       if (quantized && is_output && *base != DType::Q8_0) type = DType::Q6_K;
       if (mix_m) {
         const int layer = layer_of(t.name);
-        if ((ends_with(t.name, "attn_v.weight") || ends_with(t.name, "ffn_down.weight")) && use_more_bits(layer, n_layers)) {
+        if ((ends_with(t.name, "attn_v.weight") || ends_with(t.name, "ffn_down.weight") || ends_with(t.name, "ffn_down_exps.weight")) && use_more_bits(layer, n_layers)) {
           type = DType::Q6_K;
         }
       }

@@ -7,6 +7,7 @@
 
 #include "convert/file_type.h"
 #include "gguf/writer.h"
+#include "model/arch/arch.h"
 #include "tensor/quant.h"
 #include "util/error.h"
 
@@ -44,9 +45,48 @@ const char* const kWords[] = {
     "assistant", "function", "return", "value", "string", "number", "list", "file", "name", "about", "because",
 };
 
+bool moe_stack_name(const std::string& name) { return name.ends_with("_exps.weight"); }
+
+// Each family's chat format, as short templates of our own (the shape of the turns, not the
+// families' full templates: no tools). Qwen3's closes an empty think block when enable_thinking is
+// false, as Qwen's does; Gemma has no system role (it speaks as the user).
+const char* const kChatMlThinking =
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}";
+const char* const kGemmaChat =
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m.role == 'assistant' else 'user' }}\n"
+    "{{ m.content }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
+const char* const kPhi3Chat =
+    "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}";
+const char* const kMistralChat =
+    "{{ bos_token }}{% for m in messages %}{% if m.role == 'assistant' %}{{ m.content }}{{ eos_token }}"
+    "{% else %}[INST] {{ m.content }} [/INST]{% endif %}{% endfor %}";
+
+// The family's specials and template for a preset of architecture `arch` (test and real shapes alike).
+void set_family_chat(SyntheticModelSpec& s, bool mixtral) {
+  if (s.arch == "qwen3" || s.arch == "qwen3moe") {
+    s.special_tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"};
+    s.chat_template = kChatMlThinking;
+  } else if (s.arch == "gemma2" || s.arch == "gemma3") {
+    s.special_tokens = {"<start_of_turn>", "<end_of_turn>"};
+    s.chat_template = kGemmaChat;
+  } else if (s.arch == "phi3") {
+    s.special_tokens = {"<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"};
+    s.chat_template = kPhi3Chat;
+  } else if (mixtral) {
+    s.chat_template = kMistralChat;
+  }
+}
+
 }  // namespace
 
-std::vector<std::string> synthetic_preset_names() { return {"tiny", "tiny-qwen2", "125m", "tinyllama-1.1b"}; }
+std::vector<std::string> synthetic_preset_names() {
+  return {"tiny",          "tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-gemma2", "tiny-gemma3", "tiny-phi3",
+          "tiny-mixtral",  "125m",       "tinyllama-1.1b", "qwen3-0.6b", "qwen3-4b",  "gemma3-1b",  "gemma2-2b",
+          "phi3-mini",     "qwen3-30b-a3b", "mixtral-8x7b"};
+}
 
 SyntheticModelSpec synthetic_preset(const std::string& name) {
   SyntheticModelSpec s;
@@ -57,6 +97,60 @@ SyntheticModelSpec synthetic_preset(const std::string& name) {
     s.arch = "qwen2";
     s.n_layer = 2; s.n_embd = 256; s.n_head = 4; s.n_head_kv = 2; s.n_ff = 768; s.n_vocab = 1024; s.n_ctx = 4096;
     s.rope_freq_base = 1000000.0f;
+  } else if (name == "tiny-qwen3") {
+    s.arch = "qwen3";  // head size 32 while n_embd / n_head is 16, as in the real models
+    s.n_layer = 2; s.n_embd = 64; s.n_head = 4; s.n_head_kv = 2; s.head_dim = 32; s.n_ff = 192; s.n_vocab = 512;
+    s.n_ctx = 4096; s.rope_freq_base = 1000000.0f; s.rms_eps = 1e-6f; s.tied_output = true;
+  } else if (name == "tiny-qwen3moe") {
+    s.arch = "qwen3moe";
+    s.n_layer = 2; s.n_embd = 64; s.n_head = 4; s.n_head_kv = 2; s.head_dim = 32; s.n_ff = 192; s.n_vocab = 512;
+    s.n_ctx = 4096; s.rope_freq_base = 1000000.0f; s.rms_eps = 1e-6f;
+    s.n_expert = 8; s.n_expert_used = 2; s.n_ff_expert = 64;
+  } else if (name == "tiny-gemma2") {
+    s.arch = "gemma2";
+    s.n_layer = 2; s.n_embd = 64; s.n_head = 4; s.n_head_kv = 2; s.head_dim = 32; s.n_ff = 192; s.n_vocab = 512;
+    s.n_ctx = 8192; s.rms_eps = 1e-6f; s.tied_output = true;
+    s.sliding_window = 4; s.attn_softcap = 50.0f; s.final_softcap = 30.0f;
+  } else if (name == "tiny-gemma3") {
+    s.arch = "gemma3";  // six layers: five local, one global
+    s.n_layer = 6; s.n_embd = 64; s.n_head = 4; s.n_head_kv = 1; s.head_dim = 32; s.n_ff = 192; s.n_vocab = 512;
+    s.n_ctx = 32768; s.rope_freq_base = 1000000.0f; s.rms_eps = 1e-6f; s.tied_output = true; s.sliding_window = 4;
+  } else if (name == "tiny-phi3") {
+    s.arch = "phi3";
+    s.n_layer = 2; s.n_embd = 64; s.n_head = 4; s.n_head_kv = 4; s.n_ff = 192; s.n_vocab = 512; s.n_ctx = 4096;
+    s.sliding_window = 4;
+  } else if (name == "tiny-mixtral") {
+    s.n_layer = 2; s.n_embd = 64; s.n_head = 4; s.n_head_kv = 2; s.n_ff = 128; s.n_vocab = 512; s.n_ctx = 32768;
+    s.rope_freq_base = 1000000.0f; s.n_expert = 4; s.n_expert_used = 2; s.n_ff_expert = 128;
+  } else if (name == "qwen3-0.6b") {
+    s.arch = "qwen3";
+    s.n_layer = 28; s.n_embd = 1024; s.n_head = 16; s.n_head_kv = 8; s.head_dim = 128; s.n_ff = 3072; s.n_vocab = 151936;
+    s.n_ctx = 40960; s.rope_freq_base = 1000000.0f; s.rms_eps = 1e-6f; s.tied_output = true;
+  } else if (name == "qwen3-4b") {
+    s.arch = "qwen3";
+    s.n_layer = 36; s.n_embd = 2560; s.n_head = 32; s.n_head_kv = 8; s.head_dim = 128; s.n_ff = 9728; s.n_vocab = 151936;
+    s.n_ctx = 40960; s.rope_freq_base = 1000000.0f; s.rms_eps = 1e-6f; s.tied_output = true;
+  } else if (name == "gemma3-1b") {
+    s.arch = "gemma3";
+    s.n_layer = 26; s.n_embd = 1152; s.n_head = 4; s.n_head_kv = 1; s.head_dim = 256; s.n_ff = 6912; s.n_vocab = 262144;
+    s.n_ctx = 32768; s.rope_freq_base = 1000000.0f; s.rms_eps = 1e-6f; s.tied_output = true; s.sliding_window = 512;
+  } else if (name == "gemma2-2b") {
+    s.arch = "gemma2";
+    s.n_layer = 26; s.n_embd = 2304; s.n_head = 8; s.n_head_kv = 4; s.head_dim = 256; s.n_ff = 9216; s.n_vocab = 256000;
+    s.n_ctx = 8192; s.rms_eps = 1e-6f; s.tied_output = true; s.sliding_window = 4096; s.attn_softcap = 50.0f;
+    s.final_softcap = 30.0f;
+  } else if (name == "phi3-mini") {
+    s.arch = "phi3";
+    s.n_layer = 32; s.n_embd = 3072; s.n_head = 32; s.n_head_kv = 32; s.n_ff = 8192; s.n_vocab = 32064; s.n_ctx = 4096;
+    s.sliding_window = 2047;
+  } else if (name == "qwen3-30b-a3b") {
+    s.arch = "qwen3moe";
+    s.n_layer = 48; s.n_embd = 2048; s.n_head = 32; s.n_head_kv = 4; s.head_dim = 128; s.n_ff = 6144; s.n_vocab = 151936;
+    s.n_ctx = 40960; s.rope_freq_base = 1000000.0f; s.rms_eps = 1e-6f; s.n_expert = 128; s.n_expert_used = 8;
+    s.n_ff_expert = 768;
+  } else if (name == "mixtral-8x7b") {
+    s.n_layer = 32; s.n_embd = 4096; s.n_head = 32; s.n_head_kv = 8; s.n_ff = 14336; s.n_vocab = 32000; s.n_ctx = 32768;
+    s.rope_freq_base = 1000000.0f; s.n_expert = 8; s.n_expert_used = 2; s.n_ff_expert = 14336;
   } else if (name == "125m") {
     s.n_layer = 12; s.n_embd = 768; s.n_head = 12; s.n_head_kv = 12; s.n_ff = 2048; s.n_vocab = 32000; s.n_ctx = 2048;
   } else if (name == "tinyllama-1.1b") {
@@ -66,10 +160,11 @@ SyntheticModelSpec synthetic_preset(const std::string& name) {
     for (const auto& n : synthetic_preset_names()) names += (names.empty() ? "" : ", ") + n;
     throw Error("unknown preset '" + name + "'; available: " + names);
   }
+  set_family_chat(s, s.n_expert > 0);
   return s;
 }
 
-SyntheticVocab synthetic_vocab(std::uint32_t n_vocab) {
+SyntheticVocab synthetic_vocab(std::uint32_t n_vocab, const std::vector<std::string>& special_tokens) {
   SyntheticVocab v;
   std::set<std::string> seen;
   auto add = [&](const std::string& piece, std::int32_t type) {
@@ -88,6 +183,7 @@ SyntheticVocab synthetic_vocab(std::uint32_t n_vocab) {
     add(name, 6);
   }
   if (v.tokens.size() < 259) throw Error("a synthetic vocabulary needs at least 259 tokens");
+  for (const std::string& special : special_tokens) add(special, 3);
   add(sp, 1);
   for (char c = 32; c < 127; ++c) {
     if (c != ' ') add(std::string(1, c), 1);
@@ -115,7 +211,10 @@ SyntheticVocab synthetic_vocab(std::uint32_t n_vocab) {
 void write_synthetic_model(const SyntheticModelSpec& s, DType dtype, std::uint64_t seed, const std::string& path,
                            ThreadPool& pool, const std::string& chat_template) {
   if (!can_quantize_to(dtype)) throw Error("gen-model cannot write " + std::string(dtype_name(dtype)));
-  const std::uint32_t head_dim = s.n_embd / s.n_head;
+  const arch::Arch* desc = arch::find(s.arch);
+  if (!desc) throw Error("gen-model: unsupported architecture '" + s.arch + "'; supported: " + arch::supported_list());
+  const bool moe = s.n_expert > 0;
+  const std::uint32_t head_dim = s.head_dim ? s.head_dim : s.n_embd / s.n_head;
   gguf::Writer w;
   const std::string a = s.arch + ".";
   w.set_string("general.architecture", s.arch);
@@ -128,11 +227,28 @@ void write_synthetic_model(const SyntheticModelSpec& s, DType dtype, std::uint64
   w.set_u32(a + "feed_forward_length", s.n_ff);
   w.set_u32(a + "attention.head_count", s.n_head);
   w.set_u32(a + "attention.head_count_kv", s.n_head_kv);
-  w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
-  w.set_f32(a + "rope.freq_base", s.rope_freq_base);
+  w.set_f32(a + "attention.layer_norm_rms_epsilon", s.rms_eps);
+  if (s.arch != "gemma2") w.set_f32(a + "rope.freq_base", s.rope_freq_base);  // gemma2 files leave the default
   w.set_u32(a + "rope.dimension_count", head_dim);
+  if (s.head_dim) {
+    w.set_u32(a + "attention.key_length", head_dim);
+    w.set_u32(a + "attention.value_length", head_dim);
+  }
+  if (s.arch == "phi3") w.set_u32(a + "rope.scaling.original_context_length", s.n_ctx);
+  if (s.rope_linear_factor > 0) {
+    w.set_string(a + "rope.scaling.type", "linear");
+    w.set_f32(a + "rope.scaling.factor", s.rope_linear_factor);
+  }
+  if (s.sliding_window) w.set_u32(a + "attention.sliding_window", s.sliding_window);
+  if (s.attn_softcap > 0) w.set_f32(a + "attn_logit_softcapping", s.attn_softcap);
+  if (s.final_softcap > 0) w.set_f32(a + "final_logit_softcapping", s.final_softcap);
+  if (moe) {
+    w.set_u32(a + "expert_count", s.n_expert);
+    w.set_u32(a + "expert_used_count", s.n_expert_used);
+    if (s.arch == "qwen3moe") w.set_u32(a + "expert_feed_forward_length", s.n_ff_expert);
+  }
 
-  const SyntheticVocab vocab = synthetic_vocab(s.n_vocab);
+  const SyntheticVocab vocab = synthetic_vocab(s.n_vocab, s.special_tokens);
   w.set_string("tokenizer.ggml.model", "llama");
   w.set_string("tokenizer.ggml.pre", "default");
   w.set_string_array("tokenizer.ggml.tokens", vocab.tokens);
@@ -144,14 +260,20 @@ void write_synthetic_model(const SyntheticModelSpec& s, DType dtype, std::uint64
   w.set_bool("tokenizer.ggml.add_bos_token", true);
   w.set_bool("tokenizer.ggml.add_eos_token", false);
   w.set_bool("tokenizer.ggml.add_space_prefix", true);
-  if (!chat_template.empty()) w.set_string("tokenizer.chat_template", chat_template);
+  if (!chat_template.empty() || !s.chat_template.empty()) {
+    w.set_string("tokenizer.chat_template", chat_template.empty() ? s.chat_template : chat_template);
+  }
 
   std::uint64_t tensor_index = 0;
-  auto matrix = [&](const std::string& name, std::uint32_t cols, std::uint32_t rows, float stddev, DType type) {
+  // n stacked matrices of rows x cols (n = 1: a plain 2-D matrix).
+  auto stacked = [&](const std::string& name, std::uint32_t cols, std::uint32_t rows, std::uint32_t n, float stddev, DType type) {
     const std::uint64_t tensor_seed = seed * 0x100000001b3ull + (++tensor_index) * 0x9e3779b97f4a7c15ull;
-    w.add_tensor(name, {cols, rows}, type, [=, &pool](std::uint8_t* out) {
+    std::vector<std::uint64_t> dims = {cols, rows};
+    if (n > 1 || moe_stack_name(name)) dims.push_back(n);
+    const std::size_t total_rows = static_cast<std::size_t>(rows) * n;
+    w.add_tensor(name, dims, type, [=, &pool](std::uint8_t* out) {
       const std::size_t stride = row_bytes(type, cols);
-      pool.parallel_for(rows, 64, [&](std::size_t begin, std::size_t end, int) {
+      pool.parallel_for(total_rows, 64, [&](std::size_t begin, std::size_t end, int) {
         std::vector<float> row(cols);
         for (std::size_t r = begin; r < end; ++r) {
           random_row(row.data(), cols, stddev, tensor_seed ^ (r * 0xd1b54a32d192ed03ull));
@@ -159,6 +281,9 @@ void write_synthetic_model(const SyntheticModelSpec& s, DType dtype, std::uint64
         }
       });
     });
+  };
+  auto matrix = [&](const std::string& name, std::uint32_t cols, std::uint32_t rows, float stddev, DType type) {
+    stacked(name, cols, rows, 1, stddev, type);
   };
   auto vector = [&](const std::string& name, std::uint32_t n, float value, float jitter) {
     const std::uint64_t tensor_seed = seed + (++tensor_index) * 0x9e3779b97f4a7c15ull;
@@ -173,25 +298,49 @@ void write_synthetic_model(const SyntheticModelSpec& s, DType dtype, std::uint64
   const std::uint32_t q_dim = s.n_head * head_dim, kv_dim = s.n_head_kv * head_dim;
   const float in_embd = 1.0f / std::sqrt(static_cast<float>(s.n_embd));
   const float residual = 1.0f / std::sqrt(2.0f * s.n_layer);  // keeps the residual stream's variance bounded
-  matrix("token_embd.weight", s.n_embd, s.n_vocab, 1.0f, dtype);
+  // Scaled embeddings (gemma) are stored small, so that embedding * sqrt(n_embd) is O(1); a tied
+  // output then gives logits of a useful spread, as output.weight does.
+  matrix("token_embd.weight", s.n_embd, s.n_vocab, desc->embed_scale || s.tied_output ? 3.0f * in_embd : 1.0f, dtype);
   vector("output_norm.weight", s.n_embd, 1.0f, 0.0f);
-  matrix("output.weight", s.n_embd, s.n_vocab, 3.0f * in_embd, dtype);
+  if (!s.tied_output) matrix("output.weight", s.n_embd, s.n_vocab, 3.0f * in_embd, dtype);
+  const std::uint32_t ff = moe ? s.n_ff_expert : s.n_ff;
+  const float down_scale = residual / std::sqrt(static_cast<float>(ff)) * 2.0f;
   for (std::uint32_t i = 0; i < s.n_layer; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
     vector(p + "attn_norm.weight", s.n_embd, 1.0f, 0.0f);
-    matrix(p + "attn_q.weight", s.n_embd, q_dim, in_embd, dtype);
-    matrix(p + "attn_k.weight", s.n_embd, kv_dim, in_embd, dtype);
-    matrix(p + "attn_v.weight", s.n_embd, kv_dim, in_embd, dtype);
-    if (s.arch == "qwen2") {
+    if (desc->fused_qkv) {
+      matrix(p + "attn_qkv.weight", s.n_embd, q_dim + 2 * kv_dim, in_embd, dtype);
+    } else {
+      matrix(p + "attn_q.weight", s.n_embd, q_dim, in_embd, dtype);
+      matrix(p + "attn_k.weight", s.n_embd, kv_dim, in_embd, dtype);
+      matrix(p + "attn_v.weight", s.n_embd, kv_dim, in_embd, dtype);
+    }
+    if (desc->qkv_bias) {
       vector(p + "attn_q.bias", q_dim, 0.0f, 0.1f);
       vector(p + "attn_k.bias", kv_dim, 0.0f, 0.1f);
       vector(p + "attn_v.bias", kv_dim, 0.0f, 0.1f);
     }
+    if (desc->qk_norm) {
+      vector(p + "attn_q_norm.weight", head_dim, 1.0f, 0.2f);
+      vector(p + "attn_k_norm.weight", head_dim, 1.0f, 0.2f);
+    }
     matrix(p + "attn_output.weight", q_dim, s.n_embd, residual / std::sqrt(static_cast<float>(q_dim)), dtype);
+    if (desc->post_norms) vector(p + "post_attention_norm.weight", s.n_embd, 1.0f, 0.2f);
     vector(p + "ffn_norm.weight", s.n_embd, 1.0f, 0.0f);
-    matrix(p + "ffn_gate.weight", s.n_embd, s.n_ff, in_embd, dtype);
-    matrix(p + "ffn_up.weight", s.n_embd, s.n_ff, in_embd, dtype);
-    matrix(p + "ffn_down.weight", s.n_ff, s.n_embd, residual / std::sqrt(static_cast<float>(s.n_ff)) * 2.0f, dtype);
+    if (moe) {
+      matrix(p + "ffn_gate_inp.weight", s.n_embd, s.n_expert, in_embd, DType::F32);  // routers stay F32, as llama.cpp keeps them
+      stacked(p + "ffn_gate_exps.weight", s.n_embd, ff, s.n_expert, in_embd, dtype);
+      stacked(p + "ffn_up_exps.weight", s.n_embd, ff, s.n_expert, in_embd, dtype);
+      stacked(p + "ffn_down_exps.weight", ff, s.n_embd, s.n_expert, down_scale, dtype);
+    } else if (desc->fused_gate_up) {
+      matrix(p + "ffn_up.weight", s.n_embd, 2 * ff, in_embd, dtype);
+      matrix(p + "ffn_down.weight", ff, s.n_embd, down_scale, dtype);
+    } else {
+      matrix(p + "ffn_gate.weight", s.n_embd, ff, in_embd, dtype);
+      matrix(p + "ffn_up.weight", s.n_embd, ff, in_embd, dtype);
+      matrix(p + "ffn_down.weight", ff, s.n_embd, down_scale, dtype);
+    }
+    if (desc->post_norms) vector(p + "post_ffw_norm.weight", s.n_embd, 1.0f, 0.2f);
   }
   w.write(path);
 }

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu.h"
 #include "kernels/dispatch.h"
+#include "tensor/quant.h"
+#include "util/fp16.h"
 
 namespace promptly::kernels {
 
@@ -13,6 +16,68 @@ void rmsnorm(const float* x, const float* weight, std::size_t n, float eps, floa
   for (std::size_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
   const float scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
   for (std::size_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+}
+
+void gelu_tanh_mul(float* gate, const float* up, std::size_t n) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    gate[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x))) * up[i];
+  }
+}
+
+namespace {
+
+// One cached row (head_dim values from element `at` of a block) as floats: F32 in place, F16 and
+// Q8_0 (whole blocks: `at` and head_dim multiples of 32) through tensor's row conversion.
+const float* kv_row(const void* block, DType type, std::size_t at, std::size_t head_dim, float* buffer) {
+  switch (type) {
+    case DType::F16:
+      dequantize_row(type, static_cast<const std::uint8_t*>(block) + at * sizeof(std::uint16_t), buffer, head_dim);
+      return buffer;
+    case DType::Q8_0:
+      if (at % kQK8_0 == 0 && head_dim % kQK8_0 == 0) {
+        dequantize_row(type, static_cast<const std::uint8_t*>(block) + at / kQK8_0 * sizeof(BlockQ8_0), buffer, head_dim);
+      } else {
+        const auto* b = static_cast<const BlockQ8_0*>(block);
+        for (std::size_t i = 0; i < head_dim; ++i) {
+          const std::size_t e = at + i;
+          buffer[i] = fp16_to_fp32(b[e / kQK8_0].d) * static_cast<float>(b[e / kQK8_0].qs[e % kQK8_0]);
+        }
+      }
+      return buffer;
+    default: return static_cast<const float*>(block) + at;
+  }
+}
+
+}  // namespace
+
+void attention_range(const float* q, const void* const* k_blocks, const void* const* v_blocks, DType kv_type,
+                     std::size_t block_tokens, std::size_t stride, std::size_t offset, std::size_t first, std::size_t n_ctx,
+                     std::size_t head_dim, float scale, float softcap, float* out) {
+  thread_local std::vector<float> k_buffer, v_buffer;
+  k_buffer.resize(head_dim);
+  v_buffer.resize(head_dim);
+  const KernelTable& kt = kernel_table(active_isa());
+  float m = -INFINITY, l = 0.0f;
+  std::fill_n(out, head_dim, 0.0f);
+  for (std::size_t j = first; j < n_ctx; ++j) {
+    const std::size_t at = (j % block_tokens) * stride + offset;
+    float s = kt.dot_f32(q, kv_row(k_blocks[j / block_tokens], kv_type, at, head_dim, k_buffer.data()), head_dim) * scale;
+    if (softcap > 0.0f) s = softcap * std::tanh(s / softcap);
+    if (s > m) {
+      const float correction = std::exp(m - s);  // exp(-inf) = 0 on the first position
+      for (std::size_t i = 0; i < head_dim; ++i) out[i] *= correction;
+      l *= correction;
+      m = s;
+    }
+    const float p = std::exp(s - m);
+    l += p;
+    const float* v = kv_row(v_blocks[j / block_tokens], kv_type, at, head_dim, v_buffer.data());
+    for (std::size_t i = 0; i < head_dim; ++i) out[i] += p * v[i];
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (std::size_t i = 0; i < head_dim; ++i) out[i] *= inv;
 }
 
 void rope_angles(std::size_t n_rot, const float* inv_freq, float position, float* cos, float* sin) {

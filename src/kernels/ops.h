@@ -20,6 +20,18 @@ void rope(float* x, std::size_t n_rot, const float* cos, const float* sin, bool 
 // gate = silu(gate) * up, on the active kernel path (see dispatch.h).
 void silu_mul(float* gate, const float* up, std::size_t n);
 
+// gate = gelu(gate) * up with GELU's tanh approximation (Gemma's GeGLU).
+void gelu_tanh_mul(float* gate, const float* up, std::size_t n);
+
+// One query head against cached positions [first, n_ctx) only, with optional logit soft-capping
+// (score = softcap * tanh(score / softcap) when softcap > 0): the attention of sliding-window layers
+// (first = n_ctx - window when the context is longer) and of Gemma 2. Same paging and KV types as
+// KernelTable::attention; plain loops, used only for the layers and queries that need it (a query
+// whose window covers its whole context and with no cap goes to the fast tiled kernels).
+void attention_range(const float* q, const void* const* k_blocks, const void* const* v_blocks, DType kv_type,
+                     std::size_t block_tokens, std::size_t stride, std::size_t offset, std::size_t first, std::size_t n_ctx,
+                     std::size_t head_dim, float scale, float softcap, float* out);
+
 // Asks the caches for the first n_rows positions (at most kPrefetchKvRows) of one KV head's keys and
 // values, laid out as attention_tile reads them (see dispatch.h), ahead of the tile that reads them.
 constexpr std::size_t kPrefetchKvRows = 128;

@@ -9,6 +9,7 @@
 #include "kernels/cpu.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
+#include "model/moe.h"
 #include "tensor/quant.h"
 #include "util/error.h"
 
@@ -53,6 +54,35 @@ class TensorLoader {
     return kernels::WeightMatrix{t->type, t->data, rows, cols};
   }
 
+  bool has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
+
+  // Row ranges of one stored matrix (fused q/k/v, gate/up): views in the order given, which must
+  // add up to its rows.
+  std::vector<kernels::WeightMatrix> split(const std::string& name, std::uint64_t cols, const std::vector<std::uint64_t>& parts) {
+    std::uint64_t rows = 0;
+    for (std::uint64_t r : parts) rows += r;
+    const kernels::WeightMatrix whole = matrix(name, cols, rows);
+    std::vector<kernels::WeightMatrix> views;
+    std::uint64_t first = 0;
+    for (std::uint64_t r : parts) {
+      views.push_back({whole.type, whole.row(first), r, cols});
+      first += r;
+    }
+    return views;
+  }
+
+  // A stack of n matrices of rows x cols (the experts of an MoE layer): one view per matrix.
+  std::vector<kernels::WeightMatrix> stack(const std::string& name, std::uint64_t cols, std::uint64_t rows, std::uint64_t n) {
+    const gguf::TensorInfo* t = find(name, {cols, rows, n}, true);
+    std::vector<kernels::WeightMatrix> views;
+    for (std::uint64_t e = 0; e < n; ++e) {
+      kernels::WeightMatrix m{t->type, t->data, rows, cols};
+      m.data += e * rows * m.row_stride();
+      views.push_back(m);
+    }
+    return views;
+  }
+
   // 1-D tensors (norms, biases) are used directly as floats, so they must be F32.
   const float* vector(const std::string& name, std::uint64_t n, bool required = true) {
     const gguf::TensorInfo* t = find(name, {n}, required);
@@ -71,6 +101,72 @@ class TensorLoader {
   const gguf::File& f_;
 };
 
+LayerWeights load_layer(const ModelConfig& c, TensorLoader& load, std::uint32_t il) {
+  const arch::Arch& a = *c.desc;
+  const std::string p = "blk." + std::to_string(il) + ".";
+  LayerWeights l;
+  l.local = c.layer_is_local(il);
+  l.attn_norm = load.vector(p + "attn_norm.weight", c.n_embd);
+  l.ffn_norm = load.vector(p + "ffn_norm.weight", c.n_embd);
+  if (a.fused_qkv) {
+    const auto qkv = load.split(p + "attn_qkv.weight", c.n_embd, {c.q_dim(), c.kv_dim(), c.kv_dim()});
+    l.wq = qkv[0], l.wk = qkv[1], l.wv = qkv[2];
+  } else {
+    l.wq = load.matrix(p + "attn_q.weight", c.n_embd, c.q_dim());
+    l.wk = load.matrix(p + "attn_k.weight", c.n_embd, c.kv_dim());
+    l.wv = load.matrix(p + "attn_v.weight", c.n_embd, c.kv_dim());
+  }
+  l.wo = load.matrix(p + "attn_output.weight", c.q_dim(), c.n_embd);
+  if (a.qkv_bias) {
+    l.bq = load.vector(p + "attn_q.bias", c.q_dim(), false);
+    l.bk = load.vector(p + "attn_k.bias", c.kv_dim(), false);
+    l.bv = load.vector(p + "attn_v.bias", c.kv_dim(), false);
+  }
+  if (a.qk_norm) {
+    l.q_norm = load.vector(p + "attn_q_norm.weight", c.head_dim);
+    l.k_norm = load.vector(p + "attn_k_norm.weight", c.head_dim);
+  }
+  if (a.post_norms) {
+    l.post_attn_norm = load.vector(p + "post_attention_norm.weight", c.n_embd);
+    l.post_ffn_norm = load.vector(p + "post_ffw_norm.weight", c.n_embd);
+  }
+  if (c.is_moe()) {
+    l.router = load.matrix(p + "ffn_gate_inp.weight", c.n_embd, c.n_expert);
+    if (!load.has(p + "ffn_gate_exps.weight") && load.has(p + "ffn_gate.0.weight")) {
+      // Early Mixtral files (before llama.cpp merged the experts): one 2-D tensor per expert.
+      for (std::uint32_t e = 0; e < c.n_expert; ++e) {
+        const std::string n = std::to_string(e);
+        l.exp_gate.push_back(load.matrix(p + "ffn_gate." + n + ".weight", c.n_embd, c.n_ff_expert));
+        l.exp_up.push_back(load.matrix(p + "ffn_up." + n + ".weight", c.n_embd, c.n_ff_expert));
+        l.exp_down.push_back(load.matrix(p + "ffn_down." + n + ".weight", c.n_ff_expert, c.n_embd));
+      }
+    } else {
+      l.exp_gate = load.stack(p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_expert, c.n_expert);
+      l.exp_up = load.stack(p + "ffn_up_exps.weight", c.n_embd, c.n_ff_expert, c.n_expert);
+      l.exp_down = load.stack(p + "ffn_down_exps.weight", c.n_ff_expert, c.n_embd, c.n_expert);
+    }
+  } else if (a.fused_gate_up) {
+    const auto gate_up = load.split(p + "ffn_up.weight", c.n_embd, {c.n_ff, c.n_ff});
+    l.w_gate = gate_up[0], l.w_up = gate_up[1];
+    l.w_down = load.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
+  } else {
+    l.w_gate = load.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
+    l.w_up = load.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
+    l.w_down = load.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
+  }
+  return l;
+}
+
+std::vector<float> rope_speeds(std::uint32_t n_rot, double base, double scale, const float* factors) {
+  std::vector<float> inv_freq(n_rot / 2);
+  for (std::uint32_t i = 0; i < n_rot / 2; ++i) {
+    double f = scale * std::pow(base, -2.0 * i / n_rot);
+    if (factors) f /= factors[i];
+    inv_freq[i] = static_cast<float>(f);
+  }
+  return inv_freq;
+}
+
 }  // namespace
 
 Model::Model(std::shared_ptr<const gguf::File> file) : file_(std::move(file)), config_(ModelConfig::from_gguf(*file_)) {
@@ -87,39 +183,24 @@ Model::Model(std::shared_ptr<const gguf::File> file) : file_(std::move(file)), c
   output_ = load.optional_matrix("output.weight", c.n_embd, c.n_vocab).value_or(token_embd_);
 
   // block_count is read from metadata; a corrupt value must not size an allocation before the tensors
-  // vouch for it. Every block has at least its nine required tensors.
-  constexpr std::size_t kRequiredTensorsPerBlock = 9;
+  // vouch for it. Every block has at least six required tensors (phi3's fused layout).
+  constexpr std::size_t kRequiredTensorsPerBlock = 6;
   if (c.n_layer > file_->tensors().size() / kRequiredTensorsPerBlock) {
     throw Error("model '" + file_->path() + "': block_count is " + std::to_string(c.n_layer) + " but the file holds only " +
                 std::to_string(file_->tensors().size()) + " tensors, too few for that many blocks");
   }
-  layers_.resize(c.n_layer);
-  for (std::uint32_t i = 0; i < c.n_layer; ++i) {
-    const std::string p = "blk." + std::to_string(i) + ".";
-    LayerWeights& l = layers_[i];
-    l.attn_norm = load.vector(p + "attn_norm.weight", c.n_embd);
-    l.ffn_norm = load.vector(p + "ffn_norm.weight", c.n_embd);
-    l.wq = load.matrix(p + "attn_q.weight", c.n_embd, c.q_dim());
-    l.wk = load.matrix(p + "attn_k.weight", c.n_embd, c.kv_dim());
-    l.wv = load.matrix(p + "attn_v.weight", c.n_embd, c.kv_dim());
-    l.wo = load.matrix(p + "attn_output.weight", c.q_dim(), c.n_embd);
-    l.w_gate = load.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
-    l.w_up = load.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
-    l.w_down = load.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
-    l.bq = load.vector(p + "attn_q.bias", c.q_dim(), false);
-    l.bk = load.vector(p + "attn_k.bias", c.kv_dim(), false);
-    l.bv = load.vector(p + "attn_v.bias", c.kv_dim(), false);
-  }
+  layers_.reserve(c.n_layer);
+  for (std::uint32_t i = 0; i < c.n_layer; ++i) layers_.push_back(load_layer(c, load, i));
 
   repack_for_kernels();
 
-  inv_freq_.resize(c.n_rot / 2);
+  // Per-pair frequency divisors: Llama 3's rope_freqs, or LongRoPE's (Phi-3 128k, Phi-3.5) short
+  // factors, those of contexts up to rope.scaling.original_context_length (the long ones, for longer
+  // contexts, are not used: the context a model will serve is not known when it loads).
   const float* freq_factors = load.vector("rope_freqs.weight", c.n_rot / 2, false);
-  for (std::uint32_t i = 0; i < c.n_rot / 2; ++i) {
-    double f = c.rope_freq_scale * std::pow(static_cast<double>(c.rope_freq_base), -2.0 * i / c.n_rot);
-    if (freq_factors) f /= freq_factors[i];
-    inv_freq_[i] = static_cast<float>(f);
-  }
+  if (!freq_factors) freq_factors = load.vector("rope_factors_short.weight", c.n_rot / 2, false);
+  inv_freq_ = rope_speeds(c.n_rot, c.rope_freq_base, c.rope_freq_scale, freq_factors);
+  if (c.swa_rope_base > 0) inv_freq_local_ = rope_speeds(c.n_rot, c.swa_rope_base, 1.0, nullptr);
 }
 
 void Model::repack_for_kernels() {
@@ -128,7 +209,12 @@ void Model::repack_for_kernels() {
   if (kernels::active_isa() < kernels::Isa::Avx512) return;
   std::vector<kernels::WeightMatrix*> matrices;
   for (LayerWeights& l : layers_) {
-    for (kernels::WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) matrices.push_back(m);
+    for (kernels::WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      if (m->data) matrices.push_back(m);
+    }
+    for (auto* experts : {&l.exp_gate, &l.exp_up, &l.exp_down}) {
+      for (kernels::WeightMatrix& m : *experts) matrices.push_back(&m);
+    }
   }
   // A tied output is the embedding table: the embedding goes on reading its rows where they are
   // stored, and the output gets a repacked copy of its own. Without one a Q6_K table (what every
@@ -161,104 +247,41 @@ KvCache Model::make_cache(std::size_t max_positions, KvType type, std::size_t ma
   return KvCache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type, KvCache::kDefaultBlockTokens, config_.head_dim);
 }
 
-bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
-                    const std::function<bool(std::size_t layer)>& stop_before) const {
-  const ModelConfig& c = config_;
+namespace {
+
+// Attention work for one layer: for each sequence and KV head, its tokens' query heads of that KV
+// head's group (token-major, so a tile's queries see nearly the same positions), cut into tiles of
+// at most kAttentionTile. The same for every layer of a pass.
+struct AttentionTile {
+  int seq;
+  std::size_t kv_head, first, n;
+  std::size_t cost = 0;     // keys read: the sum of its queries' context lengths
+  std::size_t cached = 0;   // positions before its latest query's: what the cache held before this batch
+};
+
+void plan_attention_tiles(const Batch& batch, std::size_t n_head_kv, std::size_t group, std::vector<AttentionTile>& tiles,
+                          std::vector<std::pair<std::size_t, std::size_t>>& tile_queries) {
   const std::size_t T = batch.size();
-  logits.clear();
-  if (T == 0) return true;
-  const std::size_t D = c.n_embd, QD = c.q_dim(), KVD = c.kv_dim(), HD = c.head_dim, F = c.n_ff;
-
-  for (std::size_t t = 0; t < T; ++t) {
-    if (batch.tokens[t] < 0 || static_cast<std::uint32_t>(batch.tokens[t]) >= c.n_vocab) {
-      throw Error("token id " + std::to_string(batch.tokens[t]) + " is outside the vocabulary of " + std::to_string(c.n_vocab));
-    }
-    if (batch.positions[t] < 0) throw Error("negative position in batch");
-    cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.positions[t]) + 1);
-  }
-
-  // Scratch kept per thread across calls: a fresh multi-megabyte allocation per prefill chunk would
-  // be page-faulted and zeroed by the kernel every time.
-  // (References, not the thread_locals themselves, are what the worker lambdas below may use: a
-  // thread_local named inside a lambda is the running thread's own instance.)
-  struct Scratch {
-    std::vector<float> x, xn, q, k, v, attn, tmp, gate, up, rope_cos, rope_sin;
-    kernels::ActivationBuffers attn_act, ffn_act, down_act;  // the quantized inputs of q/k/v, gate/up and down
-  };
-  thread_local Scratch scratch;
-  auto& x = scratch.x;
-  auto& xn = scratch.xn;
-  auto& q = scratch.q;
-  auto& k = scratch.k;
-  auto& v = scratch.v;
-  auto& attn = scratch.attn;
-  auto& tmp = scratch.tmp;
-  auto& gate = scratch.gate;
-  auto& up = scratch.up;
-  auto& rope_cos = scratch.rope_cos;  // each token's rotation, the same for every head and layer
-  auto& rope_sin = scratch.rope_sin;
-  auto& attn_act = scratch.attn_act;
-  auto& ffn_act = scratch.ffn_act;
-  auto& down_act = scratch.down_act;
-  // The per-token work between matmuls (norms, RoPE, cache writes, SwiGLU) is split across the pool
-  // for prompt-sized batches; one token's worth stays on this thread, where waking a worker would
-  // cost more than it saves. Each token's arithmetic is the same either way.
-  auto per_token = [&](auto&& fn) {
-    pool.parallel_for(T, 4, [&](std::size_t begin, std::size_t end, int) {
-      for (std::size_t t = begin; t < end; ++t) fn(t);
-    });
-  };
-  for (auto [buf, n] : {std::pair{&x, T * D}, {&xn, T * D}, {&q, T * QD}, {&k, T * KVD}, {&v, T * KVD}, {&attn, T * QD},
-                        {&tmp, T * D}, {&gate, T * F}, {&up, T * F}, {&rope_cos, T * (c.n_rot / 2)}, {&rope_sin, T * (c.n_rot / 2)}}) {
-    buf->resize(n);
-  }
-  per_token([&](std::size_t t) {
-    kernels::rope_angles(c.n_rot, inv_freq_.data(), static_cast<float>(batch.positions[t]), &rope_cos[t * (c.n_rot / 2)],
-                         &rope_sin[t * (c.n_rot / 2)]);
-  });
-
-  for (std::size_t t = 0; t < T; ++t) {
-    dequantize_row(token_embd_.type, token_embd_.row(static_cast<std::size_t>(batch.tokens[t])), &x[t * D], D);
-  }
-
-  const float attn_scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  const std::size_t group = c.n_head / c.n_head_kv;
-
-  // Attention tiles, the same for every layer: for each sequence and KV head, its tokens' query heads
-  // of that KV head's group (token-major, so a tile's queries see nearly the same positions), cut
-  // into tiles of at most kAttentionTile.
-  struct AttentionTile {
-    int seq;
-    std::size_t kv_head, first, n;
-    std::size_t cost = 0;     // keys read: the sum of its queries' context lengths
-    std::size_t cached = 0;   // positions before its latest query's: what the cache held before this batch
-  };
-  thread_local std::vector<AttentionTile> tiles_storage;
-  thread_local std::vector<std::pair<std::size_t, std::size_t>> tile_queries_storage;  // (token, head)
-  auto& tiles = tiles_storage;
-  auto& tile_queries = tile_queries_storage;
   tiles.clear();
   tile_queries.clear();
-  {
-    std::vector<int> seqs;
-    for (std::size_t t = 0; t < T; ++t) {
-      if (std::find(seqs.begin(), seqs.end(), batch.seq_ids[t]) == seqs.end()) seqs.push_back(batch.seq_ids[t]);
-    }
-    for (int seq : seqs) {
-      for (std::size_t kvh = 0; kvh < c.n_head_kv; ++kvh) {
-        std::size_t first = tile_queries.size();
-        for (std::size_t t = 0; t < T; ++t) {
-          if (batch.seq_ids[t] != seq) continue;
-          for (std::size_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-            tile_queries.emplace_back(t, h);
-            if (tile_queries.size() - first == kernels::kAttentionTile) {
-              tiles.push_back({seq, kvh, first, kernels::kAttentionTile});
-              first = tile_queries.size();
-            }
+  std::vector<int> seqs;
+  for (std::size_t t = 0; t < T; ++t) {
+    if (std::find(seqs.begin(), seqs.end(), batch.seq_ids[t]) == seqs.end()) seqs.push_back(batch.seq_ids[t]);
+  }
+  for (int seq : seqs) {
+    for (std::size_t kvh = 0; kvh < n_head_kv; ++kvh) {
+      std::size_t first = tile_queries.size();
+      for (std::size_t t = 0; t < T; ++t) {
+        if (batch.seq_ids[t] != seq) continue;
+        for (std::size_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+          tile_queries.emplace_back(t, h);
+          if (tile_queries.size() - first == kernels::kAttentionTile) {
+            tiles.push_back({seq, kvh, first, kernels::kAttentionTile});
+            first = tile_queries.size();
           }
         }
-        if (tile_queries.size() > first) tiles.push_back({seq, kvh, first, tile_queries.size() - first});
       }
+      if (tile_queries.size() > first) tiles.push_back({seq, kvh, first, tile_queries.size() - first});
     }
   }
   // Tiles cost in proportion to the keys their queries read, and those differ by orders of magnitude
@@ -274,56 +297,139 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     }
   }
   std::stable_sort(tiles.begin(), tiles.end(), [](const AttentionTile& a, const AttentionTile& b) { return a.cost > b.cost; });
+}
 
-  // x += tmp for one token: a sublayer's output joins the residual stream.
-  const auto add_residual = [&](std::size_t t) {
-    for (std::size_t i = t * D; i < (t + 1) * D; ++i) x[i] += tmp[i];
-  };
-  for (std::size_t il = 0; il < c.n_layer; ++il) {
-    if (il > 0 && stop_before && stop_before(il)) return false;
-    const LayerWeights& L = layers_[il];
+// Scratch kept per thread across calls: a fresh multi-megabyte allocation per prefill chunk would be
+// page-faulted and zeroed by the kernel every time. (ForwardPass holds a reference: a thread_local
+// named inside a worker lambda would be the running thread's own instance.)
+struct Scratch {
+  std::vector<float> x, xn, q, k, v, attn, tmp, gate, up, rope_cos, rope_sin, rope_cos_local, rope_sin_local;
+  kernels::ActivationBuffers attn_act, ffn_act, down_act;  // the quantized inputs of q/k/v, gate/up and down
+  std::vector<AttentionTile> tiles;
+  std::vector<std::pair<std::size_t, std::size_t>> tile_queries;  // (token, head)
+  std::unordered_map<int, std::pair<std::vector<const void*>, std::vector<const void*>>> tables;  // block tables per sequence
+};
 
-    // The previous layer's FFN output is added to the residual stream here, in the same job as the
-    // norm, and each token's normalized input is quantized there too, while it is in cache: one
-    // job instead of three, each with its own wake-up and barrier (for a batch of decode tokens,
-    // where these jobs are microseconds each, the barriers were several percent of a step).
+}  // namespace
+
+// One forward pass over a batch: the residual stream x and every buffer between the layer's steps.
+// Model::forward is the loop over layers; each step here is one piece of a layer as its
+// architecture describes it.
+struct Model::ForwardPass {
+  const Model& m;
+  const ModelConfig& c;
+  const Batch& batch;
+  KvCache& cache;
+  ThreadPool& pool;
+  Scratch& s;
+  const std::size_t T, D, QD, KVD, HD, F, R;
+
+  ForwardPass(const Model& model, const Batch& b, KvCache& kv, ThreadPool& p, Scratch& scratch)
+      : m(model), c(model.config_), batch(b), cache(kv), pool(p), s(scratch), T(b.size()), D(c.n_embd), QD(c.q_dim()),
+        KVD(c.kv_dim()), HD(c.head_dim), F(c.n_ff), R(c.n_rot / 2) {}
+
+  // The per-token work between matmuls (norms, RoPE, cache writes, activations) is split across the
+  // pool for prompt-sized batches; one token's worth stays on this thread, where waking a worker
+  // would cost more than it saves. Each token's arithmetic is the same either way.
+  template <typename Fn>
+  void per_token(Fn&& fn) {
+    pool.parallel_for(T, 4, [&](std::size_t begin, std::size_t end, int) {
+      for (std::size_t t = begin; t < end; ++t) fn(t);
+    });
+  }
+
+  // x += tmp for one token: a sublayer's output joins the residual stream, through its own norm
+  // when the architecture has one there (Gemma's post-attention and post-FFN norms).
+  void add_residual(std::size_t t, const float* post_norm) {
+    if (post_norm) kernels::rmsnorm(&s.tmp[t * D], post_norm, D, c.rms_eps, &s.tmp[t * D]);
+    for (std::size_t i = t * D; i < (t + 1) * D; ++i) s.x[i] += s.tmp[i];
+  }
+
+  // Checks the batch, sizes the buffers, computes each token's rotations, embeds the tokens and
+  // plans the attention tiles.
+  void begin() {
+    for (std::size_t t = 0; t < T; ++t) {
+      if (batch.tokens[t] < 0 || static_cast<std::uint32_t>(batch.tokens[t]) >= c.n_vocab) {
+        throw Error("token id " + std::to_string(batch.tokens[t]) + " is outside the vocabulary of " + std::to_string(c.n_vocab));
+      }
+      if (batch.positions[t] < 0) throw Error("negative position in batch");
+      cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.positions[t]) + 1);
+    }
+    const std::size_t local_rope = m.inv_freq_local_.empty() ? 0 : T * R;
+    for (auto [buf, n] : {std::pair{&s.x, T * D}, {&s.xn, T * D}, {&s.q, T * QD}, {&s.k, T * KVD}, {&s.v, T * KVD},
+                          {&s.attn, T * QD}, {&s.tmp, T * D}, {&s.gate, c.is_moe() ? 0 : T * F}, {&s.up, c.is_moe() ? 0 : T * F},
+                          {&s.rope_cos, T * R}, {&s.rope_sin, T * R}, {&s.rope_cos_local, local_rope}, {&s.rope_sin_local, local_rope}}) {
+      buf->resize(n);
+    }
+    per_token([&](std::size_t t) {  // each token's rotation, the same for every head and layer (of a kind)
+      const auto position = static_cast<float>(batch.positions[t]);
+      kernels::rope_angles(c.n_rot, m.inv_freq_.data(), position, &s.rope_cos[t * R], &s.rope_sin[t * R]);
+      if (c.rope_attn_factor != 1.0f) {
+        for (std::size_t i = t * R; i < (t + 1) * R; ++i) s.rope_cos[i] *= c.rope_attn_factor, s.rope_sin[i] *= c.rope_attn_factor;
+      }
+      if (local_rope) kernels::rope_angles(c.n_rot, m.inv_freq_local_.data(), position, &s.rope_cos_local[t * R], &s.rope_sin_local[t * R]);
+    });
+    const float embed_scale = c.desc->embed_scale ? std::sqrt(static_cast<float>(D)) : 1.0f;
+    for (std::size_t t = 0; t < T; ++t) {
+      dequantize_row(m.token_embd_.type, m.token_embd_.row(static_cast<std::size_t>(batch.tokens[t])), &s.x[t * D], D);
+      if (embed_scale != 1.0f) for (std::size_t i = t * D; i < (t + 1) * D; ++i) s.x[i] *= embed_scale;
+    }
+    plan_attention_tiles(batch, c.n_head_kv, c.n_head / c.n_head_kv, s.tiles, s.tile_queries);
+  }
+
+  // The attention sublayer of layer il: (the previous layer's FFN output joins the residual stream)
+  // norm, q/k/v, biases, per-head norms, RoPE, cache writes, attention, output projection -> tmp.
+  void attention(std::size_t il) {
+    const LayerWeights& L = m.layers_[il];
+    // The residual add, the norm and the quantization of each token's normalized input happen in one
+    // job, while the token is in cache: one wake-up and barrier instead of three (for a batch of
+    // decode tokens, where these jobs are microseconds each, the barriers were several percent).
     const kernels::WeightMatrix* qkv[] = {&L.wq, &L.wk, &L.wv};
-    kernels::Activations attn_in(xn.data(), T, D, attn_act);  // quantized once for q, k and v
+    kernels::Activations attn_in(s.xn.data(), T, D, s.attn_act);  // quantized once for q, k and v
     const bool quantize_attn_in = attn_in.begin_quantize_for(qkv);
+    const float* prev_post_norm = il > 0 ? m.layers_[il - 1].post_ffn_norm : nullptr;
     per_token([&](std::size_t t) {
-      if (il > 0) add_residual(t);
-      kernels::rmsnorm(&x[t * D], L.attn_norm, D, c.rms_eps, &xn[t * D]);
+      if (il > 0) add_residual(t, prev_post_norm);
+      kernels::rmsnorm(&s.x[t * D], L.attn_norm, D, c.rms_eps, &s.xn[t * D]);
       if (quantize_attn_in) attn_in.quantize_token(t);
     });
     if (quantize_attn_in) attn_in.end_quantize(pool);
-    float* const qkv_out[] = {q.data(), k.data(), v.data()};
+    float* const qkv_out[] = {s.q.data(), s.k.data(), s.v.data()};
     kernels::matmul_fused(qkv, attn_in, qkv_out, pool);
 
+    const bool own_rope = L.local && !m.inv_freq_local_.empty();
     per_token([&](std::size_t t) {
-      if (L.bq) for (std::size_t i = 0; i < QD; ++i) q[t * QD + i] += L.bq[i];
-      if (L.bk) for (std::size_t i = 0; i < KVD; ++i) k[t * KVD + i] += L.bk[i];
-      if (L.bv) for (std::size_t i = 0; i < KVD; ++i) v[t * KVD + i] += L.bv[i];
-      const float* cos = &rope_cos[t * (c.n_rot / 2)];
-      const float* sin = &rope_sin[t * (c.n_rot / 2)];
-      for (std::size_t h = 0; h < c.n_head; ++h) kernels::rope(&q[t * QD + h * HD], c.n_rot, cos, sin, c.rope_neox);
-      for (std::size_t h = 0; h < c.n_head_kv; ++h) kernels::rope(&k[t * KVD + h * HD], c.n_rot, cos, sin, c.rope_neox);
-      cache.write(il, batch.seq_ids[t], static_cast<std::size_t>(batch.positions[t]), &k[t * KVD], &v[t * KVD]);
+      float* q = &s.q[t * QD];
+      float* k = &s.k[t * KVD];
+      float* v = &s.v[t * KVD];
+      if (L.bq) for (std::size_t i = 0; i < QD; ++i) q[i] += L.bq[i];
+      if (L.bk) for (std::size_t i = 0; i < KVD; ++i) k[i] += L.bk[i];
+      if (L.bv) for (std::size_t i = 0; i < KVD; ++i) v[i] += L.bv[i];
+      if (L.q_norm) for (std::size_t h = 0; h < c.n_head; ++h) kernels::rmsnorm(q + h * HD, L.q_norm, HD, c.rms_eps, q + h * HD);
+      if (L.k_norm) for (std::size_t h = 0; h < c.n_head_kv; ++h) kernels::rmsnorm(k + h * HD, L.k_norm, HD, c.rms_eps, k + h * HD);
+      const float* cos = own_rope ? &s.rope_cos_local[t * R] : &s.rope_cos[t * R];
+      const float* sin = own_rope ? &s.rope_sin_local[t * R] : &s.rope_sin[t * R];
+      for (std::size_t h = 0; h < c.n_head; ++h) kernels::rope(q + h * HD, c.n_rot, cos, sin, c.rope_neox);
+      for (std::size_t h = 0; h < c.n_head_kv; ++h) kernels::rope(k + h * HD, c.n_rot, cos, sin, c.rope_neox);
+      cache.write(il, batch.seq_ids[t], static_cast<std::size_t>(batch.positions[t]), k, v);
     });
+    attend(il, L.local ? c.sliding_window : 0);
+    kernels::matmul(L.wo, s.attn.data(), T, s.tmp.data(), pool);
+  }
 
-    // Causal attention: token t sees positions [0, pos_t] of its own sequence, which the cache now
-    // holds whether they came from earlier calls or from this batch. Work goes in tiles of queries
-    // that read the same KV head (see attention_tiles), each one pass over that head's keys.
+  // Causal attention: token t sees positions [0, pos_t] of its own sequence (on a local layer the
+  // last `window` of them), which the cache now holds whether they came from earlier calls or from
+  // this batch. Work goes in the planned tiles, each one pass over its KV head's keys.
+  void attend(std::size_t il, std::size_t window) {
     const kernels::KernelTable& kt = kernels::kernel_table(kernels::active_isa());
-    // Block tables of the batch's sequences for this layer, looked up once per layer.
-    thread_local std::unordered_map<int, std::pair<std::vector<const void*>, std::vector<const void*>>> tables_storage;
-    auto& tables = tables_storage;  // the workers below must see this thread's instance, not their own
-    tables.clear();
+    s.tables.clear();  // block tables of the batch's sequences for this layer, looked up once
     for (std::size_t t = 0; t < T; ++t) {
-      auto [it, fresh] = tables.try_emplace(batch.seq_ids[t]);
+      auto [it, fresh] = s.tables.try_emplace(batch.seq_ids[t]);
       if (fresh) cache.block_pointers(il, batch.seq_ids[t], it->second.first, it->second.second);
     }
     const std::size_t block_tokens = cache.block_tokens();
     const DType kv_dtype = kv_type_dtype(cache.type());
+    const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
     // A tile's keys and values were last read a step ago, with every weight streamed through the
     // caches since: cold. The kernel reaches them chunk by chunk, keys then values, each load after
     // the previous chunk's arithmetic, so a cold tile paid several DRAM latencies one after another.
@@ -332,68 +438,165 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     // +5-10%. Tiles go in the pool's claims rather than through a shared counter so that a thread
     // knows which tile comes next.
     const auto prefetch_tile = [&](const AttentionTile& tile) {
-      const auto& [keys, values] = tables.at(tile.seq);
+      const auto& [keys, values] = s.tables.at(tile.seq);
       const BlockPool::Rows at = cache.pool().rows_of(tile.kv_head * HD);
       kernels::prefetch_kv(keys.data(), values.data(), tile.cached, block_tokens, at.stride, at.offset, HD, kv_dtype);
     };
-    pool.parallel_for(tiles.size(), 1, [&](std::size_t b, std::size_t e, int) {
+    pool.parallel_for(s.tiles.size(), 1, [&](std::size_t b, std::size_t e, int) {
       const float* qp[kernels::kAttentionTile];
       float* op[kernels::kAttentionTile];
       std::size_t n_ctx[kernels::kAttentionTile];
-      if (b < e) prefetch_tile(tiles[b]);
+      if (b < e) prefetch_tile(s.tiles[b]);
       for (std::size_t i = b; i < e; ++i) {
-        const AttentionTile& tile = tiles[i];
-        if (i + 1 < e) prefetch_tile(tiles[i + 1]);
+        const AttentionTile& tile = s.tiles[i];
+        if (i + 1 < e) prefetch_tile(s.tiles[i + 1]);
+        // Queries whose window covers their whole context, without a cap, go to the tiled kernels;
+        // the others to attention_range.
+        bool whole_context = c.attn_softcap == 0.0f;
         for (std::size_t k = 0; k < tile.n; ++k) {
-          const auto [t, h] = tile_queries[tile.first + k];
-          qp[k] = &q[t * QD + h * HD];
-          op[k] = &attn[t * QD + h * HD];
+          const auto [t, h] = s.tile_queries[tile.first + k];
+          qp[k] = &s.q[t * QD + h * HD];
+          op[k] = &s.attn[t * QD + h * HD];
           n_ctx[k] = static_cast<std::size_t>(batch.positions[t]) + 1;
+          if (window && n_ctx[k] > window) whole_context = false;
         }
-        const auto& [keys, values] = tables.at(tile.seq);
+        const auto& [keys, values] = s.tables.at(tile.seq);
         const BlockPool::Rows rows = cache.pool().rows_of(tile.kv_head * HD);
-        kt.attention_tile(qp, n_ctx, tile.n, keys.data(), values.data(), kv_dtype, block_tokens, rows.stride, rows.offset, HD,
-                          attn_scale, op);
+        if (whole_context) {
+          kt.attention_tile(qp, n_ctx, tile.n, keys.data(), values.data(), kv_dtype, block_tokens, rows.stride, rows.offset, HD,
+                            scale, op);
+          continue;
+        }
+        for (std::size_t k = 0; k < tile.n; ++k) {
+          const std::size_t first = window && n_ctx[k] > window ? n_ctx[k] - window : 0;
+          kernels::attention_range(qp[k], keys.data(), values.data(), kv_dtype, block_tokens, rows.stride, rows.offset, first,
+                                   n_ctx[k], HD, scale, c.attn_softcap, op[k]);
+        }
       }
     });
+  }
 
-    kernels::matmul(L.wo, attn.data(), T, tmp.data(), pool);
+  // The FFN sublayer: (attention output joins the residual stream) norm, then the dense gated FFN or
+  // the mixture of experts -> tmp.
+  void feed_forward(std::size_t il) {
+    const LayerWeights& L = m.layers_[il];
     const kernels::WeightMatrix* gate_up[] = {&L.w_gate, &L.w_up};
-    kernels::Activations ffn_in(xn.data(), T, D, ffn_act);  // quantized once for gate and up
-    const bool quantize_ffn_in = ffn_in.begin_quantize_for(gate_up);
+    kernels::Activations ffn_in(s.xn.data(), T, D, s.ffn_act);  // quantized once for gate and up
+    const bool quantize_ffn_in = !c.is_moe() && ffn_in.begin_quantize_for(gate_up);
     per_token([&](std::size_t t) {
-      add_residual(t);
-      kernels::rmsnorm(&x[t * D], L.ffn_norm, D, c.rms_eps, &xn[t * D]);
+      add_residual(t, L.post_attn_norm);
+      kernels::rmsnorm(&s.x[t * D], L.ffn_norm, D, c.rms_eps, &s.xn[t * D]);
       if (quantize_ffn_in) ffn_in.quantize_token(t);
     });
+    if (c.is_moe()) {
+      m.moe_ffn(L, s.xn.data(), T, s.tmp.data(), pool);
+      return;
+    }
     if (quantize_ffn_in) ffn_in.end_quantize(pool);
-    float* const gate_up_out[] = {gate.data(), up.data()};
+    float* const gate_up_out[] = {s.gate.data(), s.up.data()};
     kernels::matmul_fused(gate_up, ffn_in, gate_up_out, pool);
-    kernels::Activations down_in(gate.data(), T, F, down_act);
+    kernels::Activations down_in(s.gate.data(), T, F, s.down_act);
     const kernels::WeightMatrix* down[] = {&L.w_down};
     const bool quantize_down_in = down_in.begin_quantize_for(down);
+    const bool gelu = c.desc->activation == arch::Activation::GeluTanh;
     per_token([&](std::size_t t) {
-      kernels::silu_mul(&gate[t * F], &up[t * F], F);
+      if (gelu) {
+        kernels::gelu_tanh_mul(&s.gate[t * F], &s.up[t * F], F);
+      } else {
+        kernels::silu_mul(&s.gate[t * F], &s.up[t * F], F);
+      }
       if (quantize_down_in) down_in.quantize_token(t);
     });
     if (quantize_down_in) down_in.end_quantize(pool);
-    kernels::matmul(L.w_down, down_in, tmp.data(), pool);
-  }
-  per_token(add_residual);  // the last layer's FFN output
-
-  for (std::size_t t = 0; t < T; ++t) {
-    const auto len = static_cast<std::size_t>(batch.positions[t]) + 1;
-    if (len > cache.length(batch.seq_ids[t])) cache.set_length(batch.seq_ids[t], len);
+    kernels::matmul(L.w_down, down_in, s.tmp.data(), pool);
   }
 
-  // Only the rows that need logits pay for the (large) output projection.
-  std::size_t n_out = 0;
-  for (std::size_t t = 0; t < T; ++t) {
-    if (batch.want_logits[t]) kernels::rmsnorm(&x[t * D], output_norm_, D, c.rms_eps, &xn[n_out++ * D]);
+  // The last FFN output joins the stream; the sequences' lengths move on; the rows that want logits
+  // get the final norm, the output projection (only they pay for it) and the final soft-cap.
+  void finish(std::vector<float>& logits) {
+    per_token([&](std::size_t t) { add_residual(t, m.layers_.back().post_ffn_norm); });
+    for (std::size_t t = 0; t < T; ++t) {
+      const auto len = static_cast<std::size_t>(batch.positions[t]) + 1;
+      if (len > cache.length(batch.seq_ids[t])) cache.set_length(batch.seq_ids[t], len);
+    }
+    std::size_t n_out = 0;
+    for (std::size_t t = 0; t < T; ++t) {
+      if (batch.want_logits[t]) kernels::rmsnorm(&s.x[t * D], m.output_norm_, D, c.rms_eps, &s.xn[n_out++ * D]);
+    }
+    logits.resize(n_out * c.n_vocab);
+    if (n_out) kernels::matmul(m.output_, s.xn.data(), n_out, logits.data(), pool);
+    if (c.final_softcap > 0.0f) {
+      for (float& l : logits) l = c.final_softcap * std::tanh(l / c.final_softcap);
+    }
   }
-  logits.resize(n_out * c.n_vocab);
-  if (n_out) kernels::matmul(output_, xn.data(), n_out, logits.data(), pool);
+};
+
+bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
+                    const std::function<bool(std::size_t layer)>& stop_before) const {
+  logits.clear();
+  if (batch.size() == 0) return true;
+  thread_local Scratch scratch;
+  ForwardPass pass(*this, batch, cache, pool, scratch);
+  pass.begin();
+  for (std::size_t il = 0; il < config_.n_layer; ++il) {
+    if (il > 0 && stop_before && stop_before(il)) return false;
+    pass.attention(il);
+    pass.feed_forward(il);
+  }
+  pass.finish(logits);
   return true;
+}
+
+void Model::moe_ffn(const LayerWeights& L, const float* xn, std::size_t T, float* out, ThreadPool& pool) const {
+  const ModelConfig& c = config_;
+  const std::size_t D = c.n_embd, F = c.n_ff_expert, E = c.n_expert, K = c.n_expert_used;
+  // Scratch kept across calls, as in forward.
+  struct MoeScratch {
+    std::vector<float> router_logits, in, gate, up, down;
+    std::vector<ExpertChoice> choices;
+    std::vector<std::vector<std::pair<std::size_t, float>>> by_expert;  // (token, weight) per expert
+  };
+  thread_local MoeScratch scratch;
+  auto& s = scratch;
+  s.router_logits.resize(T * E);
+  kernels::matmul(L.router, xn, T, s.router_logits.data(), pool);
+  s.choices.resize(T * K);
+  s.by_expert.resize(E);
+  for (auto& tokens : s.by_expert) tokens.clear();
+  for (std::size_t t = 0; t < T; ++t) {
+    route_experts(&s.router_logits[t * E], c.n_expert, c.n_expert_used, c.desc->router, c.expert_weights_norm, &s.choices[t * K]);
+    for (std::size_t j = 0; j < K; ++j) s.by_expert[s.choices[t * K + j].expert].emplace_back(t, s.choices[t * K + j].weight);
+  }
+  std::fill_n(out, T * D, 0.0f);
+  // Each chosen expert runs once over all of its tokens (prefill: one GEMM per expert; decode: only
+  // the chosen experts' weights are read).
+  for (std::size_t e = 0; e < E; ++e) {
+    const auto& tokens = s.by_expert[e];
+    const std::size_t n = tokens.size();
+    if (n == 0) continue;
+    s.in.resize(n * D);
+    s.gate.resize(n * F);
+    s.up.resize(n * F);
+    s.down.resize(n * D);
+    for (std::size_t j = 0; j < n; ++j) std::copy_n(xn + tokens[j].first * D, D, &s.in[j * D]);
+    kernels::Activations in(s.in.data(), n, D);
+    const kernels::WeightMatrix* gate_up[] = {&L.exp_gate[e], &L.exp_up[e]};
+    float* const gate_up_out[] = {s.gate.data(), s.up.data()};
+    kernels::matmul_fused(gate_up, in, gate_up_out, pool);
+    for (std::size_t j = 0; j < n; ++j) {
+      if (c.desc->activation == arch::Activation::GeluTanh) {
+        kernels::gelu_tanh_mul(&s.gate[j * F], &s.up[j * F], F);
+      } else {
+        kernels::silu_mul(&s.gate[j * F], &s.up[j * F], F);
+      }
+    }
+    kernels::matmul(L.exp_down[e], s.gate.data(), n, s.down.data(), pool);
+    for (std::size_t j = 0; j < n; ++j) {
+      float* o = out + tokens[j].first * D;
+      const float w = tokens[j].second;
+      for (std::size_t i = 0; i < D; ++i) o[i] += w * s.down[j * D + i];
+    }
+  }
 }
 
 }  // namespace promptly

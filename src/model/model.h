@@ -1,7 +1,8 @@
 #pragma once
-// The llama-family transformer (llama, mistral, qwen2, ...). Weights are used in place from the
-// mapped GGUF file in their stored type; the forward pass reads like the math and leaves speed to the
-// kernels.
+// The decoder-only transformer of every architecture in model/arch/ (llama, mistral, mixtral, qwen2,
+// qwen3, qwen3moe, gemma2, gemma3, phi3): one layer loop, built from the architecture's description.
+// Weights are used in place from the mapped GGUF file in their stored type; the forward pass reads
+// like the math and leaves speed to the kernels.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -20,12 +21,22 @@
 namespace promptly {
 
 struct LayerWeights {
-  kernels::WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  // Fused files (phi3's attn_qkv, ffn_up with gate and up) are bound as views of their row ranges.
+  kernels::WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;  // w_gate/up/down: dense FFN only
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
-  const float* bq = nullptr;  // qwen2 QKV biases; null when absent
+  const float* bq = nullptr;  // QKV biases (qwen2); null when absent
   const float* bk = nullptr;
   const float* bv = nullptr;
+  const float* q_norm = nullptr;  // per-head RMSNorm weights (head_dim), qwen3 / gemma3
+  const float* k_norm = nullptr;
+  const float* post_attn_norm = nullptr;  // norms of the sublayers' outputs (gemma2 / gemma3)
+  const float* post_ffn_norm = nullptr;
+  // Mixture of experts: the router (n_expert rows) and each expert's matrices, views of the
+  // stacked ffn_{gate,up,down}_exps tensors.
+  kernels::WeightMatrix router;
+  std::vector<kernels::WeightMatrix> exp_gate, exp_up, exp_down;
+  bool local = false;  // sliding-window attention (see ModelConfig::layer_is_local)
 };
 
 class Model {
@@ -57,9 +68,13 @@ class Model {
   const float* output_norm_ = nullptr;
   std::vector<LayerWeights> layers_;
   std::vector<float> inv_freq_;  // n_rot / 2 rope speeds, with llama3 frequency factors applied
+  std::vector<float> inv_freq_local_;  // local layers' own speeds (gemma3); empty when they share inv_freq_
   HugePageBuffer repacked_;  // weights moved into kernel-friendly layouts
 
+  struct ForwardPass;  // one call's steps (model.cpp)
   void repack_for_kernels();
+  // out[t] = the layer's expert mixture for each of the T rows of xn (n_embd each).
+  void moe_ffn(const LayerWeights& L, const float* xn, std::size_t T, float* out, ThreadPool& pool) const;
 };
 
 }  // namespace promptly

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "chat/reasoning.h"
 #include "chat/tool_calls.h"
 #include "grammar/compile.h"
 #include "grammar/json_schema.h"
@@ -223,6 +224,7 @@ struct Choice {
   std::vector<EngineEvent> tokens;  // only kept when logprobs were asked for
   std::string tool_text;            // text with tool markers held as control tokens written back in
   std::optional<ToolCallParser> tool_parser;  // streaming with tools
+  std::optional<ReasoningSplitter> reasoning;  // streaming from a model that thinks (<think>...</think>)
   bool finished = false;
   bool counts_prompt = true;  // the first choice of its prompt (usage counts a prompt once)
   EngineEvent end;
@@ -263,6 +265,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::size_t n_finished_ = 0;
   bool sent_role_ = false;
   bool parse_tools_ = false;  // the model was offered tools: its output may hold calls
+  // The template writes <think> blocks (Qwen3): the answer's reasoning goes to reasoning_content;
+  // reasoning_opened_: the prompt itself opened the block. (Not with tools: their parser sees all.)
+  bool split_reasoning_ = false;
+  bool reasoning_opened_ = false;
   // Streaming output: chunks written one at a time, in order.
   struct Out {
     std::string data;
@@ -508,6 +514,8 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     // Templates usually write the BOS token themselves; never add a second one.
     const bool has_bos = !server_.bos_text.empty() && text.rfind(server_.bos_text, 0) == 0;
+    split_reasoning_ = !offer_tools && ReasoningSplitter::template_thinks(server_.chat_template->source());
+    reasoning_opened_ = split_reasoning_ && ReasoningSplitter::prompt_opens_reasoning(text);
     return server_.tokenizer.encode(text, !has_bos, /*parse_special=*/true);
   }
 
@@ -564,8 +572,12 @@ class Session : public std::enable_shared_from_this<Session> {
     n_finished_ = 0;
     sent_role_ = false;
     if (!chat) parse_tools_ = false;
+    if (!chat) split_reasoning_ = false;
     if (parse_tools_ && api_.stream) {
       for (Choice& c : choices_) c.tool_parser.emplace(tool_options());
+    }
+    if (split_reasoning_ && api_.stream) {
+      for (Choice& c : choices_) c.reasoning.emplace(reasoning_opened_);
     }
     generating_ = true;
     peer_gone_ = false;
@@ -653,6 +665,10 @@ class Session : public std::enable_shared_from_this<Session> {
         if (api_.stream && !peer_gone_) stream_tool_events(index, c.tool_parser->push(piece), logprob_event);
         return;
       }
+      if (c.reasoning) {
+        if (api_.stream && !peer_gone_) stream_reasoning(index, c.reasoning->push(e.text), logprob_event);
+        return;
+      }
       if (api_.stream && !peer_gone_ && (!e.text.empty() || logprob_event)) stream_piece(index, e.text, logprob_event);
       return;
     }
@@ -675,6 +691,10 @@ class Session : public std::enable_shared_from_this<Session> {
         for (ToolCallEvent& x : c.tool_parser->finish(natural_end)) events.push_back(std::move(x));
         stream_tool_events(index, events, nullptr);
         stream_finish(index, natural_end && c.tool_parser->calls() > 0 ? "tool_calls" : finish_reason_text(e.finish_reason));
+      } else if (c.reasoning) {
+        stream_reasoning(index, c.reasoning->push(e.text), nullptr);
+        stream_reasoning(index, c.reasoning->finish(), nullptr);
+        stream_finish(index, finish_reason_text(e.finish_reason));
       } else {
         if (!e.text.empty()) stream_piece(index, e.text, nullptr);
         stream_finish(index, finish_reason_text(e.finish_reason));
@@ -777,6 +797,11 @@ class Session : public std::enable_shared_from_this<Session> {
       std::string finish_reason = finish_reason_text(c.end.finish_reason);
       if (api_.chat) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        if (split_reasoning_) {
+          const ReasoningSplitter::Delta d = ReasoningSplitter::split(c.text, reasoning_opened_);
+          choice["message"]["content"] = d.content;
+          if (!d.reasoning.empty()) choice["message"]["reasoning_content"] = d.reasoning;
+        }
         if (parse_tools_) {
           const bool natural_end = c.end.finish_reason == FinishReason::Stop;
           const ParsedToolCalls parsed = parse_tool_calls(c.tool_text, tool_options(), natural_end);
@@ -910,6 +935,17 @@ class Session : public std::enable_shared_from_this<Session> {
     choice["finish_reason"] = nullptr;
     j["choices"] = json::array({choice});
     push_event(j);
+  }
+
+  // A thinking model's piece: reasoning as reasoning_content deltas, the answer as content; a token's
+  // log-probabilities ride on its first chunk, or on an empty one while a tag is held.
+  void stream_reasoning(std::size_t index, const ReasoningSplitter::Delta& d, const EngineEvent* logprob_event) {
+    bool sent = false;
+    if (!d.reasoning.empty()) {
+      stream_delta(index, json{{"reasoning_content", d.reasoning}}, logprob_event);
+      sent = true;
+    }
+    if (!d.content.empty() || (!sent && logprob_event)) stream_delta(index, json{{"content", d.content}}, sent ? nullptr : logprob_event);
   }
 
   void stream_piece(std::size_t index, const std::string& text, const EngineEvent* logprob_event) {

@@ -148,7 +148,7 @@ TEST(Model, ClearErrorsForModelsItCannotRun) {
   test::TempDir dir;
   const std::string base = make_synthetic(dir, "tiny");
   expect_load_error(rewrite(base, dir.file("arch.gguf"), {[](gguf::Writer& w) { w.set_string("general.architecture", "gpt9"); }, {}}),
-                    "unsupported architecture 'gpt9'; supported: llama, qwen2");
+                    "unsupported architecture 'gpt9'; supported: gemma2, gemma3, llama, phi3, qwen2, qwen3, qwen3moe");
   expect_load_error(rewrite(base, dir.file("missing.gguf"),
                             {{}, [](const gguf::TensorInfo& t, gguf::Writer&) { return t.name == "blk.1.ffn_up.weight"; }}),
                     "lacks tensor 'blk.1.ffn_up.weight'");
