@@ -124,7 +124,12 @@ class Scenario {
   std::size_t max_kv_budget() const { return max_kv_budget_; }
 
  private:
-  void note(const Engine& e) { max_kv_budget_ = std::max(max_kv_budget_, e.stats().kv_budget_bytes); }
+  // The KV budget, plus what a spool may hold in memory (its write queue and recycled buffers).
+  void note(const Engine& e) {
+    std::size_t bytes = e.stats().kv_budget_bytes;
+    if (const KvSpool* spool = e.spool()) bytes += spool->options().write_queue_bytes + 32 * spool->settings().block_bytes;
+    max_kv_budget_ = std::max(max_kv_budget_, bytes);
+  }
   std::size_t max_kv_budget_ = 0;
   const Model& model_;
   const BenchEngineOptions& o_;
@@ -517,6 +522,7 @@ json Scenario::spool() {
     std::uint64_t hit_tokens = 0;
     {
       Engine engine(model_, nullptr, options(d, 0));
+      note(engine);
       Client client;
       cold_ms = one(engine, client, prompt, 1).end.times.ttft_seconds() * 1000;
       engine.flush_spool(SteadyClock::now() + std::chrono::seconds(60));
@@ -594,6 +600,7 @@ json Scenario::spool() {
   for (int round = 0; round < std::max(1, o_.rounds); ++round) {
     for (const bool with_spool : {false, true}) {
       Engine engine(model_, nullptr, options(with_spool ? fresh_dir("streams") : "", kv_memory));
+      note(engine);
       Client client;
       std::vector<std::uint64_t> streams;
       for (int i = 0; i < 4; ++i) {
@@ -749,7 +756,7 @@ int bench_engine(const BenchEngineOptions& o) {
     }
   }
   std::printf("| memory | KV bytes per token (%s) | %zu |\n", o.engine.kv_type.c_str(), per_token);
-  std::printf("| memory | peak RSS / bound (file x 1.15 + KV budget %.0f MB + 200 MB) | %.0f / %.0f MB |\n",
+  std::printf("| memory | peak RSS / bound (file x 1.15 + KV budget (and spool buffers) %.0f MB + 200 MB) | %.0f / %.0f MB |\n",
               static_cast<double>(scenario.max_kv_budget()) / 1e6, rss, memory["peak_rss_bound_mb"].get<double>());
   return 0;
 }
