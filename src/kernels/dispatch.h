@@ -142,6 +142,8 @@ struct KernelTable {
   bool x16_reads_activation_blocks_only;
   // gate[i] = silu(gate[i]) * up[i].
   void (*silu_mul)(float* gate, const float* up, std::size_t n);
+  // gate[i] = gelu_tanh(gate[i]) * up[i] (Gemma's GeGLU).
+  void (*gelu_tanh_mul)(float* gate, const float* up, std::size_t n);
   // Runs `rounds` x 12 independent 512-bit VNNI instructions (64 int8 multiply-adds each) on
   // registers and returns a checksum: the core's int8 throughput with no memory traffic, which
   // `bench model` reports beside the nominal peak. Null on paths without VNNI.
@@ -165,6 +167,9 @@ void attention_tile_each(const float* const* q, const std::size_t* n_ctx, std::s
 // The scalar reference of the interleaved layout, shared by paths without a kernel of their own.
 // silu(g) * u as g / (1 + exp(-g)) * u with the C library's exp.
 void silu_mul_reference(float* gate, const float* up, std::size_t n);
+// gelu_tanh(g) * u = 0.5 g (1 + tanh(a)) * u, a = sqrt(2/pi) (g + 0.044715 g^3), computed as
+// g * sigmoid(2a) * u with the C library's exp.
+void gelu_tanh_mul_reference(float* gate, const float* up, std::size_t n);
 void gemm_q4_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                              std::size_t n_tokens, float* y, std::size_t ldy);
 void gemm_q4_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,

@@ -54,7 +54,8 @@ const KernelTable& avx2_kernels() {
                                  avx2::gemm_f16, avx2::gemm_f32,      avx2::Isa::dot_f32, avx2::attention,
                                  gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
                                  gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, avx2::gemm_dequant,
-                                 attention_tile_each<avx2::attention>, false, false, silu_mul_reference, nullptr};
+                                 attention_tile_each<avx2::attention>, false, false, silu_mul_reference,
+                                 gelu_tanh_mul_reference, nullptr};
   return table;
 }
 

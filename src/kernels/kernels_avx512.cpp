@@ -886,6 +886,26 @@ void silu_mul(float* gate, const float* up, std::size_t n) {
   }
 }
 
+// gelu_tanh(g) * u, 16 at a time. 0.5 (1 + tanh(a)) = sigmoid(2a), so gelu_tanh(g) = g * sigmoid(z)
+// with z = 2 sqrt(2/pi) (g + 0.044715 g^3): silu_mul's sigmoid at z instead of g. The C library's
+// tanh, one value at a time, was a third of Gemma's prompt time (perf: __expm1f 23%, __tanhf 6%,
+// the loop 5% of a gemma3-1b prefill). Within a few ulp of gelu_tanh_mul_reference.
+void gelu_tanh_mul(float* gate, const float* up, std::size_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+  const __m512 two_c = _mm512_set1_ps(2.0f * 0.7978845608028654f), cubic = _mm512_set1_ps(0.044715f);
+  for (std::size_t i = 0; i < n; i += 16) {
+    const __mmask16 live = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 g = _mm512_maskz_loadu_ps(live, gate + i);
+    const __m512 z = _mm512_mul_ps(two_c, _mm512_fmadd_ps(_mm512_mul_ps(cubic, g), _mm512_mul_ps(g, g), g));
+    const __m512 magnitude = _mm512_abs_ps(z);
+    const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(magnitude, _mm512_set1_ps(87.0f), _CMP_LE_OQ),
+                                         exp512(_mm512_sub_ps(zero, magnitude)));
+    const __m512 inv = _mm512_div_ps(one, _mm512_add_ps(one, e));
+    const __m512 sigmoid = _mm512_mask_mul_ps(inv, _mm512_cmp_ps_mask(z, zero, _CMP_LT_OQ), e, inv);
+    _mm512_mask_storeu_ps(gate + i, live, _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), _mm512_maskz_loadu_ps(live, up + i)));
+  }
+}
+
 // Calls kernel.template operator()<T>() with the cache's element type as a template argument.
 template <typename Kernel>
 void with_kv_type(DType kv_type, Kernel&& kernel) {
@@ -950,7 +970,7 @@ const KernelTable& avx512_kernels() {
                                  avx512::x16_driver<kQ8_0GroupBytes, 32, 12, avx512::GroupTiles<true>::Single, 8, avx512::GroupTiles<true>::Pair>,
                                  avx512::x16_driver<kQ4KGroupBytes, kQK_K, 12, avx512::Q4_KTile>,
                                  avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Q6_KTile>, avx512::gemm_dequant,
-                                 avx512::attention_tile, false, true, avx512::silu_mul,
+                                 avx512::attention_tile, false, true, avx512::silu_mul, avx512::gelu_tanh_mul,
                                  avx512::int8_throughput_probe};
   return table;
 }

@@ -181,6 +181,17 @@ void gemm_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0,
 
 }  // namespace
 
+// As x * sigmoid(2a) (= 0.5 x (1 + tanh(a))): 1 + tanh(a) loses every bit to cancellation where
+// tanh(a) nears -1 (a gate of -5 or below), the sigmoid form none.
+void gelu_tanh_mul_reference(float* gate, const float* up, std::size_t n) {
+  constexpr float kTwoSqrt2OverPi = 2.0f * 0.7978845608028654f;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    const float z = kTwoSqrt2OverPi * (x + 0.044715f * x * x * x);
+    gate[i] = x / (1.0f + std::exp(-z)) * up[i];
+  }
+}
+
 void silu_mul_reference(float* gate, const float* up, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) {
     const float g = gate[i];
@@ -275,7 +286,8 @@ const KernelTable& scalar_kernels() {
   static const KernelTable table{"scalar", quantize_activations, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32, attention,
                                  gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
                                  gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, gemm_dequant,
-                                 attention_tile_each<attention>, false, false, silu_mul_reference, nullptr};
+                                 attention_tile_each<attention>, false, false, silu_mul_reference,
+                                 gelu_tanh_mul_reference, nullptr};
   return table;
 }
 

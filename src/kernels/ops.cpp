@@ -18,13 +18,7 @@ void rmsnorm(const float* x, const float* weight, std::size_t n, float eps, floa
   for (std::size_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 
-void gelu_tanh_mul(float* gate, const float* up, std::size_t n) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float x = gate[i];
-    gate[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x))) * up[i];
-  }
-}
+void gelu_tanh_mul(float* gate, const float* up, std::size_t n) { kernel_table(active_isa()).gelu_tanh_mul(gate, up, n); }
 
 namespace {
 

@@ -164,6 +164,34 @@ TEST(Dispatch, SiluMulMatchesReference) {
   }
 }
 
+TEST(Dispatch, GeluTanhMulMatchesReference) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (Isa isa : fast_paths()) {
+    for (std::size_t n : {1u, 15u, 16u, 17u, 33u, 6912u}) {
+      std::vector<float> gate(n), up(n);
+      for (float& v : gate) v = dist(rng);
+      for (float& v : up) v = dist(rng);
+      const float extremes[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 5.0f, -5.0f, 12.0f, -12.0f, 100.0f, -100.0f, 1e10f, -1e10f};
+      for (std::size_t i = 0; i < std::size(extremes) && i < n; ++i) gate[i] = extremes[i];
+      std::vector<float> got = gate, want = gate;
+      kernel_table(isa).gelu_tanh_mul(got.data(), up.data(), n);
+      gelu_tanh_mul_reference(want.data(), up.data(), n);
+      for (std::size_t i = 0; i < n; ++i) {
+        // z = 2a is rounded a few times (the kernel fuses a multiply-add), each rounding moving
+        // sigmoid(z) by up to |z| ulp where z is negative.
+        const double g = gate[i], a = 0.7978845608028654 * (g + 0.044715 * g * g * g);
+        const double slack = 4e-7 * (1.0 + std::min(std::fabs(2.0 * a), 1e3));
+        ASSERT_NEAR(got[i], want[i], slack * std::fabs(want[i]) + 1e-30) << isa_name(isa) << " n " << n << " gate " << gate[i];
+        // And both are GELU-tanh's definition, in double (as g sigmoid(2a): 1 + tanh(a) cancels
+        // even in double for gates below about -7).
+        const double exact = g / (1.0 + std::exp(-2.0 * a)) * up[i];
+        ASSERT_NEAR(got[i], exact, 2 * slack * std::fabs(exact) + 1e-30) << isa_name(isa) << " gate " << gate[i];
+      }
+    }
+  }
+}
+
 // No accuracy regression: the trained model's greedy reference holds on every path.
 TEST(Dispatch, StoriesGreedyReferenceOnEveryPath) {
   IsaGuard guard;
