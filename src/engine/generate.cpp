@@ -14,15 +14,6 @@ namespace promptly {
 
 namespace {
 
-const std::vector<ChainHash>& extend_chain(std::vector<ChainHash>& chain, std::span<const std::int32_t> tokens, std::size_t bt,
-                                           std::size_t n_blocks) {
-  while (chain.size() < n_blocks) {
-    const std::size_t i = chain.size();
-    chain.push_back(chain_hash(i == 0 ? 0 : chain[i - 1], tokens.subspan(i * bt, bt)));
-  }
-  return chain;
-}
-
 // Reads the longest spooled prefix of the prompt (whole blocks, never its last token) into the
 // sequence's blocks; returns how many tokens it covers.
 std::size_t read_spooled_prefix(KvSpool& spool, const std::vector<std::int32_t>& prompt, KvCache& cache, int seq,

@@ -28,12 +28,7 @@ void Scheduler::add(std::unique_ptr<Sequence> seq) {
 }
 
 const std::vector<ChainHash>& Scheduler::chain_of(Sequence& s, std::size_t n_blocks) {
-  const std::size_t bt = cache_.block_tokens();
-  n_blocks = std::min(n_blocks, s.tokens.size() / bt);
-  while (s.chain.size() < n_blocks) {
-    const std::size_t i = s.chain.size();
-    s.chain.push_back(chain_hash(i == 0 ? 0 : s.chain[i - 1], std::span<const std::int32_t>(s.tokens).subspan(i * bt, bt)));
-  }
+  extend_chain(s.chain, s.tokens, cache_.block_tokens(), n_blocks);
   return s.chain;
 }
 
@@ -49,8 +44,9 @@ void Scheduler::start_spool_reads(Sequence& s) {
   const std::size_t ram = tree_.cached_length(tokens.first(n_full * bt)) / bt;
   if (ram >= n_full) return;
   const std::vector<ChainHash>& chain = chain_of(s, n_full);
-  std::size_t n = 0;
-  while (ram + n < n_full && (reads_.count(chain[ram + n]) > 0 || spool_->present_run(chain, ram + n) > 0)) ++n;
+  // Blocks being read for other requests are in the spool's index too (a failed read drops its
+  // block, which ends the run there).
+  const std::size_t n = spool_->present_run(chain, ram);
   if (n == 0) return;
   auto wait = std::make_unique<Sequence::SpoolWait>();
   tree_.match(s.tokens, wait->held, ram * bt, /*count=*/false);

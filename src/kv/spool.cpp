@@ -124,6 +124,14 @@ ChainHash chain_hash(ChainHash parent, std::span<const std::int32_t> tokens) {
   return h == 0 ? 1 : h;
 }
 
+void extend_chain(std::vector<ChainHash>& chain, std::span<const std::int32_t> tokens, std::size_t block_tokens, std::size_t n_blocks) {
+  n_blocks = std::min(n_blocks, tokens.size() / block_tokens);
+  while (chain.size() < n_blocks) {
+    const std::size_t i = chain.size();
+    chain.push_back(chain_hash(i == 0 ? 0 : chain[i - 1], tokens.subspan(i * block_tokens, block_tokens)));
+  }
+}
+
 SpoolSettings SpoolSettings::of(std::uint64_t model_fingerprint, const BlockPool& pool, std::size_t n_layers) {
   SpoolSettings s;
   s.model_fingerprint = model_fingerprint;

@@ -47,6 +47,9 @@ using ChainHash = std::uint64_t;
 // The chain hash of a block holding `tokens` after the prefix whose chain hash is `parent` (0 for
 // the first block).
 ChainHash chain_hash(ChainHash parent, std::span<const std::int32_t> tokens);
+// Extends `chain` (the chain hashes of the first chain.size() blocks of `tokens`) to n_blocks
+// blocks of block_tokens each, or as many whole blocks as `tokens` holds.
+void extend_chain(std::vector<ChainHash>& chain, std::span<const std::int32_t> tokens, std::size_t block_tokens, std::size_t n_blocks);
 
 // What a block's bytes depend on besides its tokens. Blocks written under other settings are
 // never used.
