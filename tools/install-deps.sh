@@ -8,6 +8,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libboost-dev
   chromium  # the web UI's browser test (tests/e2e/webui.test.mjs) drives it headless
   haproxy   # tools/cluster.sh and the cluster test (tests/e2e/cluster.test.mjs): replicas behind it
+  libopenmpi-dev openmpi-bin  # tensor parallelism (--tp under mpirun) and its test
 )
 missing=()
 for p in "${packages[@]}"; do

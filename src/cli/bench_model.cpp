@@ -93,10 +93,12 @@ double measure_int8_tops(ThreadPool& pool) {
 
 int bench_model(const BenchModelOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_thread_count();
-  ThreadPool pool(threads);
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
-  Model model(file);
-  const ModelConfig& c = model.config();
+  const auto tp = join_tensor_parallel(o.tp);
+  Model model(file, tp);
+  if (tp && tp->rank() != 0) return follow_rank0(model, threads);
+  ThreadPool pool(threads);
+  const ModelConfig& c = model.full_config();
 
   // Bytes a decode step reads: every matrix once (the embedding table only one row, ignored); of a
   // mixture of experts' stacked tensors only the expert_used_count experts a token is routed to.
@@ -178,7 +180,7 @@ int bench_model(const BenchModelOptions& o) {
   nlohmann::json j = {
       {"model", o.model}, {"type", type}, {"file_mb", file_mb}, {"params_m", static_cast<double>(params) / 1e6},
       {"active_params_m", static_cast<double>(active_params) / 1e6},
-      {"threads", threads}, {"isa", kernels::isa_name(kernels::active_isa())}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"depth", o.depth},
+      {"threads", threads}, {"tp", o.tp}, {"isa", kernels::isa_name(kernels::active_isa())}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"depth", o.depth},
       {"repetitions", o.repetitions}, {"pp_tps", {{"mean", pp.mean}, {"stddev", pp.stddev}, {"median", pp.median}}},
       {"tg_tps", {{"mean", tg.mean}, {"stddev", tg.stddev}, {"median", tg.median}}},
       {"read_bandwidth_gbs", bandwidth}, {"weight_bytes_per_token", weight_bytes}, {"tg_floor_tps", tg_floor},
@@ -196,6 +198,7 @@ int bench_model(const BenchModelOptions& o) {
   std::printf("| %s | %s | %.0f | %d | %s | %.1f ± %.1f | %.1f ± %.1f | %.1f | %.1f | %.0f%% | %.1f%% | %.0f |\n", o.model.c_str(),
               type.c_str(), file_mb, threads, kernels::isa_name(kernels::active_isa()), pp.mean, pp.stddev, tg.mean, tg.stddev, bandwidth,
               tg_floor, 100.0 * tg.median / tg_floor, 100.0 * pp_ops / int8_peak, rss);
+  if (tp) std::printf("\ntensor parallel: %d ranks of %d threads each\n", o.tp, threads);
   if (c.is_moe()) {
     std::printf("\nmixture of experts: %u of %u experts per token; %.1f M of %.1f M parameters active per token (the floor counts those)\n",
                 c.n_expert_used, c.n_expert, static_cast<double>(active_params) / 1e6, static_cast<double>(params) / 1e6);

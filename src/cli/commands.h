@@ -29,6 +29,12 @@ std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Voca
 // model, when there is one, is loaded into `draft_model`.
 void apply_spec_flags(const SpecFlags& flags, const Vocab& target_vocab, EngineOptions& engine, std::unique_ptr<Model>& draft_model);
 
+// Tensor parallelism (--tp R, under mpirun -n R): joins the MPI world; null for R = 1. Throws Error
+// for R < 1 or a world of another size.
+std::shared_ptr<parallel::Communicator> join_tensor_parallel(int ranks);
+// Ranks other than 0 of a tensor-parallel command: compute rank 0's forward passes until it is done.
+int follow_rank0(const Model& model, int threads);
+
 struct RunOptions {
   std::string model;  // empty: the built-in model
   std::string prompt;
@@ -40,6 +46,7 @@ struct RunOptions {
   bool parse_special = false;
   std::string kv_type = "f32";
   SpecFlags spec;
+  int tp = 1;            // tensor-parallel ranks (started by mpirun -n tp)
   std::string kv_spool;  // the KV spool's directory (empty: none)
   std::string kv_spool_size = "10%";
   std::string json_schema;  // output constrained to this JSON Schema (a file), or
@@ -133,6 +140,7 @@ struct BenchModelOptions {
   int repetitions = 5;
   int threads = 0;
   double int8_peak_tops = 1.9;  // this machine's int8 VNNI peak (2 cores), the prefill reference
+  int tp = 1;                   // tensor-parallel ranks (started by mpirun -n tp)
   bool json = false;
 };
 int bench_model(const BenchModelOptions& o);
@@ -241,6 +249,7 @@ struct ServeOptions {
   SpecFlags spec;
   std::size_t spec_max_streams = 2;
   bool no_webui = false;
+  int tp = 1;  // tensor-parallel ranks (started by mpirun -n tp)
 };
 int serve(const ServeOptions& o);
 // serve's KV spool when --kv-spool is not given: $XDG_CACHE_HOME/promptly/kv-spool, else

@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "kernels/cpu.h"
+#include "parallel/communicator.h"
 #include "util/error.h"
 
 using namespace promptly;
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--special", run.parse_special, "Parse control tokens written in the prompt");
   run_cmd->add_flag("--json", run.json, "Print one JSON object with ids, text and timings instead of streaming");
   add_spec_flags(run_cmd, run.spec);
+  run_cmd->add_option("--tp", run.tp, "Tensor-parallel ranks: run under mpirun -n R, each rank holding 1/R of every layer")->capture_default_str();
 
   cli::InfoOptions info;
   auto* info_cmd = app.add_subcommand("info", "Describe a GGUF model: architecture, shape, tensor types, tokenizer");
@@ -159,6 +161,7 @@ int main(int argc, char** argv) {
   bmod_cmd->add_option("-r,--repetitions", bmod.repetitions, "Repetitions")->capture_default_str();
   bmod_cmd->add_option("-t,--threads", bmod.threads, "Threads (default: all cores)");
   bmod_cmd->add_option("--int8-peak-tops", bmod.int8_peak_tops, "int8 peak of this machine, for the prefill fraction")->capture_default_str();
+  bmod_cmd->add_option("--tp", bmod.tp, "Tensor-parallel ranks: run under mpirun -n R (each rank gets --threads threads)")->capture_default_str();
   bmod_cmd->add_flag("--json", bmod.json, "Print JSON");
 
   cli::BenchSpecOptions bspec;
@@ -252,6 +255,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   serve_cmd->add_option("--port", srv.port, "Port (0: any free port)")->capture_default_str();
   add_engine_flags(serve_cmd, srv.engine);
+  serve_cmd->add_option("--tp", srv.tp,
+                        "Tensor-parallel ranks: run under mpirun -n R; rank 0 serves HTTP and schedules, every rank holds 1/R of each layer "
+                        "(and of the KV cache)")
+      ->capture_default_str();
   serve_cmd->add_option("-c,--ctx-size", srv.ctx_size, "Context per request (default: the model's)");
   serve_cmd->add_option("--max-running", srv.max_running, "Requests computed at once")->capture_default_str();
   serve_cmd->add_option("--max-queue", srv.max_queue, "Waiting requests beyond this get 429")->capture_default_str();
@@ -292,11 +299,9 @@ int main(int argc, char** argv) {
     if (*beng_cmd) return cli::bench_engine(beng);
     if (*bsrv_cmd) return cli::bench_serve(bsrv);
     if (*serve_cmd) return cli::serve(srv);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    parallel::abort_world(1);  // with --tp: the other ranks must not wait for this one
     return 1;
   }
   return 0;

@@ -24,11 +24,16 @@ std::string default_kv_spool_dir() {
 
 int serve(const ServeOptions& o) {
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
-  Model model(file);
+  const auto tp = join_tensor_parallel(o.tp);
+  Model model(file, tp);
+  if (tp && tp->rank() != 0) return follow_rank0(model, o.engine.threads);
   Tokenizer tokenizer(Vocab::from_gguf(*file));
 
   EngineFlags flags = o.engine;
-  if (flags.kv_spool.empty()) flags.kv_spool = default_kv_spool_dir();  // on by default: README, KV spool
+  // On by default (README, KV spool); not yet under tensor parallelism, where each rank holds only
+  // its heads' part of a block.
+  if (flags.kv_spool.empty() && !tp) flags.kv_spool = default_kv_spool_dir();
+  if (tp && !flags.kv_spool.empty() && flags.kv_spool != "none") throw Error("--kv-spool does not work with --tp yet (each rank holds only its heads' KV)");
   EngineOptions eo = flags.to_options();
   eo.ctx_size = o.ctx_size;
   eo.max_running = o.max_running;

@@ -99,7 +99,9 @@ KvCache make_engine_cache(const Model& model, const EngineOptions& o, std::size_
 }
 
 std::unique_ptr<KvSpool> make_spool(const Model& model, const EngineOptions& o, const KvCache& cache) {
-  if (o.kv_spool_dir.empty()) return nullptr;
+  // Under tensor parallelism each rank holds its own heads' part of every block: a spool would need
+  // all of them (not done yet), so it stays off.
+  if (o.kv_spool_dir.empty() || model.tensor_parallel()) return nullptr;
   SpoolOptions so;
   so.dir = o.kv_spool_dir;
   so.max_bytes = o.kv_spool_bytes;
@@ -170,6 +172,7 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, EngineOptions opt
                                           options.shortest_prefill_first}),
       mask_worker_(grammar::MaskWorker::spare_core(pool_.size())) {
   if (options_.max_batch_tokens == 0) throw Error("--max-batch-tokens must be at least 1");
+  if (model_.tensor_parallel()) cache_.pool().log_copies(true);  // the other ranks repeat them (Model::forward)
   if (tokenizer_) eog_ids_ = tokenizer_->vocab().end_of_generation_ids();
   if (options_.spec == EngineOptions::Spec::Ngram) ngram_ = std::make_unique<spec::NgramProposer>(options_.spec_ngram);
   if (options_.spec == EngineOptions::Spec::Draft && !options_.draft) throw Error("speculation with a draft model needs the draft model");

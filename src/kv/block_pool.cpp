@@ -99,6 +99,7 @@ void BlockPool::release(int block) {
 
 void BlockPool::copy_rows(int from, int to, std::size_t n_rows) {
   if (n_rows > block_tokens_) throw Error("internal: copying more rows than a KV block holds");
+  if (log_copies_) copies_.push_back({from, to, n_rows});
   for (std::size_t layer = 0; layer < n_layers_; ++layer) {
     for (std::size_t e = 0; e < kv_dim_; e += segment_dim_) {
       const std::size_t at = offset_of(0, e);

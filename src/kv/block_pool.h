@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensor/dtype.h"
@@ -48,6 +49,15 @@ class BlockPool {
   int refs(int block) const { return refs_[static_cast<std::size_t>(block)]; }
   // Copies the first n_rows positions (K and V, every layer, every head) of block `from` into block `to`.
   void copy_rows(int from, int to, std::size_t n_rows);
+
+  // Tensor parallelism: the other ranks hold their own slices of the same blocks and must repeat
+  // every copy before the next forward pass, so rank 0's pool keeps a log of them (off by default).
+  struct RowCopy {
+    int from, to;
+    std::size_t n_rows;
+  };
+  void log_copies(bool on) { log_copies_ = on; }
+  std::vector<RowCopy> take_copies() { return std::exchange(copies_, {}); }
 
   std::size_t n_blocks() const { return refs_.size(); }
   std::size_t n_free() const { return free_.size(); }
@@ -99,6 +109,8 @@ class BlockPool {
   std::size_t row_bytes_, segment_dim_, segment_bytes_;
   HugePageBuffer storage_;
   std::vector<int> refs_;
+  bool log_copies_ = false;
+  std::vector<RowCopy> copies_;
   std::vector<int> free_;  // a stack: the most recently freed block (warm in cache) is reused first
 };
 

@@ -57,6 +57,14 @@ void KvCache::adopt(int seq, const std::vector<int>& blocks, std::size_t length)
   s.length = length;
 }
 
+void KvCache::mirror(int seq, std::vector<int> blocks, std::size_t length) {
+  for (int b : blocks) {
+    if (b < 0 || static_cast<std::size_t>(b) >= pool_.n_blocks()) throw Error("tensor parallelism: rank 0 named KV block " + std::to_string(b) + " of " + std::to_string(pool_.n_blocks()));
+  }
+  if (length > blocks.size() * pool_.block_tokens()) throw Error("internal: mirrored KV blocks are shorter than their length");
+  seqs_[seq] = Sequence{std::move(blocks), length};
+}
+
 const std::vector<int>& KvCache::blocks(int seq) const {
   static const std::vector<int> kNone;
   auto it = seqs_.find(seq);

@@ -48,6 +48,11 @@ class KvCache {
   void set_length(int seq, std::size_t length);
   // Frees the sequence's blocks.
   void erase(int seq);
+  // Tensor parallelism's other ranks: `seq` gets exactly this block table and length, as rank 0
+  // decided them (no references are taken: rank 0's pool does the bookkeeping for all ranks), and
+  // forget drops the table again after the step.
+  void mirror(int seq, std::vector<int> blocks, std::size_t length);
+  void forget(int seq) { seqs_.erase(seq); }
 
   std::size_t kv_dim() const { return pool_.kv_dim(); }
   KvType type() const { return pool_.type(); }

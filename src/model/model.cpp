@@ -169,8 +169,10 @@ std::vector<float> rope_speeds(std::uint32_t n_rot, double base, double scale, c
 
 }  // namespace
 
-Model::Model(std::shared_ptr<const gguf::File> file) : file_(std::move(file)), config_(ModelConfig::from_gguf(*file_)) {
-  ModelConfig& c = config_;
+Model::Model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::Communicator> tp)
+    : file_(std::move(file)), full_config_(ModelConfig::from_gguf(*file_)), tp_(std::move(tp)) {
+  if (tp_ && tp_->size() == 1) tp_.reset();
+  ModelConfig& c = full_config_;
   const gguf::TensorInfo* embd = file_->find_tensor("token_embd.weight");
   if (!embd) throw Error("model '" + file_->path() + "' lacks tensor 'token_embd.weight'");
   if (embd->dims.size() != 2) throw Error("model '" + file_->path() + "': token_embd.weight must be 2-D");
@@ -192,7 +194,26 @@ Model::Model(std::shared_ptr<const gguf::File> file) : file_(std::move(file)), c
   layers_.reserve(c.n_layer);
   for (std::uint32_t i = 0; i < c.n_layer; ++i) layers_.push_back(load_layer(c, load, i));
 
+  config_ = c;
+  vocab_part_ = {0, c.n_vocab};
+  if (tp_ && !layers_.empty()) {
+    const int rank = tp_->rank(), ranks = tp_->size();
+    tensor_parallel::check_splittable(c, layers_.front(), ranks);
+    for (LayerWeights& l : layers_) tensor_parallel::shard_layer(l, c, rank, ranks, owned_slices_, *file_);
+    vocab_part_ = tensor_parallel::part_of(c.n_vocab, rank, ranks);
+    output_ = {output_.type, output_.row(vocab_part_.first), vocab_part_.size(), output_.cols, output_.layout};
+    config_ = tensor_parallel::local_config(c, ranks);
+  }
+
   repack_for_kernels();
+  if (!owned_slices_.empty()) {  // the column slices that moved into the repacked buffer are copies no longer read
+    std::vector<const std::uint8_t*> in_use;
+    for (const LayerWeights& l : layers_) {
+      in_use.push_back(l.wo.data), in_use.push_back(l.w_down.data);
+      for (const kernels::WeightMatrix& m : l.exp_down) in_use.push_back(m.data);
+    }
+    std::erase_if(owned_slices_, [&](const auto& slice) { return std::find(in_use.begin(), in_use.end(), slice.get()) == in_use.end(); });
+  }
 
   // Per-pair frequency divisors: Llama 3's rope_freqs, or LongRoPE's (Phi-3 128k, Phi-3.5) short
   // factors, those of contexts up to rope.scaling.original_context_length (the long ones, for longer
@@ -305,6 +326,7 @@ void plan_attention_tiles(const Batch& batch, std::size_t n_head_kv, std::size_t
 struct Scratch {
   std::vector<float> x, xn, q, k, v, attn, tmp, gate, up, rope_cos, rope_sin, rope_cos_local, rope_sin_local;
   kernels::ActivationBuffers attn_act, ffn_act, down_act;  // the quantized inputs of q/k/v, gate/up and down
+  std::vector<float> rank_logits;  // tensor-parallel: this rank's vocabulary rows
   std::vector<AttentionTile> tiles;
   std::vector<std::pair<std::size_t, std::size_t>> tile_queries;  // (token, head)
   std::unordered_map<int, std::pair<std::vector<const void*>, std::vector<const void*>>> tables;  // block tables per sequence
@@ -355,6 +377,7 @@ struct Model::ForwardPass {
       if (batch.positions[t] < 0) throw Error("negative position in batch");
       cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.positions[t]) + 1);
     }
+    if (m.tp_ && m.tp_->rank() == 0) m.send_step(batch, cache);
     const std::size_t local_rope = m.inv_freq_local_.empty() ? 0 : T * R;
     for (auto [buf, n] : {std::pair{&s.x, T * D}, {&s.xn, T * D}, {&s.q, T * QD}, {&s.k, T * KVD}, {&s.v, T * KVD},
                           {&s.attn, T * QD}, {&s.tmp, T * D}, {&s.gate, c.is_moe() ? 0 : T * F}, {&s.up, c.is_moe() ? 0 : T * F},
@@ -415,6 +438,7 @@ struct Model::ForwardPass {
     });
     attend(il, L.local ? c.sliding_window : 0);
     kernels::matmul(L.wo, s.attn.data(), T, s.tmp.data(), pool);
+    if (m.tp_) m.tp_->all_reduce_sum(s.tmp.data(), T * D);  // each rank's heads' share of the output
   }
 
   // Causal attention: token t sees positions [0, pos_t] of its own sequence (on a local layer the
@@ -490,6 +514,7 @@ struct Model::ForwardPass {
     });
     if (c.is_moe()) {
       m.moe_ffn(L, s.xn.data(), T, s.tmp.data(), pool);
+      if (m.tp_) m.tp_->all_reduce_sum(s.tmp.data(), T * D);
       return;
     }
     if (quantize_ffn_in) ffn_in.end_quantize(pool);
@@ -509,6 +534,7 @@ struct Model::ForwardPass {
     });
     if (quantize_down_in) down_in.end_quantize(pool);
     kernels::matmul(L.w_down, down_in, s.tmp.data(), pool);
+    if (m.tp_) m.tp_->all_reduce_sum(s.tmp.data(), T * D);  // each rank's FFN columns' share
   }
 
   // The last FFN output joins the stream; the sequences' lengths move on; the rows that want logits
@@ -523,16 +549,25 @@ struct Model::ForwardPass {
     for (std::size_t t = 0; t < T; ++t) {
       if (batch.want_logits[t]) kernels::rmsnorm(&s.x[t * D], m.output_norm_, D, c.rms_eps, &s.xn[n_out++ * D]);
     }
-    logits.resize(n_out * c.n_vocab);
-    if (n_out) kernels::matmul(m.output_, s.xn.data(), n_out, logits.data(), pool);
+    // Tensor-parallel: this rank's vocabulary rows, gathered on rank 0 (whose logits the caller reads).
+    std::vector<float>& out = m.tp_ ? s.rank_logits : logits;
+    out.resize(n_out * m.vocab_part_.size());
+    if (n_out) kernels::matmul(m.output_, s.xn.data(), n_out, out.data(), pool);
     if (c.final_softcap > 0.0f) {
-      for (float& l : logits) l = c.final_softcap * std::tanh(l / c.final_softcap);
+      for (float& l : out) l = c.final_softcap * std::tanh(l / c.final_softcap);
     }
+    if (m.tp_ && n_out) m.gather_logits(s.rank_logits, n_out, logits);
   }
 };
 
 bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
                     const std::function<bool(std::size_t layer)>& stop_before) const {
+  if (tp_ && tp_->rank() != 0) throw Error("internal: a tensor-parallel rank other than 0 runs the passes rank 0 sends (follow_steps)");
+  return run_pass(batch, cache, pool, logits, tp_ ? nullptr : stop_before);
+}
+
+bool Model::run_pass(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
+                     const std::function<bool(std::size_t layer)>& stop_before) const {
   logits.clear();
   if (batch.size() == 0) return true;
   thread_local Scratch scratch;
@@ -545,6 +580,103 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
   }
   pass.finish(logits);
   return true;
+}
+
+Model::~Model() {
+  if (!tp_ || tp_->rank() != 0) return;
+  try {  // the other ranks return from follow_steps
+    tensor_parallel::Step stop;
+    stop.command = tensor_parallel::Step::Command::Stop;
+    std::vector<std::int64_t> words = stop.encode();
+    std::int64_t n = static_cast<std::int64_t>(words.size());
+    tp_->broadcast(&n, sizeof n);
+    tp_->broadcast(words.data(), words.size() * sizeof(std::int64_t));
+  } catch (const std::exception&) {
+    // The group failed already; the other ranks are gone or will be stopped by mpirun.
+  }
+}
+
+void Model::send_step(const Batch& batch, KvCache& cache) const {
+  tensor_parallel::Step step;
+  const BlockPool& kv = cache.pool();
+  step.cache_id = reinterpret_cast<std::uintptr_t>(&cache);
+  step.n_blocks = static_cast<std::int64_t>(kv.n_blocks());
+  step.max_positions = static_cast<std::int64_t>(cache.max_positions());
+  step.kv_type = static_cast<std::int64_t>(kv.type());
+  step.block_tokens = static_cast<std::int64_t>(kv.block_tokens());
+  step.segment_dim = static_cast<std::int64_t>(kv.segment_dim() == kv.kv_dim() ? 0 : kv.segment_dim());
+  step.batch = batch;
+  for (std::size_t t = 0; t < batch.size(); ++t) {
+    const int seq = batch.seq_ids[t];
+    if (std::none_of(step.sequences.begin(), step.sequences.end(), [&](const auto& s) { return s.seq == seq; })) {
+      step.sequences.push_back({seq, cache.length(seq), cache.blocks(seq)});
+    }
+  }
+  step.copies = cache.pool().take_copies();
+  const std::vector<std::int64_t> words = step.encode();
+  std::int64_t n = static_cast<std::int64_t>(words.size());
+  tp_->broadcast(&n, sizeof n);
+  tp_->broadcast(const_cast<std::int64_t*>(words.data()), words.size() * sizeof(std::int64_t));
+}
+
+void Model::gather_logits(const std::vector<float>& rank_logits, std::size_t n_out, std::vector<float>& logits) const {
+  thread_local std::vector<float> gathered;
+  const int ranks = tp_->size();
+  std::vector<std::size_t> counts(static_cast<std::size_t>(ranks)), offsets(static_cast<std::size_t>(ranks));
+  std::size_t total = 0;
+  for (int r = 0; r < ranks; ++r) {
+    counts[static_cast<std::size_t>(r)] = n_out * tensor_parallel::part_of(config_.n_vocab, r, ranks).size();
+    offsets[static_cast<std::size_t>(r)] = total;
+    total += counts[static_cast<std::size_t>(r)];
+  }
+  const bool root = tp_->rank() == 0;
+  if (root) gathered.resize(total);
+  tp_->gather(rank_logits.data(), n_out * vocab_part_.size(), root ? gathered.data() : nullptr, counts.data(), offsets.data());
+  if (!root) return;
+  const std::size_t V = config_.n_vocab;
+  logits.resize(n_out * V);
+  for (int r = 0; r < ranks; ++r) {  // [rank][row][its vocabulary part] -> [row][vocabulary]
+    const tensor_parallel::Part p = tensor_parallel::part_of(V, r, ranks);
+    for (std::size_t i = 0; i < n_out; ++i) {
+      std::copy_n(&gathered[offsets[static_cast<std::size_t>(r)] + i * p.size()], p.size(), &logits[i * V + p.first]);
+    }
+  }
+}
+
+void Model::follow_steps(ThreadPool& pool) const {
+  if (!tp_ || tp_->rank() == 0) throw Error("internal: follow_steps is for the tensor-parallel ranks other than 0");
+  struct Cache {
+    tensor_parallel::Step geometry;
+    std::unique_ptr<KvCache> kv;
+  };
+  std::unordered_map<std::uint64_t, Cache> caches;  // rank 0's caches by identity
+  std::vector<std::int64_t> words;
+  std::vector<float> logits;
+  for (;;) {
+    std::int64_t n = 0;
+    tp_->broadcast(&n, sizeof n);
+    if (n <= 0 || n > (std::int64_t{1} << 32)) throw Error("tensor parallelism: a malformed step header from rank 0");
+    words.resize(static_cast<std::size_t>(n));
+    tp_->broadcast(words.data(), words.size() * sizeof(std::int64_t));
+    const tensor_parallel::Step step = tensor_parallel::Step::decode(words);
+    if (step.command == tensor_parallel::Step::Command::Stop) return;
+    Cache& c = caches[step.cache_id];
+    const tensor_parallel::Step& g = c.geometry;
+    if (!c.kv || g.n_blocks != step.n_blocks || g.max_positions != step.max_positions || g.kv_type != step.kv_type ||
+        g.block_tokens != step.block_tokens || g.segment_dim != step.segment_dim) {
+      if (step.kv_type < 0 || step.kv_type > static_cast<std::int64_t>(KvType::Q8_0)) throw Error("tensor parallelism: an unknown KV type from rank 0");
+      c.kv = std::make_unique<KvCache>(KvCache::with_blocks(config_.n_layer, config_.kv_dim(), static_cast<std::size_t>(step.n_blocks),
+                                                            static_cast<std::size_t>(step.max_positions), static_cast<KvType>(step.kv_type),
+                                                            static_cast<std::size_t>(step.block_tokens), static_cast<std::size_t>(step.segment_dim)));
+      c.geometry = step;
+      c.geometry.batch.clear(), c.geometry.sequences.clear(), c.geometry.copies.clear();
+    }
+    KvCache& kv = *c.kv;
+    for (const BlockPool::RowCopy& copy : step.copies) kv.pool().copy_rows(copy.from, copy.to, copy.n_rows);
+    for (const tensor_parallel::Step::Sequence& s : step.sequences) kv.mirror(s.seq, s.blocks, s.length);
+    run_pass(step.batch, kv, pool, logits, {});
+    for (const tensor_parallel::Step::Sequence& s : step.sequences) kv.forget(s.seq);
+  }
 }
 
 void Model::moe_ffn(const LayerWeights& L, const float* xn, std::size_t T, float* out, ThreadPool& pool) const {

@@ -15,6 +15,8 @@
 #include "kv/kv_cache.h"
 #include "model/batch.h"
 #include "model/config.h"
+#include "model/tensor_parallel.h"
+#include "parallel/communicator.h"
 #include "util/huge_pages.h"
 #include "util/thread_pool.h"
 
@@ -42,13 +44,29 @@ struct LayerWeights {
 class Model {
  public:
   // Loads and validates every tensor; throws Error naming the tensor and what is wrong.
-  explicit Model(std::shared_ptr<const gguf::File> file);
+  //
+  // With a tensor-parallel group (`tp`, see model/tensor_parallel.h) this process keeps only its
+  // rank's slices, config() describes those (its share of the heads and FFN columns), and rank 0's
+  // forward passes run on every rank: the other ranks call follow_steps.
+  explicit Model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::Communicator> tp = nullptr);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return config_; }
+  // The whole model's hyper-parameters (config() unless tensor-parallel).
+  const ModelConfig& full_config() const { return full_config_; }
+  parallel::Communicator* tensor_parallel() const { return tp_.get(); }
+  // Ranks other than 0: runs the forward passes rank 0 starts, on a KV cache of this rank's heads
+  // that mirrors rank 0's block tables, until rank 0's Model goes away (or the group fails: throws).
+  void follow_steps(ThreadPool& pool) const;
   const gguf::File& file() const { return *file_; }
 
   // Runs the batch, appending K/V to `cache`, and writes the logits of each token whose
   // want_logits is set, in batch order, to `logits` (n_vocab floats per such token).
+  //
+  // Under tensor parallelism rank 0 calls this and the other ranks follow; stop_before is not asked
+  // then (every rank would have to hear the answer at every layer).
   //
   // `stop_before(layer)`, when given, is asked before each layer after the first; if it says yes,
   // the pass ends there and returns false: the sequences' lengths stay as they were and `logits` is
@@ -62,7 +80,11 @@ class Model {
 
  private:
   std::shared_ptr<const gguf::File> file_;
+  ModelConfig full_config_;
   ModelConfig config_;
+  std::shared_ptr<parallel::Communicator> tp_;
+  tensor_parallel::OwnedSlices owned_slices_;  // column slices of this rank's matrices (until repacked)
+  tensor_parallel::Part vocab_part_{0, 0};     // the output rows this rank computes
   kernels::WeightMatrix token_embd_;
   kernels::WeightMatrix output_;
   const float* output_norm_ = nullptr;
@@ -72,6 +94,10 @@ class Model {
   HugePageBuffer repacked_;  // weights moved into kernel-friendly layouts
 
   struct ForwardPass;  // one call's steps (model.cpp)
+  bool run_pass(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
+                const std::function<bool(std::size_t layer)>& stop_before) const;
+  void send_step(const Batch& batch, KvCache& cache) const;  // rank 0, tensor-parallel
+  void gather_logits(const std::vector<float>& rank_logits, std::size_t n_out, std::vector<float>& logits) const;
   void repack_for_kernels();
   // out[t] = the layer's expert mixture for each of the T rows of xn (n_embd each).
   void moe_ffn(const LayerWeights& L, const float* xn, std::size_t T, float* out, ThreadPool& pool) const;

@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace promptly {
@@ -13,21 +14,32 @@ bool reset_peak_rss() {
   return std::fclose(f) == 0 && written;
 }
 
-double peak_rss_mb() {
+namespace {
+
+// A "Name: N kB" field of /proc/self/status in MB, or -1 where there is none.
+double status_mb(const char* format) {
   std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) {
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    return static_cast<double>(ru.ru_maxrss) / 1024.0;
-  }
+  if (!f) return -1;
   char line[256];
-  double kb = 0;
+  double kb = -1;
   while (std::fgets(line, sizeof line, f)) {
-    if (std::sscanf(line, "VmHWM: %lf kB", &kb) == 1) break;
+    if (std::sscanf(line, format, &kb) == 1) break;
   }
   std::fclose(f);
-  return kb / 1024.0;
+  return kb < 0 ? -1 : kb / 1024.0;
 }
+
+}  // namespace
+
+double peak_rss_mb() {
+  const double mb = status_mb("VmHWM: %lf kB");
+  if (mb >= 0) return mb;
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;
+}
+
+double rss_mb() { return std::max(0.0, status_mb("VmRSS: %lf kB")); }
 
 std::size_t available_memory_bytes() {
   std::FILE* f = std::fopen("/proc/meminfo", "r");
