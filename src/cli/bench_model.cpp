@@ -96,7 +96,7 @@ int bench_model(const BenchModelOptions& o) {
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   const auto tp = join_tensor_parallel(o.tp);
   Model model(file, tp);
-  if (tp && tp->rank() != 0) return follow_rank0(model, threads);
+  if (tp && tp->rank() != 0) return follow_rank0(model, threads, -1);
   ThreadPool pool(threads);
   const ModelConfig& c = model.full_config();
 

@@ -32,8 +32,9 @@ void apply_spec_flags(const SpecFlags& flags, const Vocab& target_vocab, EngineO
 // Tensor parallelism (--tp R, under mpirun -n R): joins the MPI world; null for R = 1. Throws Error
 // for R < 1 or a world of another size.
 std::shared_ptr<parallel::Communicator> join_tensor_parallel(int ranks);
-// Ranks other than 0 of a tensor-parallel command: compute rank 0's forward passes until it is done.
-int follow_rank0(const Model& model, int threads);
+// Ranks other than 0 of a tensor-parallel command: compute rank 0's forward passes until it is done,
+// then report this rank's memory (model_rss_mb: what loading its slices added, < 0: not measured).
+int follow_rank0(const Model& model, int threads, double model_rss_mb);
 
 struct RunOptions {
   std::string model;  // empty: the built-in model

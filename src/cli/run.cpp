@@ -17,6 +17,7 @@
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/file_io.h"
+#include "util/process.h"
 
 namespace promptly::cli {
 
@@ -31,8 +32,10 @@ int run(const RunOptions& o) {
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   const auto tp = join_tensor_parallel(o.tp);
   if (tp && !o.kv_spool.empty()) throw Error("--kv-spool does not work with --tp yet (each rank holds only its heads' KV)");
+  const double rss_before_model = rss_mb();
   Model model(file, tp);
-  if (tp && tp->rank() != 0) return follow_rank0(model, threads);
+  const double model_rss = rss_mb() - rss_before_model;  // what holding the weights (this rank's slices) costs
+  if (tp && tp->rank() != 0) return follow_rank0(model, threads, model_rss);
   Tokenizer tokenizer(Vocab::from_gguf(*file));
   ThreadPool pool(threads);
   const double load_ms = seconds_since(t_load) * 1000.0;
@@ -76,7 +79,7 @@ int run(const RunOptions& o) {
     j["finish_reason"] = r.finish_reason;
     j["timings"] = {{"load_ms", load_ms}, {"ttft_ms", t.ttft_ms}, {"prompt_ms", t.prompt_ms}, {"prompt_tps", t.prompt_tps()},
                     {"gen_ms", t.gen_ms}, {"gen_tps", t.gen_tps()}, {"n_prompt", t.n_prompt}, {"n_spooled", t.n_spooled}, {"n_gen", t.n_gen},
-                    {"threads", threads}, {"tp", o.tp}};
+                    {"threads", threads}, {"tp", o.tp}, {"rss_mb", rss_mb()}, {"model_rss_mb", model_rss}};
     if (proposer) {
       j["timings"]["spec"] = proposer->name();
       j["timings"]["spec_passes"] = t.spec_passes;

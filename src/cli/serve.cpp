@@ -26,7 +26,7 @@ int serve(const ServeOptions& o) {
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   const auto tp = join_tensor_parallel(o.tp);
   Model model(file, tp);
-  if (tp && tp->rank() != 0) return follow_rank0(model, o.engine.threads);
+  if (tp && tp->rank() != 0) return follow_rank0(model, o.engine.threads, -1);
   Tokenizer tokenizer(Vocab::from_gguf(*file));
 
   EngineFlags flags = o.engine;

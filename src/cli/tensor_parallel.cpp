@@ -14,12 +14,12 @@ std::shared_ptr<parallel::Communicator> join_tensor_parallel(int ranks) {
   return parallel::join_mpi_world(ranks);
 }
 
-int follow_rank0(const Model& model, int threads) {
+int follow_rank0(const Model& model, int threads, double model_rss_mb) {
   ThreadPool pool(threads > 0 ? threads : default_thread_count());
   model.follow_steps(pool);
   // What this rank held (its slices and its heads' KV cache), for the record and the MPI test.
-  std::fprintf(stderr, "promptly: tensor-parallel rank %d of %d done: RSS %.0f MB (peak %.0f MB)\n", model.tensor_parallel()->rank(),
-               model.tensor_parallel()->size(), rss_mb(), peak_rss_mb());
+  std::fprintf(stderr, "promptly: tensor-parallel rank %d of %d done: RSS %.0f MB (peak %.0f MB), model %.1f MB\n",
+               model.tensor_parallel()->rank(), model.tensor_parallel()->size(), rss_mb(), peak_rss_mb(), model_rss_mb);
   return 0;
 }
 

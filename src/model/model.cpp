@@ -212,7 +212,13 @@ Model::Model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::C
       in_use.push_back(l.wo.data), in_use.push_back(l.w_down.data);
       for (const kernels::WeightMatrix& m : l.exp_down) in_use.push_back(m.data);
     }
-    std::erase_if(owned_slices_, [&](const auto& slice) { return std::find(in_use.begin(), in_use.end(), slice.get()) == in_use.end(); });
+    std::erase_if(owned_slices_, [&](const auto& slice) { return std::find(in_use.begin(), in_use.end(), slice.data()) == in_use.end(); });
+  }
+  if (tp_) {
+    // Reading this rank's rows mapped the other ranks' rows beside them too (the kernel maps whole
+    // page-cache folios, megabytes on recent kernels): give every tensor's pages back once; what
+    // this rank reads in place (norms, embedding rows, unrepacked slices) faults back as it is used.
+    for (const gguf::TensorInfo& t : file_->tensors()) file_->release_pages(t.data, t.n_bytes);
   }
 
   // Per-pair frequency divisors: Llama 3's rope_freqs, or LongRoPE's (Phi-3 128k, Phi-3.5) short

@@ -1,5 +1,6 @@
 #include "model/tensor_parallel.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "model/model.h"
@@ -18,8 +19,8 @@ kernels::WeightMatrix columns_of(const kernels::WeightMatrix& m, Part p, OwnedSl
   const std::size_t skip = p.first / info.block_size * info.block_bytes;
   kernels::WeightMatrix slice{m.type, nullptr, m.rows, p.size(), m.layout};
   const std::size_t stride = slice.row_stride();
-  owned.push_back(std::make_unique<std::uint8_t[]>(m.rows * stride));
-  std::uint8_t* dst = owned.back().get();
+  owned.emplace_back(m.rows * stride);
+  std::uint8_t* dst = owned.back().data();
   for (std::size_t r = 0; r < m.rows; ++r) std::memcpy(dst + r * stride, m.row(r) + skip, stride);
   file.release_pages(m.data, m.rows * m.row_stride());
   slice.data = dst;
@@ -43,9 +44,22 @@ void check_columns(const kernels::WeightMatrix& m, std::size_t width, int ranks,
 
 }  // namespace
 
+Part kv_part_of(const ModelConfig& c, int rank, int ranks) {
+  // A rank's query heads use one contiguous run of KV heads; with fewer KV heads than ranks the one
+  // they share is held (and its cache kept) by each of the ranks whose queries use it.
+  const std::size_t group = c.n_head / c.n_head_kv;
+  const std::size_t first_head = c.n_head * static_cast<std::size_t>(rank) / static_cast<std::size_t>(ranks);
+  const std::size_t first = first_head / group, n = std::max<std::size_t>(1, c.n_head_kv / static_cast<std::size_t>(ranks));
+  return {first * c.head_dim, (first + n) * c.head_dim};
+}
+
 void check_splittable(const ModelConfig& c, const LayerWeights& l, int ranks) {
   check_divides(c.n_head, ranks, "attention heads");
-  check_divides(c.n_head_kv, ranks, "KV heads");
+  const auto r = static_cast<std::size_t>(ranks);
+  if (c.n_head_kv % r != 0 && r % c.n_head_kv != 0) {
+    throw Error("--tp " + std::to_string(ranks) + ": the model's " + std::to_string(c.n_head_kv) +
+                " KV heads can be neither split into nor shared by " + std::to_string(ranks) + " ranks");
+  }
   check_columns(l.wo, c.q_dim() / static_cast<std::size_t>(ranks), ranks, "attn_output");
   if (c.is_moe()) {
     check_divides(c.n_ff_expert, ranks, "expert FFN columns");
@@ -57,7 +71,7 @@ void check_splittable(const ModelConfig& c, const LayerWeights& l, int ranks) {
 }
 
 void shard_layer(LayerWeights& l, const ModelConfig& c, int rank, int ranks, OwnedSlices& owned, const gguf::File& file) {
-  const Part q = part_of(c.q_dim(), rank, ranks), kv = part_of(c.kv_dim(), rank, ranks);
+  const Part q = part_of(c.q_dim(), rank, ranks), kv = kv_part_of(c, rank, ranks);
   l.wq = rows_of(l.wq, q);
   l.wk = rows_of(l.wk, kv);
   l.wv = rows_of(l.wv, kv);
@@ -84,7 +98,7 @@ ModelConfig local_config(const ModelConfig& c, int ranks) {
   ModelConfig local = c;
   const auto r = static_cast<std::uint32_t>(ranks);
   local.n_head /= r;
-  local.n_head_kv /= r;
+  local.n_head_kv = std::max<std::uint32_t>(1, local.n_head_kv / r);
   local.n_ff /= r;
   local.n_ff_expert /= r;
   return local;

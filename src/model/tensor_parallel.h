@@ -4,7 +4,7 @@
 // computes.
 //
 // Rank r of R holds query heads [r H/R, (r+1) H/R) with their KV heads (so its KV cache holds only
-// those heads), rows of the same range of wq/wk/wv and their biases, the same columns of wo, rows
+// those heads; with fewer KV heads than ranks, ranks whose queries share a KV head each hold it), rows of the same range of wq/wk/wv and their biases, the same columns of wo, rows
 // [r F/R, (r+1) F/R) of the FFN's gate and up and those columns of down (per expert in an MoE
 // layer), and rows [r V/R, (r+1) V/R) of the output projection. The attention and FFN outputs are
 // partial sums over the slices: one all-reduce each per layer; the logits are gathered on rank 0.
@@ -19,6 +19,7 @@
 #include "kv/kv_cache.h"
 #include "model/batch.h"
 #include "model/config.h"
+#include "util/huge_pages.h"
 
 namespace promptly {
 
@@ -35,12 +36,17 @@ inline Part part_of(std::size_t n, int rank, int ranks) {
   return {n * static_cast<std::size_t>(rank) / static_cast<std::size_t>(ranks), n * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(ranks)};
 }
 
+// The KV dimensions [first, end) whose keys and values rank `rank` computes and caches.
+Part kv_part_of(const ModelConfig& c, int rank, int ranks);
+
 // Throws Error, naming the model's numbers, when its heads, KV heads or FFN width do not split into
 // `ranks` equal parts whose column slices fall on the weights' quantization blocks.
 void check_splittable(const ModelConfig& c, const LayerWeights& first_layer, int ranks);
 
-// Buffers the column slices are copied into (a column range of a matrix is not contiguous).
-using OwnedSlices = std::vector<std::unique_ptr<std::uint8_t[]>>;
+// Buffers the column slices are copied into (a column range of a matrix is not contiguous): mappings
+// of their own, so that the memory goes back to the system when one is dropped (after repacking),
+// which the heap would keep.
+using OwnedSlices = std::vector<HugePageBuffer>;
 
 // Cuts a whole layer (as loaded) down to `rank`'s slices. The pages of the file that a column slice
 // was copied from are given back (this rank's memory should hold its slices only).

@@ -1,0 +1,355 @@
+// Tensor parallelism: a model split over ranks computes what the whole model computes.
+//
+// The slicing and the step protocol are checked in one process, the ranks being threads joined by a
+// shared-memory group (ThreadGroup below, the same collectives as MPI's), on every architecture's
+// tiny preset, in batches of several sequences, and under the engine (prefix-cache hits, whose block
+// copies the other ranks must repeat). The real thing, `mpirun -n 2 promptly ... --tp 2`, runs at the
+// end where this binary was built with MPI and mpirun is installed.
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "../test_util.h"
+#include "convert/synthetic_model.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "model/tensor_parallel.h"
+#include "parallel/communicator.h"
+#include "util/error.h"
+
+namespace promptly {
+namespace {
+
+// R ranks in one process: each collective is a rendezvous of R threads on a barrier. Sums run in
+// rank order on every rank, so all ranks get the same bits (as the communicator promises).
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int ranks) : ranks_(ranks), barrier_(ranks), slots_(static_cast<std::size_t>(ranks)) {}
+
+  class Rank final : public parallel::Communicator {
+   public:
+    Rank(ThreadGroup& g, int rank) : g_(g), rank_(rank) {}
+    int rank() const override { return rank_; }
+    int size() const override { return g_.ranks_; }
+    void all_reduce_sum(float* data, std::size_t n) override {
+      publish(data);
+      std::vector<float> sum(n, 0.0f);
+      for (const void* p : g_.slots_) {
+        for (std::size_t i = 0; i < n; ++i) sum[i] += static_cast<const float*>(p)[i];
+      }
+      g_.barrier_.arrive_and_wait();  // everyone has read everyone's data
+      std::copy(sum.begin(), sum.end(), data);
+    }
+    void broadcast(void* data, std::size_t bytes) override {
+      publish(data);
+      if (rank_ != 0) std::memcpy(data, g_.slots_[0], bytes);
+      g_.barrier_.arrive_and_wait();
+    }
+    void gather(const float* send, std::size_t n, float* out, const std::size_t* counts, const std::size_t* offsets) override {
+      publish(send);
+      (void)n;
+      if (rank_ == 0) {
+        for (int r = 0; r < g_.ranks_; ++r) {
+          std::memcpy(out + offsets[r], g_.slots_[static_cast<std::size_t>(r)], counts[r] * sizeof(float));
+        }
+      }
+      g_.barrier_.arrive_and_wait();
+    }
+    void abandon() override {}
+
+   private:
+    void publish(const void* p) {
+      g_.slots_[static_cast<std::size_t>(rank_)] = p;
+      g_.barrier_.arrive_and_wait();
+    }
+    ThreadGroup& g_;
+    int rank_;
+  };
+
+  std::shared_ptr<parallel::Communicator> rank(int r) { return std::make_shared<Rank>(*this, r); }
+
+ private:
+  int ranks_;
+  std::barrier<> barrier_;
+  std::vector<const void*> slots_;
+};
+
+std::shared_ptr<const gguf::File> make_model(const test::TempDir& dir, const std::string& preset, DType type) {
+  ThreadPool pool(2);
+  const std::string path = dir.file(preset + "-" + std::string(dtype_name(type)) + ".gguf");
+  write_synthetic_model(synthetic_preset(preset), type, 5, path, pool);
+  return gguf::File::open(path);
+}
+
+// The model split over `ranks` threads: rank 0's Model in this thread, the others following it.
+class SplitModel {
+ public:
+  SplitModel(std::shared_ptr<const gguf::File> file, int ranks) : group_(ranks) {
+    std::vector<std::promise<void>> loaded(static_cast<std::size_t>(ranks - 1));
+    for (int r = 1; r < ranks; ++r) {
+      followers_.emplace_back([this, file, r, &loaded] {
+        std::unique_ptr<Model> m;
+        try {
+          m = std::make_unique<Model>(file, group_.rank(r));
+        } catch (...) {
+          loaded[static_cast<std::size_t>(r - 1)].set_exception(std::current_exception());
+          return;
+        }
+        loaded[static_cast<std::size_t>(r - 1)].set_value();
+        ThreadPool pool(1);
+        m->follow_steps(pool);
+      });
+    }
+    for (auto& l : loaded) l.get_future().get();
+    rank0_ = std::make_unique<Model>(file, group_.rank(0));
+  }
+  ~SplitModel() {
+    rank0_.reset();  // tells the others to stop
+    for (std::thread& t : followers_) t.join();
+  }
+  const Model& model() const { return *rank0_; }
+
+ private:
+  ThreadGroup group_;
+  std::vector<std::thread> followers_;
+  std::unique_ptr<Model> rank0_;
+};
+
+// Logits of a fixed script of passes: two sequences prefilled in chunks side by side, then decoded
+// together, a third joining midway.
+std::vector<float> run_script(const Model& m) {
+  ThreadPool pool(1);
+  KvCache cache = m.make_cache(64, KvType::F32, 3);
+  std::vector<float> all, out;
+  const auto tok = [&](std::size_t i, int seq) { return static_cast<std::int32_t>((i * 37 + static_cast<std::size_t>(seq) * 101 + 3) % m.config().n_vocab); };
+  Batch b;
+  for (std::size_t i = 0; i < 12; ++i) b.add(tok(i, 0), static_cast<std::int32_t>(i), 0, i == 11);
+  for (std::size_t i = 0; i < 7; ++i) b.add(tok(i, 1), static_cast<std::int32_t>(i), 1, true);
+  m.forward(b, cache, pool, out);
+  all.insert(all.end(), out.begin(), out.end());
+  for (std::size_t step = 0; step < 6; ++step) {
+    b.clear();
+    b.add(tok(12 + step, 0), static_cast<std::int32_t>(12 + step), 0, true);
+    b.add(tok(7 + step, 1), static_cast<std::int32_t>(7 + step), 1, true);
+    if (step >= 3) b.add(tok(step, 2), static_cast<std::int32_t>(step - 3), 2, true);
+    m.forward(b, cache, pool, out);
+    all.insert(all.end(), out.begin(), out.end());
+  }
+  return all;
+}
+
+struct SplitCase {
+  std::string preset;
+  DType type;
+  int ranks;
+};
+void PrintTo(const SplitCase& c, std::ostream* os) { *os << c.preset << "/" << dtype_name(c.type) << "/tp" << c.ranks; }
+
+class SplitPreset : public ::testing::TestWithParam<SplitCase> {};
+
+TEST_P(SplitPreset, LogitsMatchTheWholeModel) {
+  const SplitCase& p = GetParam();
+  test::TempDir dir;
+  auto file = make_model(dir, p.preset, p.type);
+  const std::vector<float> whole = run_script(Model(file));
+  std::vector<float> split;
+  {
+    SplitModel sm(file, p.ranks);
+    EXPECT_EQ(sm.model().config().n_head * static_cast<std::uint32_t>(p.ranks), sm.model().full_config().n_head);
+    split = run_script(sm.model());
+  }
+  ASSERT_EQ(split.size(), whole.size());
+  double max_diff = 0, max_abs = 0;
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(split[i] - whole[i])));
+    max_abs = std::max(max_abs, static_cast<double>(std::fabs(whole[i])));
+  }
+  // Only the order of the partial sums differs (and, quantized, the activations' blocks are the same).
+  EXPECT_LT(max_diff, 2e-4 * std::max(1.0, max_abs)) << "largest logit " << max_abs;
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, SplitPreset,
+                         ::testing::Values(SplitCase{"tiny", DType::F32, 2}, SplitCase{"tiny", DType::Q8_0, 2},
+                                           SplitCase{"tiny", DType::F32, 4},  // 2 KV heads shared by 4 ranks
+                                           SplitCase{"tiny-qwen2", DType::F32, 2}, SplitCase{"tiny-qwen3", DType::F32, 2},
+                                           SplitCase{"tiny-qwen3moe", DType::F32, 2}, SplitCase{"tiny-gemma2", DType::F32, 2},
+                                           SplitCase{"tiny-gemma3", DType::F32, 2}, SplitCase{"tiny-phi3", DType::F32, 2},
+                                           SplitCase{"tiny-mixtral", DType::Q8_0, 2}),
+                         [](const auto& info) {
+                           std::string n = info.param.preset + "_" + std::string(dtype_name(info.param.type)) + "_tp" + std::to_string(info.param.ranks);
+                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return n;
+                         });
+
+// The engine on a split model: prompts that share a prefix ending inside a block make rank 0's
+// prefix tree copy that block's rows, which the other ranks must repeat; the greedy answers are
+// those of the whole model.
+TEST(TensorParallel, EngineAnswersAsTheWholeModel) {
+  test::TempDir dir;
+  auto file = make_model(dir, "tiny", DType::F32);
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int k = 0; k < 4; ++k) {
+    std::vector<std::int32_t> p;
+    for (int i = 0; i < 40; ++i) p.push_back(3 + (i * 13) % 1000);  // 2.5 blocks shared
+    for (int i = 0; i < 5 + k; ++i) p.push_back(7 + (k * 31 + i * 17) % 1000);
+    prompts.push_back(p);
+  }
+  const auto answers = [&](const Model& m) {
+    EngineOptions o;
+    o.threads = 1;
+    o.ctx_size = 256;
+    o.kv_memory = 4 << 20;
+    Engine engine(m, nullptr, o);
+    std::vector<std::vector<std::int32_t>> out(prompts.size());
+    for (std::size_t i = 0; i < prompts.size(); ++i) {  // one at a time: each later one hits the cache
+      std::promise<void> done;
+      Request r;
+      r.prompt = prompts[i];
+      r.max_tokens = 12;
+      r.sampling.temperature = 0;
+      r.ignore_eos = true;
+      r.on_event = [&, i](const EngineEvent& e) {
+        if (e.kind == EngineEvent::Kind::Token) out[i].push_back(e.token);
+        if (e.kind == EngineEvent::Kind::Finished) {
+          EXPECT_TRUE(e.error.empty()) << e.error;
+          if (i > 0) {
+            EXPECT_GE(e.usage.cached_tokens, 32u);
+          }
+          done.set_value();
+        }
+      };
+      engine.submit(std::move(r));
+      done.get_future().get();
+    }
+    return out;
+  };
+  const auto whole = answers(Model(file));
+  SplitModel sm(file, 2);
+  EXPECT_EQ(answers(sm.model()), whole);
+}
+
+TEST(TensorParallel, StepMessageRoundTripsAndRejectsGarbage) {
+  tensor_parallel::Step s;
+  s.cache_id = 77;
+  s.n_blocks = 9, s.max_positions = 100, s.kv_type = 1, s.block_tokens = 16, s.segment_dim = 64;
+  s.batch.add(5, 0, 3, false);
+  s.batch.add(6, 1, 3, true);
+  s.sequences.push_back({3, 0, {4, 8}});
+  s.copies.push_back({1, 2, 7});
+  const tensor_parallel::Step back = tensor_parallel::Step::decode(s.encode());
+  EXPECT_EQ(back.cache_id, 77u);
+  EXPECT_EQ(back.batch.tokens, s.batch.tokens);
+  EXPECT_EQ(back.batch.want_logits, s.batch.want_logits);
+  ASSERT_EQ(back.sequences.size(), 1u);
+  EXPECT_EQ(back.sequences[0].blocks, (std::vector<int>{4, 8}));
+  ASSERT_EQ(back.copies.size(), 1u);
+  EXPECT_EQ(back.copies[0].n_rows, 7u);
+  std::vector<std::int64_t> words = s.encode();
+  words.pop_back();
+  EXPECT_THROW(tensor_parallel::Step::decode(words), Error);
+  EXPECT_THROW(tensor_parallel::Step::decode({99}), Error);
+}
+
+TEST(TensorParallel, ModelsThatDoNotSplitSayWhy) {
+  test::TempDir dir;
+  auto file = make_model(dir, "tiny", DType::F32);  // 4 heads, 2 KV heads
+  ThreadGroup three(3);
+  try {
+    Model m(file, three.rank(0));
+    FAIL() << "4 heads split over 3 ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4 attention heads"), std::string::npos) << e.what();
+  }
+  auto q4k = make_model(dir, "tiny", DType::Q4_K);  // 128 columns a rank of 256-element blocks
+  ThreadGroup two(2);
+  try {
+    Model m(q4k, two.rank(0));
+    FAIL() << "Q4_K columns split inside a block";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("blocks"), std::string::npos) << e.what();
+  }
+}
+
+// ---- The real thing: mpirun -n 2 ----------------------------------------------------------------
+
+std::string shell(const std::string& cmd) {
+  std::string out;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    ::pclose(p);
+  }
+  return out;
+}
+
+bool can_run_mpi() {
+  return parallel::mpi_available() && std::system("command -v mpirun >/dev/null 2>&1") == 0;
+}
+
+// mpirun as root (CI) needs its consent; --oversubscribe lets 2 ranks start whatever slot count it sees.
+const char* kMpirun = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none mpirun --oversubscribe -n 2 ";
+
+nlohmann::json json_line(const std::string& out) {
+  const std::size_t at = out.find("{\"");
+  if (at == std::string::npos) return nullptr;
+  return nlohmann::json::parse(out.substr(at, out.find('\n', at) - at), nullptr, false);
+}
+
+TEST(TensorParallelMpi, TwoRanksAnswerAsOneAndHoldHalfTheWeightsEach) {
+  if (!can_run_mpi()) GTEST_SKIP() << "needs a promptly built with MPI and mpirun (Debian: libopenmpi-dev openmpi-bin)";
+  test::TempDir dir;
+  // Big enough that the weights dominate each process's memory: 125m's shape in Q8_0 (~160 MB).
+  const std::string model = dir.file("125m.gguf");
+  {
+    ThreadPool pool(2);
+    write_synthetic_model(synthetic_preset("125m"), DType::Q8_0, 3, model, pool);
+  }
+  const auto run = [](const std::string& cmd) {
+    const std::string out = shell(cmd);
+    const nlohmann::json j = json_line(out);
+    EXPECT_TRUE(j.is_object()) << out;
+    return std::pair{j.is_object() ? j : nlohmann::json::object(), out};
+  };
+  // The same tokens: on the trained stories260K (random weights' logits are too flat: any change in
+  // the order of a sum can flip their argmax).
+  const std::string stories = std::string(" run -m ") + test::shared_model("stories260K.gguf") + " -p 'Once upon a time' -n 48 --temp 0 -t 1 --json";
+  const auto [one, one_out] = run(std::string(PROMPTLY_BINARY) + stories + " 2>&1");
+  const auto [two, two_out] = run(std::string(kMpirun) + PROMPTLY_BINARY + stories + " --tp 2 2>&1");
+  ASSERT_TRUE(one.contains("ids") && two.contains("ids"));
+  EXPECT_EQ(two["ids"], one["ids"]);
+  EXPECT_EQ(two["timings"]["tp"], 2);
+  // Each rank holds about half of the weights: what loading the model added to each process's
+  // resident memory, rank 0 in its JSON and rank 1 in its last line.
+  const std::string args = std::string(" run -m ") + model + " -p 'Once upon a time' -n 8 --temp 0 -t 1 --json";
+  const auto [whole, whole_out] = run(std::string(PROMPTLY_BINARY) + args + " 2>&1");
+  const auto [split, split_out] = run(std::string(kMpirun) + PROMPTLY_BINARY + args + " --tp 2 2>&1");
+  ASSERT_TRUE(whole.contains("timings") && split.contains("timings"));
+  const double whole_mb = whole["timings"]["model_rss_mb"], rank0_mb = split["timings"]["model_rss_mb"];
+  const std::string mark = "rank 1 of 2 done: ";
+  const std::size_t at = split_out.find(mark);
+  ASSERT_NE(at, std::string::npos) << split_out;
+  const std::size_t model_at = split_out.find("model ", at);
+  ASSERT_NE(model_at, std::string::npos) << split_out;
+  const double rank1_mb = std::stod(split_out.substr(model_at + 6));
+  for (const double rank_mb : {rank0_mb, rank1_mb}) {
+    EXPECT_LT(rank_mb, 0.65 * whole_mb) << "whole model " << whole_mb << " MB\n" << split_out;
+    EXPECT_GT(rank_mb, 0.35 * whole_mb) << "whole model " << whole_mb << " MB\n" << split_out;
+  }
+}
+
+TEST(TensorParallelMpi, AWorldOfTheWrongSizeIsAClearError) {
+  if (!can_run_mpi()) GTEST_SKIP() << "needs a promptly built with MPI and mpirun";
+  const std::string out = shell(std::string(kMpirun) + PROMPTLY_BINARY + " run -m " + test::shared_model("stories260K.gguf") +
+                                " -n 2 --tp 3 2>&1; echo exit=$?");
+  EXPECT_NE(out.find("--tp 3 but MPI started 2 ranks"), std::string::npos) << out;
+  EXPECT_EQ(out.find("exit=0"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace promptly
