@@ -22,6 +22,12 @@ std::string default_kv_spool_dir() {
   return {};
 }
 
+namespace {
+// How long, once shutdown begins, a forward pass waits for the other ranks before failing its
+// requests: longer than any step (steps are sized to the ITL target, 150 ms by default).
+constexpr double kTensorParallelShutdownSilenceS = 2;
+}  // namespace
+
 int serve(const ServeOptions& o) {
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   const auto tp = join_tensor_parallel(o.tp);
@@ -52,6 +58,11 @@ int serve(const ServeOptions& o) {
   so.shutdown_grace_s = o.shutdown_grace_s;
   so.drain_delay_s = o.drain_delay_s;
   so.webui = !o.no_webui;
+  if (tp) {
+    // mpirun signals every rank when one dies: a step waiting on the dead one must fail its
+    // requests (their clients get the error) while rank 0 still may, not when mpirun kills it.
+    so.on_shutdown = [tp] { tp->set_silence_limit(kTensorParallelShutdownSilenceS); };
+  }
   server::Server server(model, tokenizer, engine, so);
   const unsigned short port = server.listen();
   const EngineStats st = engine.stats();

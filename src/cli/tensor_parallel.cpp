@@ -1,5 +1,6 @@
 // --tp R: the commands that run a model (run, serve, bench model) start the same way on every rank
 // of `mpirun -n R`; rank 0 goes on with the command and the others follow its forward passes.
+#include <csignal>
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -15,6 +16,9 @@ std::shared_ptr<parallel::Communicator> join_tensor_parallel(int ranks) {
 }
 
 int follow_rank0(const Model& model, int threads, double model_rss_mb) {
+  // Rank 0 says when to stop (a server drains first); mpirun's SIGKILL ends this rank if rank 0 dies.
+  std::signal(SIGTERM, SIG_IGN);
+  std::signal(SIGINT, SIG_IGN);
   ThreadPool pool(threads > 0 ? threads : default_thread_count());
   model.follow_steps(pool);
   // What this rank held (its slices and its heads' KV cache), for the record and the MPI test.

@@ -23,6 +23,10 @@ class Communicator {
   // Gives up on the group: every later collective throws at once (a rank died or the process is
   // going down; the peers cannot be waited for).
   virtual void abandon() = 0;
+  // How long a collective waits for the other ranks before it gives up on them (and the group). Long
+  // by default (a step of a big model on a loaded machine); a server going down shortens it, since
+  // mpirun then stops every rank and a dead peer must not keep the in-flight streams waiting.
+  virtual void set_silence_limit(double seconds) = 0;
 };
 
 // Joins the MPI world that `mpirun -n ranks` started (initialising MPI) and checks that it has

@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -22,7 +24,7 @@ namespace promptly::parallel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr auto kSilenceLimit = std::chrono::seconds(30);
+constexpr double kDefaultSilenceLimitS = 30;
 constexpr auto kSpinBeforeSleeping = std::chrono::milliseconds(2);
 constexpr auto kIdleSleep = std::chrono::microseconds(100);
 
@@ -40,9 +42,15 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
   }
   ~MpiCommunicator() override {
-    // Finalize waits for the peers; after a failure they may be gone, and while an error unwinds the
-    // stack the peers may be waiting for this rank: main ends the world then (abort_world).
-    if (!abandoned_.load() && std::uncaught_exceptions() == 0) MPI_Finalize();
+    if (abandoned_.load()) {
+      // The peers are gone: MPI cannot be finalised, and its teardown at exit would wait for them
+      // until mpirun kills this process. Everything of ours has been destroyed by now.
+      std::fflush(nullptr);
+      std::_Exit(1);
+    }
+    // While an error unwinds the stack the peers may be waiting for this rank: main ends the world
+    // then (abort_world).
+    if (std::uncaught_exceptions() == 0) MPI_Finalize();
   }
 
   int rank() const override { return rank_; }
@@ -72,6 +80,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void abandon() override { abandoned_.store(true); }
+  void set_silence_limit(double seconds) override { silence_limit_s_.store(seconds); }
 
  private:
   void check(int code, const char* what) {
@@ -97,16 +106,17 @@ class MpiCommunicator final : public Communicator {
       const auto waited = Clock::now() - start;
       if (patient) {
         if (waited > kSpinBeforeSleeping) std::this_thread::sleep_for(kIdleSleep);
-      } else if (waited > kSilenceLimit) {
+      } else if (const double limit = silence_limit_s_.load(); std::chrono::duration<double>(waited).count() > limit) {
         abandoned_.store(true);
-        throw Error(std::string("tensor parallelism: no answer from the other ranks for ") + std::to_string(kSilenceLimit.count()) +
-                    " s during a " + what + " (a rank died or hangs); this process must be restarted");
+        throw Error(std::string("tensor parallelism: no answer from the other ranks for ") + std::to_string(static_cast<int>(limit)) +
+                    " s during the " + what + " (a rank died or hangs); this process must be restarted");
       }
     }
   }
 
   int rank_ = 0, size_ = 1;
   std::atomic<bool> abandoned_{false};
+  std::atomic<double> silence_limit_s_{kDefaultSilenceLimitS};
 };
 
 }  // namespace

@@ -1066,6 +1066,7 @@ void Server::Impl::begin_shutdown() {
   if (shutting_down.exchange(true)) return;
   draining = true;
   std::fprintf(stderr, "shutting down: no new requests; finishing in-flight ones for up to %.0f s\n", options.shutdown_grace_s);
+  if (options.on_shutdown) options.on_shutdown();
   beast::error_code ec;
   acceptor.close(ec);
   const auto deadline = SteadyClock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(options.shutdown_grace_s * 1000));

@@ -5,6 +5,7 @@
 // exists. A client that disconnects cancels its request in the engine at once.
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,7 @@ struct ServerOptions {
   // so that a load balancer checking /health stops sending them before they would be refused.
   double drain_delay_s = 0;
   bool webui = true;                      // the chat UI at / (--no-webui: 404 there)
+  std::function<void()> on_shutdown;     // called once when shutdown begins (after any drain delay)
 };
 
 // The `markers` (tool_call_control_markers) that `tokenizer` holds as control tokens, by id: the
