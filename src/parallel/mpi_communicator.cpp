@@ -26,6 +26,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr double kDefaultSilenceLimitS = 30;
 constexpr auto kSpinBeforeSleeping = std::chrono::milliseconds(2);
+constexpr auto kSpinBeforeYielding = std::chrono::microseconds(50);
 constexpr auto kIdleSleep = std::chrono::microseconds(100);
 
 std::string mpi_error_text(int code) {
@@ -106,11 +107,16 @@ class MpiCommunicator final : public Communicator {
       const auto waited = Clock::now() - start;
       if (patient) {
         if (waited > kSpinBeforeSleeping) std::this_thread::sleep_for(kIdleSleep);
-      } else if (const double limit = silence_limit_s_.load(); std::chrono::duration<double>(waited).count() > limit) {
+        continue;
+      }
+      if (const double limit = silence_limit_s_.load(); std::chrono::duration<double>(waited).count() > limit) {
         abandoned_.store(true);
         throw Error(std::string("tensor parallelism: no answer from the other ranks for ") + std::to_string(static_cast<int>(limit)) +
                     " s during the " + what + " (a rank died or hangs); this process must be restarted");
       }
+      // A peer that is late has most likely lost its core (the ranks run in lockstep, and other
+      // programs share the machine): let it have this one.
+      if (waited > kSpinBeforeYielding) std::this_thread::yield();
     }
   }
 
