@@ -270,8 +270,14 @@ void Model::repack_for_kernels() {
   }
 }
 
-KvCache Model::make_cache(std::size_t max_positions, KvType type, std::size_t max_sequences) const {
-  return KvCache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type, KvCache::kDefaultBlockTokens, config_.head_dim);
+KvCache Model::make_cache(std::size_t max_positions, KvType type, std::size_t max_sequences, bool release_local) const {
+  LocalLayers local;
+  if (release_local && config_.sliding_window > 0) {
+    for (std::size_t il = 0; il < config_.n_layer; ++il) local.is_local.push_back(config_.layer_is_local(il));
+    local.window = config_.sliding_window;
+  }
+  return KvCache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type, KvCache::kDefaultBlockTokens, config_.head_dim,
+                 local);
 }
 
 namespace {
@@ -470,6 +476,7 @@ struct Model::ForwardPass {
     // knows which tile comes next.
     const auto prefetch_tile = [&](const AttentionTile& tile) {
       const auto& [keys, values] = s.tables.at(tile.seq);
+      if (keys.empty() || !keys.front()) return;  // the first rows were released behind the window: not what the tile reads
       const BlockPool::Rows at = cache.pool().rows_of(tile.kv_head * HD);
       kernels::prefetch_kv(keys.data(), values.data(), tile.cached, block_tokens, at.stride, at.offset, HD, kv_dtype);
     };
