@@ -63,7 +63,7 @@ void KvCache::mirror(int seq, std::vector<int> blocks, std::size_t length) {
     if (b < 0 || static_cast<std::size_t>(b) >= pool_.n_blocks()) throw Error("tensor parallelism: rank 0 named KV block " + std::to_string(b) + " of " + std::to_string(pool_.n_blocks()));
   }
   if (length > blocks.size() * pool_.block_tokens()) throw Error("internal: mirrored KV blocks are shorter than their length");
-  seqs_[seq] = Sequence{std::move(blocks), length};
+  seqs_[seq] = Sequence{std::move(blocks), length, 0};
 }
 
 const std::vector<int>& KvCache::blocks(int seq) const {
