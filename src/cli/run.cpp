@@ -79,7 +79,7 @@ int run(const RunOptions& o) {
     j["finish_reason"] = r.finish_reason;
     j["timings"] = {{"load_ms", load_ms}, {"ttft_ms", t.ttft_ms}, {"prompt_ms", t.prompt_ms}, {"prompt_tps", t.prompt_tps()},
                     {"gen_ms", t.gen_ms}, {"gen_tps", t.gen_tps()}, {"n_prompt", t.n_prompt}, {"n_spooled", t.n_spooled}, {"n_gen", t.n_gen},
-                    {"threads", threads}, {"tp", o.tp}, {"rss_mb", rss_mb()}, {"model_rss_mb", model_rss}};
+                    {"kv_bytes", t.kv_bytes}, {"threads", threads}, {"tp", o.tp}, {"rss_mb", rss_mb()}, {"model_rss_mb", model_rss}};
     if (proposer) {
       j["timings"]["spec"] = proposer->name();
       j["timings"]["spec_passes"] = t.spec_passes;

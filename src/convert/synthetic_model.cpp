@@ -9,6 +9,7 @@
 #include "gguf/writer.h"
 #include "model/arch/arch.h"
 #include "tensor/quant.h"
+#include "tokenizer/pretokenizer.h"
 #include "util/error.h"
 
 namespace promptly {
@@ -54,6 +55,9 @@ const char* const kChatMlThinking =
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}";
+const char* const kChatMl =
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 const char* const kGemmaChat =
     "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m.role == 'assistant' else 'user' }}\n"
     "{{ m.content }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
@@ -69,6 +73,9 @@ void set_family_chat(SyntheticModelSpec& s, bool mixtral) {
   if (s.arch == "qwen3" || s.arch == "qwen3moe") {
     s.special_tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"};
     s.chat_template = kChatMlThinking;
+  } else if (s.arch == "qwen2") {
+    s.special_tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    s.chat_template = kChatMl;
   } else if (s.arch == "gemma2" || s.arch == "gemma3") {
     s.special_tokens = {"<start_of_turn>", "<end_of_turn>"};
     s.chat_template = kGemmaChat;
@@ -78,6 +85,44 @@ void set_family_chat(SyntheticModelSpec& s, bool mixtral) {
   } else if (mixtral) {
     s.chat_template = kMistralChat;
   }
+}
+
+// Each family's tokenizer as its real GGUF files carry it: Qwen's byte-level BPE (no BOS, the
+// end-of-turn token as EOS), Gemma's SentencePiece without the dummy-prefix space, and llama's
+// SentencePiece for the rest (Phi-3 and Mistral included).
+void write_family_tokenizer(gguf::Writer& w, const SyntheticModelSpec& s) {
+  if (s.arch == "qwen2" || s.arch == "qwen3" || s.arch == "qwen3moe") {
+    const SyntheticVocab vocab = synthetic_bpe_vocab(s.n_vocab, s.special_tokens);
+    auto id_of = [&](const std::string& piece) {
+      for (std::size_t i = 0; i < vocab.tokens.size(); ++i) {
+        if (vocab.tokens[i] == piece) return static_cast<std::uint32_t>(i);
+      }
+      throw Error("synthetic BPE vocabulary lacks '" + piece + "'");
+    };
+    w.set_string("tokenizer.ggml.model", "gpt2");
+    w.set_string("tokenizer.ggml.pre", "qwen2");
+    w.set_string_array("tokenizer.ggml.tokens", vocab.tokens);
+    w.set_i32_array("tokenizer.ggml.token_type", vocab.types);
+    w.set_string_array("tokenizer.ggml.merges", vocab.merges);
+    const std::uint32_t end_of_text = id_of("<|endoftext|>");
+    w.set_u32("tokenizer.ggml.bos_token_id", end_of_text);
+    w.set_u32("tokenizer.ggml.padding_token_id", end_of_text);
+    w.set_u32("tokenizer.ggml.eos_token_id", id_of("<|im_end|>"));
+    w.set_bool("tokenizer.ggml.add_bos_token", false);
+    return;
+  }
+  const SyntheticVocab vocab = synthetic_vocab(s.n_vocab, s.special_tokens);
+  w.set_string("tokenizer.ggml.model", "llama");
+  w.set_string("tokenizer.ggml.pre", "default");
+  w.set_string_array("tokenizer.ggml.tokens", vocab.tokens);
+  w.set_f32_array("tokenizer.ggml.scores", vocab.scores);
+  w.set_i32_array("tokenizer.ggml.token_type", vocab.types);
+  w.set_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.set_u32("tokenizer.ggml.bos_token_id", 1);
+  w.set_u32("tokenizer.ggml.eos_token_id", 2);
+  w.set_bool("tokenizer.ggml.add_bos_token", true);
+  w.set_bool("tokenizer.ggml.add_eos_token", false);
+  w.set_bool("tokenizer.ggml.add_space_prefix", s.arch != "gemma2" && s.arch != "gemma3");
 }
 
 }  // namespace
@@ -208,6 +253,49 @@ SyntheticVocab synthetic_vocab(std::uint32_t n_vocab, const std::vector<std::str
   return v;
 }
 
+SyntheticVocab synthetic_bpe_vocab(std::uint32_t n_vocab, const std::vector<std::string>& special_tokens) {
+  if (n_vocab < 256 + special_tokens.size()) throw Error("a synthetic BPE vocabulary needs room for 256 byte tokens and its specials");
+  SyntheticVocab v;
+  std::set<std::string> seen;
+  const std::size_t merged_limit = n_vocab - special_tokens.size();
+  auto add = [&](const std::string& piece, std::int32_t type) {
+    if (!seen.insert(piece).second) return false;
+    v.tokens.push_back(piece);
+    v.types.push_back(type);
+    return true;
+  };
+  for (int b = 0; b < 256; ++b) add(byte_to_unicode(static_cast<unsigned char>(b)), 1);
+  // Merges join a word's symbols left to right, so every merge's result is a token and any text
+  // tokenizes; words with their leading space come first, as the more frequent form.
+  auto add_word = [&](const std::vector<std::string>& symbols) {
+    std::string left = symbols[0];
+    for (std::size_t k = 1; k < symbols.size() && v.tokens.size() < merged_limit; ++k) {
+      const std::string joined = left + symbols[k];
+      if (add(joined, 1)) v.merges.push_back(left + " " + symbols[k]);
+      left = joined;
+    }
+  };
+  const std::string space = byte_to_unicode(' ');
+  auto letters = [](const std::string& word) {
+    std::vector<std::string> out;
+    for (char c : word) out.emplace_back(1, c);
+    return out;
+  };
+  for (const char* w : kWords) {
+    std::vector<std::string> symbols = letters(w);
+    symbols.insert(symbols.begin(), space);
+    add_word(symbols);
+  }
+  for (const char* w : kWords) add_word(letters(w));
+  for (char a = 'a'; a <= 'z'; ++a)
+    for (char b = 'a'; b <= 'z'; ++b) add_word({std::string(1, a), std::string(1, b)});
+  for (char a = 'a'; a <= 'z'; ++a)
+    for (char b = 'a'; b <= 'z'; ++b) add_word({space, std::string{a, b}});
+  for (const std::string& special : special_tokens) add(special, 3);
+  for (std::uint32_t i = 0; v.tokens.size() < n_vocab; ++i) add("[PAD" + std::to_string(i) + "]", 5);
+  return v;
+}
+
 void write_synthetic_model(const SyntheticModelSpec& s, DType dtype, std::uint64_t seed, const std::string& path,
                            ThreadPool& pool, const std::string& chat_template) {
   if (!can_quantize_to(dtype)) throw Error("gen-model cannot write " + std::string(dtype_name(dtype)));
@@ -248,18 +336,7 @@ void write_synthetic_model(const SyntheticModelSpec& s, DType dtype, std::uint64
     if (s.arch == "qwen3moe") w.set_u32(a + "expert_feed_forward_length", s.n_ff_expert);
   }
 
-  const SyntheticVocab vocab = synthetic_vocab(s.n_vocab, s.special_tokens);
-  w.set_string("tokenizer.ggml.model", "llama");
-  w.set_string("tokenizer.ggml.pre", "default");
-  w.set_string_array("tokenizer.ggml.tokens", vocab.tokens);
-  w.set_f32_array("tokenizer.ggml.scores", vocab.scores);
-  w.set_i32_array("tokenizer.ggml.token_type", vocab.types);
-  w.set_u32("tokenizer.ggml.unknown_token_id", 0);
-  w.set_u32("tokenizer.ggml.bos_token_id", 1);
-  w.set_u32("tokenizer.ggml.eos_token_id", 2);
-  w.set_bool("tokenizer.ggml.add_bos_token", true);
-  w.set_bool("tokenizer.ggml.add_eos_token", false);
-  w.set_bool("tokenizer.ggml.add_space_prefix", true);
+  write_family_tokenizer(w, s);
   if (!chat_template.empty() || !s.chat_template.empty()) {
     w.set_string("tokenizer.chat_template", chat_template.empty() ? s.chat_template : chat_template);
   }

@@ -43,11 +43,17 @@ std::vector<std::string> synthetic_preset_names();
 // letter combinations.
 struct SyntheticVocab {
   std::vector<std::string> tokens;
-  std::vector<float> scores;
+  std::vector<float> scores;  // SentencePiece only
   std::vector<std::int32_t> types;
+  std::vector<std::string> merges;  // byte-level BPE only: "left right", highest priority first
 };
 // `special_tokens` become control tokens right after the byte tokens.
 SyntheticVocab synthetic_vocab(std::uint32_t n_vocab, const std::vector<std::string>& special_tokens = {});
+
+// A byte-level BPE vocabulary as Qwen's (tokenizer.ggml.model "gpt2", pre "qwen2"): the 256 byte
+// characters of GPT-2's alphabet, merges that build the common words with and without their
+// leading space ("Ġ"), then `special_tokens` as control tokens, then unused padding up to n_vocab.
+SyntheticVocab synthetic_bpe_vocab(std::uint32_t n_vocab, const std::vector<std::string>& special_tokens);
 
 // Writes the model to `path`. Matrices use `dtype`; norms and biases stay F32. `chat_template`, when
 // non-empty, is stored as tokenizer.chat_template (else the preset's own, if it has one).

@@ -70,7 +70,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
 
   GenerateResult result;
   result.finish_reason = "length";
-  KvCache cache = model.make_cache(ctx, options.kv_type);
+  KvCache cache = model.make_cache(ctx, options.kv_type, 1, options.release_window_kv && options.kv_spool_dir.empty());
   Sampler sampler(options.sampling);
   StreamingDetokenizer detok(tokenizer, prompt);
   const std::vector<std::int32_t> stop_ids = tokenizer.vocab().end_of_generation_ids();
@@ -108,6 +108,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
     for (std::size_t i = start; i < end; ++i) {
       batch.add(prompt[i], static_cast<std::int32_t>(i), kSeq, i + 1 == prompt.size());
     }
+    if (start > 0) cache.release_behind_window(kSeq);
     model.forward(batch, cache, pool, logits);
   }
   // The prompt's blocks go to the spool now (written behind the generation), so that a run stopped
@@ -146,6 +147,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
       batch.clear();
       batch.add(history.back(), static_cast<std::int32_t>(base), kSeq, true);
       for (std::size_t i = 0; i < k; ++i) batch.add(proposal.tokens[i], static_cast<std::int32_t>(base + 1 + i), kSeq, true);
+      cache.release_behind_window(kSeq);
       model.forward(batch, cache, pool, logits);
       if (constraint) {
         if (keep_logits) result.logits.push_back(logits);
@@ -181,6 +183,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
     }
   }
   if (spool) spool_computed_blocks(*spool, history, cache, kSeq, chain, /*wait=*/true);
+  result.timings.kv_bytes = cache.pool().bytes_in_use();
   const std::string tail = detok.flush();
   result.text += tail;
   if (on_text && !tail.empty()) on_text(tail);

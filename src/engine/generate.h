@@ -38,6 +38,9 @@ struct GenerateOptions {
   // The KV spool (kv/spool.h) in this directory: the prompt's spooled blocks are read instead of
   // computed, and every full block computed is spooled before generate returns. Empty: none.
   std::string kv_spool_dir;
+  // Give back the sliding-window layers' KV behind their window as the context grows (not with a
+  // spool, which needs whole blocks).
+  bool release_window_kv = true;
   std::uint64_t kv_spool_bytes = std::uint64_t{4} << 30;
 };
 
@@ -51,6 +54,7 @@ struct GenerateTimings {
   std::size_t spec_passes = 0;    // target passes after the first token
   std::size_t spec_drafted = 0;   // proposed tokens the target checked
   std::size_t spec_accepted = 0;  // of those, the ones it kept
+  std::size_t kv_bytes = 0;       // K/V the cache held at the end
   double prompt_tps() const { return prompt_ms > 0 ? n_prompt * 1000.0 / prompt_ms : 0; }
   // The first token's time belongs to the prompt, so generation speed counts the n_gen - 1 after it.
   double gen_tps() const { return gen_ms > 0 && n_gen > 1 ? (n_gen - 1) * 1000.0 / gen_ms : 0; }

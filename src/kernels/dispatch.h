@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kernels/cpu.h"
+#include "kernels/ops.h"
 #include "tensor/dtype.h"
 
 namespace promptly::kernels {
@@ -129,12 +130,14 @@ struct KernelTable {
                        const float* x, std::size_t n_tokens, float* y, std::size_t ldy);
   // Up to kAttentionTile queries that read the same KV head (the query heads of a GQA group, for
   // one or more tokens of one sequence) in one pass over the keys: query i (head_dim floats at q[i])
-  // sees positions [0, n_ctx[i]) and its result goes to out[i]. Each key and value is loaded and
+  // sees positions [first[i], n_ctx[i]) (first null: from 0; a sliding window starts later) and its
+  // result goes to out[i]. softcap > 0 caps every score at softcap * tanh(score / softcap) (Gemma 2).
+  // No position before every query's first is read: blocks holding only such positions may be null. Each key and value is loaded and
   // converted once for all of them, and the score and value products become small matrix products
   // (one query per vector lane). Same paging and types as `attention`.
-  void (*attention_tile)(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
-                         const void* const* v_blocks, DType kv_type, std::size_t block_tokens, std::size_t stride, std::size_t offset,
-                         std::size_t head_dim, float scale, float* const* out);
+  void (*attention_tile)(const float* const* q, const std::size_t* first, const std::size_t* n_ctx, std::size_t n_q,
+                         const void* const* k_blocks, const void* const* v_blocks, DType kv_type, std::size_t block_tokens,
+                         std::size_t stride, std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out);
   // Whether the matrix kernels want the tile-ordered activations of QuantizedRows.
   bool token_tile;
   // Whether the kernels for the Q4_0x16, Q8_0x16 and Q4_Kx16 layouts read nothing of QuantizedRows
@@ -154,13 +157,19 @@ constexpr std::size_t kInt8ProbeMacsPerRound = 12 * 64;
 
 constexpr std::size_t kAttentionTile = 64;
 
-// attention_tile for paths without a tiled kernel: one `attention` call per query.
+// attention_tile for paths without a tiled kernel: one `attention` call per query (attention_range
+// where a window or a cap applies).
 template <auto Attention>
-void attention_tile_each(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
-                         const void* const* v_blocks, DType kv_type, std::size_t block_tokens, std::size_t stride, std::size_t offset,
-                         std::size_t head_dim, float scale, float* const* out) {
+void attention_tile_each(const float* const* q, const std::size_t* first, const std::size_t* n_ctx, std::size_t n_q,
+                         const void* const* k_blocks, const void* const* v_blocks, DType kv_type, std::size_t block_tokens,
+                         std::size_t stride, std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out) {
   for (std::size_t i = 0; i < n_q; ++i) {
-    Attention(q[i], k_blocks, v_blocks, kv_type, block_tokens, stride, offset, n_ctx[i], head_dim, scale, out[i]);
+    if (first || softcap > 0.0f) {
+      attention_range(q[i], k_blocks, v_blocks, kv_type, block_tokens, stride, offset, first ? first[i] : 0, n_ctx[i], head_dim,
+                      scale, softcap, out[i]);
+    } else {
+      Attention(q[i], k_blocks, v_blocks, kv_type, block_tokens, stride, offset, n_ctx[i], head_dim, scale, out[i]);
+    }
   }
 }
 

@@ -498,6 +498,20 @@ struct Rescale {
   __m512 m_safe;      // the running max, 0 in lanes that have seen nothing (exp never sees -inf - -inf)
   __m512 correction;  // what earlier sums are multiplied by: exp(old max - new max), 0 where there were none
 };
+// The same, where the lane's query also sees nothing before its window's first position.
+inline __m512 visible_score(__m512i ctx, __m512i first, __m512i key_pos, __m512 score) {
+  const __mmask16 visible = _mm512_cmpgt_epi32_mask(ctx, key_pos) & _mm512_cmpge_epi32_mask(key_pos, first);
+  return _mm512_mask_blend_ps(visible, _mm512_set1_ps(-INFINITY), score);
+}
+// cap * tanh(score / cap) with tanh(y) = 1 - 2 / (exp(2y) + 1); |y| is clamped at 9, where tanh is
+// 1 in floats, so that the exponential stays in range.
+inline __m512 soft_cap(__m512 score, float cap) {
+  __m512 y = _mm512_mul_ps(score, _mm512_set1_ps(1.0f / cap));
+  y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-9.0f)), _mm512_set1_ps(9.0f));
+  const __m512 e = exp512(_mm512_add_ps(y, y));
+  const __m512 t = _mm512_sub_ps(_mm512_set1_ps(1.0f), _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+  return _mm512_mul_ps(t, _mm512_set1_ps(cap));
+}
 // Moves the running max m to include a chunk's max.
 inline Rescale rescale(__m512& m, __m512 chunk_max) {
   const __m512 m_new = _mm512_max_ps(m, chunk_max);
@@ -522,11 +536,13 @@ inline __m512 inverse_or_zero(__m512 l) {
 // against the transposed queries (one broadcast feeds V FMAs), the online softmax runs per lane
 // (rescaled once per chunk), and the values are accumulated into the transposed output. Each lane's
 // operations are the same whatever V and whatever its neighbours, so a query's result does not depend
-// on the tile it shares.
+// on the tile it shares. Windows (first, null for none) and the soft cap (0 for none) are applied
+// here only: chunks wholly before every query's window are skipped, which changes no sum, and no
+// position before every window is read, so the blocks that hold only such positions may be null.
 template <DType T, int V>
-void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
-                         const void* const* v_blocks, std::size_t block_tokens, std::size_t stride, std::size_t offset,
-                         std::size_t head_dim, float scale, float* const* out) {
+void attention_tile_impl(const float* const* q, const std::size_t* first, const std::size_t* n_ctx, std::size_t n_q,
+                         const void* const* k_blocks, const void* const* v_blocks, std::size_t block_tokens, std::size_t stride,
+                         std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out) {
   constexpr std::size_t kLanes = 16, kChunk = 16, kMaxDim = 256;
   // Keys scored, and dimensions accumulated, per step: 8 x V accumulators for V <= 2, 4 x 4 for
   // V = 4, within the 32 vector registers.
@@ -537,11 +553,16 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
   alignas(64) float kf[kChunk * kMaxDim];     // the chunk's keys as floats, key-major
   alignas(64) float vf[kChunk * kMaxDim];
   alignas(64) float s[V][kChunk * kLanes];    // scores, then probabilities: s[v][j * 16 + i]
-  std::size_t max_ctx = 0;
+  std::size_t max_ctx = 0, min_first = first ? SIZE_MAX : 0;
   alignas(64) std::int32_t ctx_lane[V][kLanes] = {};
+  alignas(64) std::int32_t first_lane[V][kLanes] = {};
   for (std::size_t i = 0; i < n_q; ++i) {
     ctx_lane[i / kLanes][i % kLanes] = static_cast<std::int32_t>(n_ctx[i]);
     max_ctx = std::max(max_ctx, n_ctx[i]);
+    if (first) {
+      first_lane[i / kLanes][i % kLanes] = static_cast<std::int32_t>(first[i]);
+      min_first = std::min(min_first, first[i]);
+    }
   }
   for (int v = 0; v < V; ++v) {
     for (std::size_t d = 0; d < D; ++d) {
@@ -552,19 +573,25 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
     }
     std::fill_n(ot[v], D * kLanes, 0.0f);
   }
-  __m512i ctx_v[V];
+  __m512i ctx_v[V], first_v[V];
   __m512 m[V], l[V];
   for (int v = 0; v < V; ++v) {
     ctx_v[v] = _mm512_load_si512(ctx_lane[v]);
+    first_v[v] = _mm512_load_si512(first_lane[v]);
     m[v] = _mm512_set1_ps(-INFINITY);
     l[v] = _mm512_setzero_ps();
   }
 
-  for (std::size_t j0 = 0; j0 < max_ctx; j0 += kChunk) {
+  for (std::size_t j0 = std::min(min_first, max_ctx) / kChunk * kChunk; j0 < max_ctx; j0 += kChunk) {
     const std::size_t nj = std::min(kChunk, max_ctx - j0);
     if (nj < kChunk) std::fill(kf + nj * D, kf + kChunk * D, 0.0f);  // the score loop reads whole groups of kKeys
     const ChunkRows where = chunk_rows(k_blocks, v_blocks, block_tokens, stride, offset, j0, nj);
     for (std::size_t j = 0; j < nj; ++j) {
+      if (j0 + j < min_first) {  // before every query's window: its block may be released (null), so never read
+        std::fill_n(kf + j * D, D, 0.0f);
+        std::fill_n(vf + j * D, D, 0.0f);
+        continue;
+      }
       for (std::size_t d = 0; d < D; d += 16) {
         _mm512_store_ps(kf + j * D + d, kv_load16<T>(where.k[j], where.at[j] + d));
         _mm512_store_ps(vf + j * D + d, kv_load16<T>(where.v[j], where.at[j] + d));
@@ -589,7 +616,8 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
       }
       for (std::size_t u = 0; u < nu; ++u) {
         for (int v = 0; v < V; ++v) {
-          const __m512 sc = visible_score(ctx_v[v], _mm512_set1_epi32(static_cast<std::int32_t>(j0 + j + u)), acc[v][u]);
+          const __m512 raw = softcap > 0.0f ? soft_cap(acc[v][u], softcap) : acc[v][u];
+          const __m512 sc = visible_score(ctx_v[v], first_v[v], _mm512_set1_epi32(static_cast<std::int32_t>(j0 + j + u)), raw);
           _mm512_store_ps(s[v] + (j + u) * kLanes, sc);
           chunk_max[v] = _mm512_max_ps(chunk_max[v], sc);
         }
@@ -652,11 +680,11 @@ void attention_tile_impl(const float* const* q, const std::size_t* n_ctx, std::s
 // dimensions: half the FMAs of attention_tile_impl for the same work. Every (query, key) score, every
 // exp, every probability sum (even keys + odd keys) and every (query, dimension) value accumulation is
 // the same chain of operations in the same order as in attention_tile_impl, so a query's result is
-// bit-identical whichever of the two kernels its tile goes to.
+// bit-identical whichever of the two kernels its tile goes to (windows and caps included).
 template <DType T>
-void attention_pairs_impl(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
-                          const void* const* v_blocks, std::size_t block_tokens, std::size_t stride, std::size_t offset,
-                          std::size_t head_dim, float scale, float* const* out) {
+void attention_pairs_impl(const float* const* q, const std::size_t* first, const std::size_t* n_ctx, std::size_t n_q,
+                          const void* const* k_blocks, const void* const* v_blocks, std::size_t block_tokens, std::size_t stride,
+                          std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out) {
   constexpr std::size_t kLanes = 16, kChunk = 16, kPairs = kChunk / 2, kMaxDim = 256;
   const std::size_t D = head_dim;
   alignas(64) float qt[kMaxDim * kLanes];         // qt[d * 16 + 2i + e] = scale * q[i][d]
@@ -666,16 +694,22 @@ void attention_pairs_impl(const float* const* q, const std::size_t* n_ctx, std::
   alignas(64) float s[kPairs * kLanes];           // scores, then probabilities: s[p * 16 + 2i + e], key 2p + e
   alignas(64) float pk[kChunk * kLanes];          // pk[j * 16 + 2i + e] = probability of key j for query i
   alignas(64) std::int32_t ctx_lane[kLanes] = {};
-  std::size_t max_ctx = 0;
+  alignas(64) std::int32_t first_lane[kLanes] = {};
+  std::size_t max_ctx = 0, min_first = first ? SIZE_MAX : 0;
   for (std::size_t i = 0; i < n_q; ++i) {
     ctx_lane[2 * i] = ctx_lane[2 * i + 1] = static_cast<std::int32_t>(n_ctx[i]);
     max_ctx = std::max(max_ctx, n_ctx[i]);
+    if (first) {
+      first_lane[2 * i] = first_lane[2 * i + 1] = static_cast<std::int32_t>(first[i]);
+      min_first = std::min(min_first, first[i]);
+    }
   }
   for (std::size_t d = 0; d < D; ++d) {
     for (std::size_t i = 0; i < kLanes / 2; ++i) qt[d * kLanes + 2 * i] = qt[d * kLanes + 2 * i + 1] = i < n_q ? scale * q[i][d] : 0.0f;
   }
   std::fill_n(ot, D / 2 * kLanes, 0.0f);
   const __m512i ctx_v = _mm512_load_si512(ctx_lane);
+  const __m512i first_v = _mm512_load_si512(first_lane);
   const __m512i parity = _mm512_set_epi32(1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
   // Interleave two keys' 16 dimensions: (a0 b0 a1 b1 ... a7 b7) and (a8 b8 ... a15 b15).
   const __m512i interleave_lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
@@ -687,7 +721,7 @@ void attention_pairs_impl(const float* const* q, const std::size_t* n_ctx, std::
   };
   __m512 m = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
 
-  for (std::size_t j0 = 0; j0 < max_ctx; j0 += kChunk) {
+  for (std::size_t j0 = std::min(min_first, max_ctx) / kChunk * kChunk; j0 < max_ctx; j0 += kChunk) {
     const std::size_t nj = std::min(kChunk, max_ctx - j0);
     const ChunkRows where = chunk_rows(k_blocks, v_blocks, block_tokens, stride, offset, j0, nj);
     for (std::size_t p = 0; p < kPairs; ++p) {
@@ -695,7 +729,10 @@ void attention_pairs_impl(const float* const* q, const std::size_t* n_ctx, std::
         __m512 key[2];
         for (std::size_t e = 0; e < 2; ++e) {
           const std::size_t j = 2 * p + e;
-          if (j < nj) {
+          if (j < nj && j0 + j < min_first) {  // before every window: never read (its block may be released)
+            key[e] = _mm512_setzero_ps();
+            _mm512_store_ps(vf + j * D + d, _mm512_setzero_ps());
+          } else if (j < nj) {
             key[e] = kv_load16<T>(where.k[j], where.at[j] + d);
             _mm512_store_ps(vf + j * D + d, kv_load16<T>(where.v[j], where.at[j] + d));
           } else {
@@ -716,7 +753,7 @@ void attention_pairs_impl(const float* const* q, const std::size_t* n_ctx, std::
     __m512 chunk_max = _mm512_set1_ps(-INFINITY);
     for (std::size_t p = 0; p < kPairs; ++p) {
       const __m512i key_pos = _mm512_add_epi32(parity, _mm512_set1_epi32(static_cast<std::int32_t>(j0 + 2 * p)));
-      const __m512 sc = visible_score(ctx_v, key_pos, acc[p]);
+      const __m512 sc = visible_score(ctx_v, first_v, key_pos, softcap > 0.0f ? soft_cap(acc[p], softcap) : acc[p]);
       _mm512_store_ps(s + p * kLanes, sc);
       chunk_max = _mm512_max_ps(chunk_max, sc);
     }
@@ -783,21 +820,23 @@ inline void transpose16(__m512 r[16]) {
 // values. A key's score is one chain of head_dim dependent FMAs, so four chunks are scored with their
 // chains interleaved, then taken through the online softmax one chunk at a time as before. Every
 // score, exp, probability sum (even keys + odd keys) and value accumulation is the same chain of
-// operations in the same order as in attention_tile_impl: bit-identical results.
+// operations in the same order as in attention_tile_impl: bit-identical results (windows and caps
+// included; keys before the window are neither read nor accumulated, their probabilities being 0).
 template <DType T>
-void attention_single_impl(const float* q, std::size_t n_ctx, const void* const* k_blocks, const void* const* v_blocks,
-                           std::size_t block_tokens, std::size_t stride, std::size_t offset, std::size_t head_dim, float scale,
-                           float* out) {
+void attention_single_impl(const float* q, std::size_t first, std::size_t n_ctx, const void* const* k_blocks,
+                           const void* const* v_blocks, std::size_t block_tokens, std::size_t stride, std::size_t offset,
+                           std::size_t head_dim, float scale, float softcap, float* out) {
   constexpr std::size_t kLanes = 16, kChunk = 16, kGroup = 4, kMaxDim = 256;
   const std::size_t D = head_dim;
   alignas(64) float qs[kMaxDim];
   alignas(64) float ot[kMaxDim] = {};
   for (std::size_t d = 0; d < D; ++d) qs[d] = scale * q[d];
   const __m512i ctx = _mm512_set1_epi32(static_cast<std::int32_t>(n_ctx));
+  const __m512i first_v = _mm512_set1_epi32(static_cast<std::int32_t>(first));
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   __m512 m = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
   ChunkRows where[kGroup];
-  for (std::size_t g0 = 0; g0 < n_ctx; g0 += kGroup * kChunk) {
+  for (std::size_t g0 = std::min(first, n_ctx) / kChunk * kChunk; g0 < n_ctx; g0 += kGroup * kChunk) {
     const std::size_t n_chunks = std::min(kGroup, (n_ctx - g0 + kChunk - 1) / kChunk);
     std::size_t nj[kGroup];
     for (std::size_t c = 0; c < n_chunks; ++c) {
@@ -814,7 +853,8 @@ void attention_single_impl(const float* q, std::size_t n_ctx, const void* const*
         __m512 rows[kLanes];
 #pragma GCC unroll 16
         for (std::size_t j = 0; j < kChunk; ++j) {
-          rows[j] = j < nj[c] ? kv_load16<T>(where[c].k[j], where[c].at[j] + d0) : _mm512_setzero_ps();  // padding: masked below
+          const bool read = j < nj[c] && g0 + c * kChunk + j >= first;  // padding and keys before the window: masked below
+          rows[j] = read ? kv_load16<T>(where[c].k[j], where[c].at[j] + d0) : _mm512_setzero_ps();
         }
         transpose16(rows);
 #pragma GCC unroll 16
@@ -823,7 +863,9 @@ void attention_single_impl(const float* q, std::size_t n_ctx, const void* const*
     }
     for (std::size_t c = 0; c < n_chunks; ++c) {
       const std::size_t j0 = g0 + c * kChunk;
-      const __m512 sc = visible_score(ctx, _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<std::int32_t>(j0))), score[c]);
+      const std::size_t j_read = first > j0 ? std::min(first - j0, nj[c]) : 0;  // keys before it have probability 0
+      const __m512 raw = softcap > 0.0f ? soft_cap(score[c], softcap) : score[c];
+      const __m512 sc = visible_score(ctx, first_v, _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<std::int32_t>(j0))), raw);
       const auto [m_safe, correction] = rescale(m, _mm512_set1_ps(_mm512_reduce_max_ps(sc)));
       const __m512 probs = probability(sc, m_safe);
       // Key j's probability in every lane, from the register: a broadcast load right after the
@@ -847,7 +889,7 @@ void attention_single_impl(const float* q, std::size_t n_ctx, const void* const*
         __m512 o[4];
 #pragma GCC unroll 4
         for (std::size_t u = 0; u < 4; ++u) o[u] = _mm512_mul_ps(_mm512_load_ps(ot + d0 + u * kLanes), correction);
-        for (std::size_t j = 0; j < nj[c]; ++j) {
+        for (std::size_t j = j_read; j < nj[c]; ++j) {
           const __m512 pj = prob(j);
 #pragma GCC unroll 4
           for (std::size_t u = 0; u < 4; ++u) o[u] = _mm512_fmadd_ps(kv_load16<T>(where[c].v[j], where[c].at[j] + d0 + u * kLanes), pj, o[u]);
@@ -857,7 +899,7 @@ void attention_single_impl(const float* q, std::size_t n_ctx, const void* const*
       }
       for (; d0 < D; d0 += kLanes) {
         __m512 o = _mm512_mul_ps(_mm512_load_ps(ot + d0), correction);
-        for (std::size_t j = 0; j < nj[c]; ++j) o = _mm512_fmadd_ps(kv_load16<T>(where[c].v[j], where[c].at[j] + d0), prob(j), o);
+        for (std::size_t j = j_read; j < nj[c]; ++j) o = _mm512_fmadd_ps(kv_load16<T>(where[c].v[j], where[c].at[j] + d0), prob(j), o);
         _mm512_store_ps(ot + d0, o);
       }
     }
@@ -916,24 +958,26 @@ void with_kv_type(DType kv_type, Kernel&& kernel) {
   }
 }
 
-void attention_tile(const float* const* q, const std::size_t* n_ctx, std::size_t n_q, const void* const* k_blocks,
-                    const void* const* v_blocks, DType kv_type, std::size_t block_tokens, std::size_t stride, std::size_t offset,
-                    std::size_t head_dim, float scale, float* const* out) {
+void attention_tile(const float* const* q, const std::size_t* first, const std::size_t* n_ctx, std::size_t n_q,
+                    const void* const* k_blocks, const void* const* v_blocks, DType kv_type, std::size_t block_tokens, std::size_t stride,
+                    std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out) {
   if (head_dim % 16 != 0 || head_dim > 256 || offset % 16 != 0 || stride % 16 != 0 || n_q > kAttentionTile) {
-    attention_tile_each<attention>(q, n_ctx, n_q, k_blocks, v_blocks, kv_type, block_tokens, stride, offset, head_dim, scale, out);
+    attention_tile_each<attention>(q, first, n_ctx, n_q, k_blocks, v_blocks, kv_type, block_tokens, stride, offset, head_dim, scale,
+                                   softcap, out);
     return;
   }
   with_kv_type(kv_type, [&]<DType T>() {
     if (n_q == 1) {
-      attention_single_impl<T>(q[0], n_ctx[0], k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out[0]);
+      attention_single_impl<T>(q[0], first ? first[0] : 0, n_ctx[0], k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale,
+                               softcap, out[0]);
     } else if (n_q <= 8) {
-      attention_pairs_impl<T>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out);
+      attention_pairs_impl<T>(q, first, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, softcap, out);
     } else if (n_q <= 16) {
-      attention_tile_impl<T, 1>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out);
+      attention_tile_impl<T, 1>(q, first, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, softcap, out);
     } else if (n_q <= 32) {
-      attention_tile_impl<T, 2>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out);
+      attention_tile_impl<T, 2>(q, first, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, softcap, out);
     } else {
-      attention_tile_impl<T, 4>(q, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, out);
+      attention_tile_impl<T, 4>(q, first, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, softcap, out);
     }
   });
 }

@@ -26,8 +26,8 @@ void gelu_tanh_mul(float* gate, const float* up, std::size_t n);
 // One query head against cached positions [first, n_ctx) only, with optional logit soft-capping
 // (score = softcap * tanh(score / softcap) when softcap > 0): the attention of sliding-window layers
 // (first = n_ctx - window when the context is longer) and of Gemma 2. Same paging and KV types as
-// KernelTable::attention; plain loops, used only for the layers and queries that need it (a query
-// whose window covers its whole context and with no cap goes to the fast tiled kernels).
+// KernelTable::attention; plain loops: the reference the tiled kernels' windows and caps are tested
+// against, and attention_tile's path where no tiled kernel applies (scalar, AVX2, odd head sizes).
 void attention_range(const float* q, const void* const* k_blocks, const void* const* v_blocks, DType kv_type,
                      std::size_t block_tokens, std::size_t stride, std::size_t offset, std::size_t first, std::size_t n_ctx,
                      std::size_t head_dim, float scale, float softcap, float* out);

@@ -1,5 +1,6 @@
 #include "kv/block_pool.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -63,7 +64,7 @@ std::size_t pick_segment_dim(std::size_t kv_dim, std::size_t head_dim, KvType ty
 }  // namespace
 
 BlockPool::BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, std::size_t n_blocks, KvType type,
-                     std::size_t head_dim)
+                     std::size_t head_dim, const std::vector<bool>& local_layers)
     : n_layers_(n_layers),
       kv_dim_(kv_dim),
       block_tokens_(block_tokens),
@@ -73,9 +74,47 @@ BlockPool::BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block
       segment_bytes_(kv_row_bytes(segment_dim_, type)),
       refs_(n_blocks, 0) {
   if (block_tokens == 0 || n_blocks == 0) throw Error("KV pool needs at least one block of at least one token");
-  storage_ = HugePageBuffer(n_blocks * block_bytes(n_layers, kv_dim, block_tokens, type));
+  if (!local_layers.empty() && local_layers.size() != n_layers) {
+    throw Error("internal: " + std::to_string(local_layers.size()) + " local-layer flags for " + std::to_string(n_layers) + " layers");
+  }
+  n_local_ = static_cast<std::size_t>(std::count(local_layers.begin(), local_layers.end(), true));
+  const std::size_t n_together = n_layers - n_local_;
+  if (n_together > 0) storage_ = HugePageBuffer(n_blocks * block_bytes(n_together, kv_dim, block_tokens, type));
   free_.reserve(n_blocks);
   for (std::size_t b = n_blocks; b-- > 0;) free_.push_back(static_cast<int>(b));
+  if (n_local_ > 0) {
+    is_local_ = local_layers;
+    std::size_t next[2] = {0, 0};
+    for (std::size_t l = 0; l < n_layers; ++l) group_index_.push_back(next[is_local_[l] ? 1 : 0]++);
+    local_storage_ = HugePageBuffer(n_blocks * block_bytes(n_local_, kv_dim, block_tokens, type));
+    local_of_.assign(n_blocks, -1);
+    free_local_.reserve(n_blocks);
+    for (std::size_t s = n_blocks; s-- > 0;) free_local_.push_back(static_cast<int>(s));
+  }
+}
+
+std::uint8_t* BlockPool::block_data(int block) {
+  if (n_local_ > 0) throw Error("internal: a KV pool whose local layers live apart has no contiguous blocks to spool");
+  return base(block, 0);
+}
+
+const std::uint8_t* BlockPool::block_data(int block) const {
+  if (n_local_ > 0) throw Error("internal: a KV pool whose local layers live apart has no contiguous blocks to spool");
+  return storage_.data() + static_cast<std::size_t>(block) * n_layers_ * layer_bytes();
+}
+
+void BlockPool::release_local(int block) {
+  if (n_local_ == 0) return;
+  int& segment = local_of_[static_cast<std::size_t>(block)];
+  if (segment < 0) return;
+  free_local_.push_back(segment);
+  segment = -1;
+}
+
+std::size_t BlockPool::bytes_in_use() const {
+  const std::size_t blocks = n_blocks() - free_.size();
+  const std::size_t segments = n_local_ > 0 ? n_blocks() - free_local_.size() : 0;
+  return (blocks * (n_layers_ - n_local_) + segments * n_local_) * layer_bytes();
 }
 
 int BlockPool::allocate() {
@@ -83,6 +122,10 @@ int BlockPool::allocate() {
   const int b = free_.back();
   free_.pop_back();
   refs_[static_cast<std::size_t>(b)] = 1;
+  if (n_local_ > 0) {  // never empty: there are as many segments as blocks, and a free block holds none
+    local_of_[static_cast<std::size_t>(b)] = free_local_.back();
+    free_local_.pop_back();
+  }
   return b;
 }
 
@@ -94,13 +137,17 @@ void BlockPool::retain(int block) {
 void BlockPool::release(int block) {
   int& r = refs_[static_cast<std::size_t>(block)];
   if (r <= 0) throw Error("internal: releasing free KV block " + std::to_string(block));
-  if (--r == 0) free_.push_back(block);
+  if (--r == 0) {
+    release_local(block);
+    free_.push_back(block);
+  }
 }
 
 void BlockPool::copy_rows(int from, int to, std::size_t n_rows) {
   if (n_rows > block_tokens_) throw Error("internal: copying more rows than a KV block holds");
   if (log_copies_) copies_.push_back({from, to, n_rows});
   for (std::size_t layer = 0; layer < n_layers_; ++layer) {
+    if (!keys(from, layer) || !keys(to, layer)) continue;  // a released local segment: nothing to copy, or nowhere
     for (std::size_t e = 0; e < kv_dim_; e += segment_dim_) {
       const std::size_t at = offset_of(0, e);
       std::memcpy(keys(to, layer) + at, keys(from, layer) + at, n_rows * segment_bytes_);

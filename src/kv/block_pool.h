@@ -33,10 +33,16 @@ std::size_t kv_row_bytes(std::size_t kv_dim, KvType t);
 // time for a decoding token's GQA group). The unit is a "segment" of segment_dim() elements: the
 // head dimension, or the whole row where the head dimension does not fit the element type's blocks
 // (Q8_0 needs multiples of 32) or was not given.
+//
+// Sliding-window layers ("local", flagged in local_layers) can keep their keys and values apart: in
+// a segment of their own that each block takes when allocated and that release_local gives back
+// once no query's window reaches the block, so a long context keeps only the other layers' full KV.
+// Such a pool has no contiguous block_data (what the spool reads and writes), so caches that spool
+// keep every layer together.
 class BlockPool {
  public:
   BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, std::size_t n_blocks, KvType type = KvType::F16,
-            std::size_t head_dim = 0);
+            std::size_t head_dim = 0, const std::vector<bool>& local_layers = {});
 
   // Bytes one block takes (K and V, all layers).
   static std::size_t block_bytes(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, KvType type);
@@ -67,15 +73,26 @@ class BlockPool {
   std::size_t segment_dim() const { return segment_dim_; }
 
   // The whole block (every layer's keys and values): block_bytes() contiguous bytes, what the KV
-  // spool writes and reads back.
-  std::uint8_t* block_data(int block) { return base(block, 0); }
-  const std::uint8_t* block_data(int block) const { return storage_.data() + static_cast<std::size_t>(block) * n_layers_ * 2 * block_tokens_ * row_bytes_; }
+  // spool writes and reads back. Throws Error for a pool whose local layers live apart.
+  std::uint8_t* block_data(int block);
+  const std::uint8_t* block_data(int block) const;
   std::size_t n_layers() const { return n_layers_; }
 
+  // Whether local layers live apart (see above), whether `block` still has their segment, and giving
+  // it back early (the block's other layers stay; its local layers' keys() become null).
+  bool has_separate_local_layers() const { return n_local_ > 0; }
+  bool has_local(int block) const { return local_of_.empty() || local_of_[static_cast<std::size_t>(block)] >= 0; }
+  void release_local(int block);
+  // Bytes of K/V the blocks and local segments in use hold.
+  std::size_t bytes_in_use() const;
+
   // The keys (values) of `layer` in `block`: kv_dim / segment_dim() segments, each block_tokens rows
-  // of segment_dim() elements of type().
+  // of segment_dim() elements of type(). Null for a local layer whose segment was released.
   std::uint8_t* keys(int block, std::size_t layer) { return base(block, layer); }
-  std::uint8_t* values(int block, std::size_t layer) { return base(block, layer) + block_tokens_ * row_bytes_; }
+  std::uint8_t* values(int block, std::size_t layer) {
+    std::uint8_t* k = base(block, layer);
+    return k ? k + block_tokens_ * row_bytes_ : nullptr;
+  }
   // Bytes of one position's keys (values) of one layer, all segments together.
   std::size_t row_bytes() const { return row_bytes_; }
   // Byte offset, from keys() or values(), of row `slot`'s elements starting at `element` (a multiple
@@ -100,18 +117,32 @@ class BlockPool {
   void load(const std::uint8_t* src, std::size_t slot, float* row) const;
 
  private:
+  std::size_t layer_bytes() const { return 2 * block_tokens_ * row_bytes_; }
   std::uint8_t* base(int block, std::size_t layer) {
-    return storage_.data() + (static_cast<std::size_t>(block) * n_layers_ + layer) * 2 * block_tokens_ * row_bytes_;
+    const std::size_t b = static_cast<std::size_t>(block);
+    if (n_local_ == 0) return storage_.data() + (b * n_layers_ + layer) * layer_bytes();
+    if (!is_local_[layer]) return storage_.data() + (b * (n_layers_ - n_local_) + group_index_[layer]) * layer_bytes();
+    const int segment = local_of_[b];
+    if (segment < 0) return nullptr;
+    return local_storage_.data() + (static_cast<std::size_t>(segment) * n_local_ + group_index_[layer]) * layer_bytes();
   }
 
   std::size_t n_layers_, kv_dim_, block_tokens_;
   KvType type_;
   std::size_t row_bytes_, segment_dim_, segment_bytes_;
-  HugePageBuffer storage_;
+  HugePageBuffer storage_;  // every layer of each block, or only the non-local ones when they live apart
   std::vector<int> refs_;
   bool log_copies_ = false;
   std::vector<RowCopy> copies_;
   std::vector<int> free_;  // a stack: the most recently freed block (warm in cache) is reused first
+  // Local layers apart: which layers, each layer's index within its group, the local segments
+  // (as many as blocks, so a block always gets one) and which one each block holds (-1: none).
+  std::size_t n_local_ = 0;
+  std::vector<bool> is_local_;
+  std::vector<std::size_t> group_index_;
+  HugePageBuffer local_storage_;
+  std::vector<int> local_of_;
+  std::vector<int> free_local_;  // a stack, as free_: released segments are the ones reused, so they stay the few touched
 };
 
 }  // namespace promptly

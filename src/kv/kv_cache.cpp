@@ -9,10 +9,11 @@
 namespace promptly {
 
 KvCache::KvCache(std::size_t n_layers, std::size_t kv_dim, std::size_t max_positions, std::size_t max_sequences, KvType type,
-                 std::size_t block_tokens, std::size_t head_dim)
+                 std::size_t block_tokens, std::size_t head_dim, const LocalLayers& local)
     : pool_(n_layers, kv_dim, block_tokens, ((max_positions + block_tokens - 1) / block_tokens) * std::max<std::size_t>(1, max_sequences),
-            type, head_dim),
-      max_positions_(max_positions) {}
+            type, head_dim, local.window > 0 ? local.is_local : std::vector<bool>{}),
+      max_positions_(max_positions),
+      window_(pool_.has_separate_local_layers() ? local.window : 0) {}
 
 KvCache::KvCache(WithBlocks, std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
                  std::size_t block_tokens, std::size_t head_dim)
@@ -62,7 +63,7 @@ void KvCache::mirror(int seq, std::vector<int> blocks, std::size_t length) {
     if (b < 0 || static_cast<std::size_t>(b) >= pool_.n_blocks()) throw Error("tensor parallelism: rank 0 named KV block " + std::to_string(b) + " of " + std::to_string(pool_.n_blocks()));
   }
   if (length > blocks.size() * pool_.block_tokens()) throw Error("internal: mirrored KV blocks are shorter than their length");
-  seqs_[seq] = Sequence{std::move(blocks), length};
+  seqs_[seq] = Sequence{std::move(blocks), length, 0};
 }
 
 const std::vector<int>& KvCache::blocks(int seq) const {
@@ -83,8 +84,28 @@ void KvCache::read(std::size_t layer, int seq, std::size_t pos, float* key, floa
   const Sequence& s = get(seq);
   const int block = s.blocks[pos / pool_.block_tokens()];
   const std::size_t slot = pos % pool_.block_tokens();
+  if (!pool_.keys(block, layer)) {
+    throw Error("KV of layer " + std::to_string(layer) + " at position " + std::to_string(pos) + " was released (behind its sliding window)");
+  }
   pool_.load(pool_.keys(block, layer), slot, key);
   pool_.load(pool_.values(block, layer), slot, value);
+}
+
+std::size_t KvCache::release_behind_window(int seq) {
+  if (window_ == 0) return 0;
+  Sequence& s = get(seq);
+  if (s.length + 1 <= window_) return 0;
+  // The query at position length sees (length - window, length].
+  const std::size_t first_seen = s.length + 1 - window_;
+  const std::size_t behind = std::min(first_seen / pool_.block_tokens(), s.blocks.size());
+  std::size_t released = 0;
+  for (; s.behind_window < behind; ++s.behind_window) {
+    const int block = s.blocks[s.behind_window];
+    if (pool_.refs(block) != 1 || !pool_.has_local(block)) continue;
+    pool_.release_local(block);
+    ++released;
+  }
+  return released;
 }
 
 void KvCache::block_pointers(std::size_t layer, int seq, std::vector<const void*>& keys, std::vector<const void*>& values) {
@@ -102,7 +123,14 @@ std::size_t KvCache::length(int seq) const {
   return it == seqs_.end() ? 0 : it->second.length;
 }
 
-void KvCache::set_length(int seq, std::size_t length) { get(seq).length = length; }
+void KvCache::set_length(int seq, std::size_t length) {
+  Sequence& s = get(seq);
+  // A query at position length would see (length - window, length]: none of it may be released.
+  if (s.behind_window > 0 && length + 1 < window_ + s.behind_window * pool_.block_tokens()) {
+    throw Error("internal: KV cache length " + std::to_string(length) + " reaches back into KV released behind the sliding window");
+  }
+  s.length = length;
+}
 
 void KvCache::erase(int seq) {
   auto it = seqs_.find(seq);

@@ -12,14 +12,23 @@
 
 namespace promptly {
 
+// Sliding-window layers whose KV a cache gives back once every later query's window has left it
+// behind (see KvCache::release_behind_window): one flag per layer and their window.
+struct LocalLayers {
+  std::vector<bool> is_local;  // empty: none
+  std::size_t window = 0;
+};
+
 class KvCache {
  public:
   static constexpr std::size_t kDefaultBlockTokens = 16;
 
   // Room for max_sequences sequences of up to max_positions positions each. head_dim: the blocks'
-  // rows are stored head by head (see BlockPool); 0 keeps whole rows together.
+  // rows are stored head by head (see BlockPool); 0 keeps whole rows together. `local`: layers
+  // whose KV lives apart and is released behind their window.
   KvCache(std::size_t n_layers, std::size_t kv_dim, std::size_t max_positions, std::size_t max_sequences = 1,
-          KvType type = KvType::F16, std::size_t block_tokens = kDefaultBlockTokens, std::size_t head_dim = 0);
+          KvType type = KvType::F16, std::size_t block_tokens = kDefaultBlockTokens, std::size_t head_dim = 0,
+          const LocalLayers& local = {});
 
   // A pool of exactly n_blocks blocks shared by any number of sequences (the engine's budgeted cache).
   static KvCache with_blocks(std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
@@ -38,8 +47,12 @@ class KvCache {
   const std::vector<int>& blocks(int seq) const;
   // Stores one position's key and value rows (kv_dim floats each), converting to type().
   void write(std::size_t layer, int seq, std::size_t pos, const float* key, const float* value);
-  // Reads them back as floats (tests, debugging).
+  // Reads them back as floats (tests, debugging). Throws Error where they were released.
   void read(std::size_t layer, int seq, std::size_t pos, float* key, float* value);
+  // Gives back the local layers' KV of the sequence's blocks that lie wholly before what its next
+  // query (at position length()) sees: queries only move forward, so no later one reads them. A
+  // block another sequence also holds keeps it. Returns how many blocks gave theirs back.
+  std::size_t release_behind_window(int seq);
   // Block base pointers of `seq` for `layer` (keys and values, elements of type()), for attention;
   // pool().rows_of says where a head's rows lie from them.
   void block_pointers(std::size_t layer, int seq, std::vector<const void*>& keys, std::vector<const void*>& values);
@@ -66,6 +79,7 @@ class KvCache {
   struct Sequence {
     std::vector<int> blocks;
     std::size_t length = 0;
+    std::size_t behind_window = 0;  // leading blocks release_behind_window has been through
   };
   Sequence& get(int seq);
   struct WithBlocks {};
@@ -74,6 +88,7 @@ class KvCache {
 
   BlockPool pool_;
   std::size_t max_positions_;
+  std::size_t window_ = 0;  // of the local layers, when their KV lives apart
   std::unordered_map<int, Sequence> seqs_;
 };
 

@@ -270,8 +270,14 @@ void Model::repack_for_kernels() {
   }
 }
 
-KvCache Model::make_cache(std::size_t max_positions, KvType type, std::size_t max_sequences) const {
-  return KvCache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type, KvCache::kDefaultBlockTokens, config_.head_dim);
+KvCache Model::make_cache(std::size_t max_positions, KvType type, std::size_t max_sequences, bool release_local) const {
+  LocalLayers local;
+  if (release_local && config_.sliding_window > 0) {
+    for (std::size_t il = 0; il < config_.n_layer; ++il) local.is_local.push_back(config_.layer_is_local(il));
+    local.window = config_.sliding_window;
+  }
+  return KvCache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type, KvCache::kDefaultBlockTokens, config_.head_dim,
+                 local);
 }
 
 namespace {
@@ -449,7 +455,8 @@ struct Model::ForwardPass {
 
   // Causal attention: token t sees positions [0, pos_t] of its own sequence (on a local layer the
   // last `window` of them), which the cache now holds whether they came from earlier calls or from
-  // this batch. Work goes in the planned tiles, each one pass over its KV head's keys.
+  // this batch. Work goes in the planned tiles, each one pass over its KV head's keys; windows and
+  // the soft cap are applied inside the tiled kernels, so local layers and Gemma 2 run as fast as the rest.
   void attend(std::size_t il, std::size_t window) {
     const kernels::KernelTable& kt = kernels::kernel_table(kernels::active_isa());
     s.tables.clear();  // block tables of the batch's sequences for this layer, looked up once
@@ -469,39 +476,29 @@ struct Model::ForwardPass {
     // knows which tile comes next.
     const auto prefetch_tile = [&](const AttentionTile& tile) {
       const auto& [keys, values] = s.tables.at(tile.seq);
+      if (keys.empty() || !keys.front()) return;  // the first rows were released behind the window: not what the tile reads
       const BlockPool::Rows at = cache.pool().rows_of(tile.kv_head * HD);
       kernels::prefetch_kv(keys.data(), values.data(), tile.cached, block_tokens, at.stride, at.offset, HD, kv_dtype);
     };
     pool.parallel_for(s.tiles.size(), 1, [&](std::size_t b, std::size_t e, int) {
       const float* qp[kernels::kAttentionTile];
       float* op[kernels::kAttentionTile];
-      std::size_t n_ctx[kernels::kAttentionTile];
+      std::size_t n_ctx[kernels::kAttentionTile], first[kernels::kAttentionTile];
       if (b < e) prefetch_tile(s.tiles[b]);
       for (std::size_t i = b; i < e; ++i) {
         const AttentionTile& tile = s.tiles[i];
         if (i + 1 < e) prefetch_tile(s.tiles[i + 1]);
-        // Queries whose window covers their whole context, without a cap, go to the tiled kernels;
-        // the others to attention_range.
-        bool whole_context = c.attn_softcap == 0.0f;
         for (std::size_t k = 0; k < tile.n; ++k) {
           const auto [t, h] = s.tile_queries[tile.first + k];
           qp[k] = &s.q[t * QD + h * HD];
           op[k] = &s.attn[t * QD + h * HD];
           n_ctx[k] = static_cast<std::size_t>(batch.positions[t]) + 1;
-          if (window && n_ctx[k] > window) whole_context = false;
+          first[k] = window && n_ctx[k] > window ? n_ctx[k] - window : 0;
         }
         const auto& [keys, values] = s.tables.at(tile.seq);
         const BlockPool::Rows rows = cache.pool().rows_of(tile.kv_head * HD);
-        if (whole_context) {
-          kt.attention_tile(qp, n_ctx, tile.n, keys.data(), values.data(), kv_dtype, block_tokens, rows.stride, rows.offset, HD,
-                            scale, op);
-          continue;
-        }
-        for (std::size_t k = 0; k < tile.n; ++k) {
-          const std::size_t first = window && n_ctx[k] > window ? n_ctx[k] - window : 0;
-          kernels::attention_range(qp[k], keys.data(), values.data(), kv_dtype, block_tokens, rows.stride, rows.offset, first,
-                                   n_ctx[k], HD, scale, c.attn_softcap, op[k]);
-        }
+        kt.attention_tile(qp, window ? first : nullptr, n_ctx, tile.n, keys.data(), values.data(), kv_dtype, block_tokens, rows.stride,
+                          rows.offset, HD, scale, c.attn_softcap, op);
       }
     });
   }

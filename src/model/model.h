@@ -76,7 +76,10 @@ class Model {
   bool forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
                const std::function<bool(std::size_t layer)>& stop_before = {}) const;
 
-  KvCache make_cache(std::size_t max_positions, KvType type = KvType::F16, std::size_t max_sequences = 1) const;
+  // release_local: the sliding-window layers' KV lives apart and can be given back behind the window
+  // (KvCache::release_behind_window); such a cache cannot be spooled.
+  KvCache make_cache(std::size_t max_positions, KvType type = KvType::F16, std::size_t max_sequences = 1,
+                     bool release_local = false) const;
 
  private:
   std::shared_ptr<const gguf::File> file_;

@@ -157,6 +157,9 @@ void encode_bpe_word(const Vocab& vocab, const std::string& word, std::vector<st
   }
 }
 
+// The ASCII whitespace a stripping special token swallows (C's isspace in the "C" locale).
+bool is_c_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; }
+
 // Decodes one UTF-8 code point at s[i]; advances i. Invalid bytes decode as themselves.
 char32_t next_code_point(std::string_view s, std::size_t& i) {
   const auto c = static_cast<unsigned char>(s[i]);
@@ -173,7 +176,8 @@ Tokenizer::Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {
   if (vocab_.kind == VocabKind::Bpe) splitter_ = std::make_unique<RegexSplitter>(vocab_.pre_regexes);
   for (std::size_t i = 0; i < vocab_.size(); ++i) {
     const TokenType t = vocab_.types[i];
-    if (vocab_.tokens[i].empty() || (t != TokenType::UserDefined && t != TokenType::Control)) continue;
+    const bool special = t == TokenType::UserDefined || t == TokenType::Control || t == TokenType::Unknown;
+    if (vocab_.tokens[i].empty() || !special) continue;
     all_specials_.push_back(static_cast<std::int32_t>(i));
     if (t == TokenType::UserDefined) user_specials_.push_back(static_cast<std::int32_t>(i));
     special_first_byte_[static_cast<unsigned char>(vocab_.tokens[i][0])] = true;
@@ -210,8 +214,8 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_spec
   std::vector<std::int32_t> out;
   if (add_special && vocab_.add_bos && vocab_.bos >= 0) out.push_back(vocab_.bos);
 
-  // Split out special tokens: user-defined pieces always, control tokens only when asked. Longest
-  // match first so that e.g. "<|im_start|>" wins over any shorter special it contains.
+  // Split out special tokens: user-defined pieces always, control and unknown tokens only when asked.
+  // Longest match first so that e.g. "<|im_start|>" wins over any shorter special it contains.
   const std::vector<std::int32_t>& specials = parse_special ? all_specials_ : user_specials_;
 
   bool prev_special = true;  // the dummy prefix goes before text that starts the input or follows a special token
@@ -246,10 +250,18 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_spec
       ++i;
       continue;
     }
-    emit_text(text.substr(start, i - start));
+    const std::uint8_t strip = vocab_.strip_of(match);
+    std::size_t before_end = i;
+    if (strip & kStripLeft) {
+      while (before_end > start && is_c_space(text[before_end - 1])) --before_end;
+    }
+    emit_text(text.substr(start, before_end - start));
     out.push_back(match);
     prev_special = true;
     i += vocab_.tokens[static_cast<std::size_t>(match)].size();
+    if (strip & kStripRight) {
+      while (i < text.size() && is_c_space(text[i])) ++i;
+    }
     start = i;
   }
   emit_text(text.substr(start));

@@ -80,6 +80,10 @@ Vocab Vocab::from_tokenizer_json(const std::string& path) {
       const auto i = t.at("id").get<std::size_t>();
       v.tokens[i] = t.at("content").get<std::string>();
       v.types[i] = t.value("special", false) ? TokenType::Control : TokenType::UserDefined;
+      // Here, unlike in GGUF, the file says which added tokens swallow the whitespace beside them.
+      const auto flags = static_cast<std::uint8_t>((t.value("lstrip", false) ? kStripLeft : kStripNone) |
+                                                   (t.value("rstrip", false) ? kStripRight : kStripNone));
+      v.set_strip(static_cast<std::int32_t>(i), flags);
     }
     const json& merges = model.at("merges");
     v.merge_ranks.reserve(merges.size());

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "tokenizer/pretokenizer.h"
+#include "tokenizer/special_rules.h"
 #include "util/error.h"
 
 namespace promptly {
@@ -11,6 +12,14 @@ namespace promptly {
 std::int32_t Vocab::find(std::string_view piece) const {
   auto it = piece_to_id.find(std::string(piece));
   return it == piece_to_id.end() ? -1 : it->second;
+}
+
+void Vocab::set_strip(std::int32_t id, std::uint8_t flags) {
+  if (special_strip.empty()) {
+    if (flags == kStripNone) return;
+    special_strip.assign(tokens.size(), kStripNone);
+  }
+  special_strip[static_cast<std::size_t>(id)] = flags;
 }
 
 std::vector<std::int32_t> Vocab::end_of_generation_ids() const {
@@ -97,6 +106,7 @@ Vocab Vocab::from_gguf(const gguf::File& f) {
     v.ignore_merges = pt.ignore_merges;
   }
   v.finalize();
+  apply_family_special_rules(v, f.get_string("general.name").value_or(""));
   return v;
 }
 

@@ -16,6 +16,10 @@ enum class TokenType : std::uint8_t {
 
 enum class VocabKind { Spm, Bpe };
 
+// Whitespace a special token swallows where it is found in text (Hugging Face's added-token
+// lstrip/rstrip): left strips the spaces before it, right those after it.
+inline constexpr std::uint8_t kStripNone = 0, kStripLeft = 1, kStripRight = 2;
+
 struct Vocab {
   VocabKind kind = VocabKind::Spm;
   std::string model_name;  // tokenizer.ggml.model
@@ -33,11 +37,16 @@ struct Vocab {
   bool add_bos = true;
   bool add_eos = false;
   bool add_space_prefix = true;
+  std::vector<std::uint8_t> special_strip;  // kStrip* flags per id; empty when no token strips
   std::int32_t byte_tokens[256];  // id of <0xXX> per byte, -1 when the vocab has none
 
   std::size_t size() const { return tokens.size(); }
   std::int32_t find(std::string_view piece) const;
   bool is_control(std::int32_t id) const { return types[static_cast<std::size_t>(id)] == TokenType::Control; }
+  std::uint8_t strip_of(std::int32_t id) const {
+    return special_strip.empty() ? kStripNone : special_strip[static_cast<std::size_t>(id)];
+  }
+  void set_strip(std::int32_t id, std::uint8_t flags);
   // Ids that end generation: eos, eot and any control token named like an end-of-turn marker.
   std::vector<std::int32_t> end_of_generation_ids() const;
 

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "../test_util.h"
@@ -21,6 +22,54 @@ TEST(SyntheticVocab, ExactSizeAndTokenizable) {
   EXPECT_EQ(v.tokens[1], "<s>");
   EXPECT_EQ(v.tokens[3], "<0x00>");
   EXPECT_EQ(synthetic_vocab(32000).tokens.size(), 32000u);
+}
+
+// Each family's preset writes the tokenizer its real GGUF files carry.
+TEST(SyntheticVocab, FamiliesWriteTheirTokenizers) {
+  test::TempDir dir;
+  ThreadPool pool(2);
+  auto load = [&](const std::string& preset) {
+    const std::string path = dir.file(preset + ".gguf");
+    write_synthetic_model(synthetic_preset(preset), DType::F32, 1, path, pool);
+    return Tokenizer(Vocab::from_gguf(*gguf::File::open(path)));
+  };
+  using Ids = std::vector<std::int32_t>;
+  for (const std::string preset : {"tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe"}) {  // byte-level BPE, pre-tokenized as qwen2
+    const Tokenizer tok = load(preset);
+    const Vocab& v = tok.vocab();
+    EXPECT_EQ(v.kind, VocabKind::Bpe) << preset;
+    EXPECT_EQ(v.pre, "qwen2") << preset;
+    EXPECT_TRUE(v.warnings.empty()) << preset;
+    EXPECT_FALSE(v.add_bos) << preset;
+    EXPECT_EQ(v.bos, v.find("<|endoftext|>")) << preset;
+    EXPECT_EQ(v.eos, v.find("<|im_end|>")) << preset;
+    EXPECT_EQ(tok.encode(" the", true), (Ids{v.find("\xc4\xa0the")})) << preset;  // "Ġthe", no BOS
+    const std::string text = "hello there, the model says caf\xc3\xa9 \xe6\x97\xa5\n\t42";
+    EXPECT_EQ(tok.decode(tok.encode(text)), text) << preset;
+    const Ids chat = tok.encode("<|im_start|>user\nhi<|im_end|>", false, true);
+    EXPECT_EQ(chat.front(), v.find("<|im_start|>")) << preset;
+    EXPECT_EQ(chat.back(), v.find("<|im_end|>")) << preset;
+  }
+  for (const std::string preset : {"tiny-gemma2", "tiny-gemma3"}) {  // SentencePiece without the dummy-prefix space
+    const Tokenizer tok = load(preset);
+    const Vocab& v = tok.vocab();
+    EXPECT_EQ(v.kind, VocabKind::Spm) << preset;
+    EXPECT_FALSE(v.add_space_prefix) << preset;
+    const std::int32_t the = v.find("\xe2\x96\x81the");
+    EXPECT_EQ(tok.encode(" the", false), (Ids{the})) << preset;
+    const Ids bare = tok.encode("the", false);
+    EXPECT_EQ(std::count(bare.begin(), bare.end(), the), 0) << preset;
+    EXPECT_EQ(tok.decode({the}), " the") << preset;  // and no leading space is dropped on the way back
+    EXPECT_EQ(tok.decode(bare), "the") << preset;
+  }
+  const Tokenizer phi3 = load("tiny-phi3");  // named ...phi3: its markers take the newline after them
+  const Vocab& v = phi3.vocab();
+  EXPECT_EQ(phi3.encode("<|user|>\nthe<|end|>\n<|assistant|>\n", false, true),
+            (Ids{v.find("<|user|>"), v.find("\xe2\x96\x81the"), v.find("<|end|>"), v.find("<|assistant|>")}));
+  const Tokenizer llama = load("tiny");
+  EXPECT_TRUE(llama.vocab().add_space_prefix);
+  EXPECT_EQ(llama.encode("the", false), (Ids{llama.vocab().find("\xe2\x96\x81the")}));
+  EXPECT_TRUE(llama.vocab().special_strip.empty());
 }
 
 class GenModel : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};

@@ -555,21 +555,108 @@ TEST(Dispatch, AttentionTileMatchesSingleQueries) {
           std::vector<std::vector<float>> got(n_q, std::vector<float>(head_dim)), want = got;
           std::vector<float*> op;
           for (auto& o : got) op.push_back(o.data());
-          kernel_table(isa).attention_tile(qp.data(), n_ctx.data(), n_q, kb.data(), vb.data(), kv, kBlock, stride, offset, head_dim, scale,
-                                           op.data());
+          kernel_table(isa).attention_tile(qp.data(), nullptr, n_ctx.data(), n_q, kb.data(), vb.data(), kv, kBlock, stride, offset, head_dim,
+                                           scale, 0.0f, op.data());
           for (std::size_t i = 0; i < n_q; ++i) {
             // Alone in a tile, a query gets bit-for-bit what it gets among others: tiles never change a
             // result (batch equivalence rests on it).
             std::vector<float> alone(head_dim);
             float* alone_out = alone.data();
-            kernel_table(isa).attention_tile(&qp[i], &n_ctx[i], 1, kb.data(), vb.data(), kv, kBlock, stride, offset, head_dim, scale,
-                                             &alone_out);
+            kernel_table(isa).attention_tile(&qp[i], nullptr, &n_ctx[i], 1, kb.data(), vb.data(), kv, kBlock, stride, offset, head_dim,
+                                             scale, 0.0f, &alone_out);
             ASSERT_EQ(alone, got[i]) << isa_name(isa) << " " << dtype_name(kv) << " head_dim " << head_dim << " n_q " << n_q << " query " << i;
             kernel_table(Isa::Scalar).attention(qp[i], kb.data(), vb.data(), kv, kBlock, stride, offset, n_ctx[i], head_dim, scale,
                                                 want[i].data());
             for (std::size_t d = 0; d < head_dim; ++d) {
               ASSERT_NEAR(got[i][d], want[i][d], 2e-5f + 2e-5f * std::fabs(want[i][d]))
                   << isa_name(isa) << " " << dtype_name(kv) << " head_dim " << head_dim << " n_q " << n_q << " query " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Sliding windows and soft caps in the tiled attention, against attention_range (plain loops): each
+// query its own window start (0, inside a 16-key chunk, on a block edge, its last position only),
+// with and without a cap, every KV type, tiles of 1 to 40 queries; and a query alone in a tile gets
+// bit-for-bit what it gets among others.
+TEST(Dispatch, AttentionTileWindowsAndSoftCapMatchRange) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<Isa> paths = {Isa::Scalar};
+  for (Isa isa : fast_paths()) paths.push_back(isa);
+  IsaGuard restore;
+  for (DType kv : {DType::F32, DType::F16, DType::Q8_0}) {
+    for (std::size_t head_dim : {32u, 64u, 256u}) {
+      const std::size_t stride = head_dim, offset = 0;
+      const std::size_t row_bytes = kv == DType::F32 ? stride * 4 : kv == DType::F16 ? stride * 2 : stride / 32 * sizeof(BlockQ8_0);
+      constexpr std::size_t kBlock = 16, kPositions = 90;
+      std::vector<std::uint8_t> kc((kPositions + kBlock) * row_bytes), vc(kc.size());
+      std::vector<float> row(stride);
+      for (std::size_t j = 0; j < kPositions; ++j) {
+        for (auto* dst : {&kc, &vc}) {
+          for (float& x : row) x = dist(rng);
+          quantize_row(kv, row.data(), dst->data() + j * row_bytes, stride);
+        }
+      }
+      std::vector<const void*> kb, vb;
+      for (std::size_t j = 0; j < kPositions; j += kBlock) {
+        kb.push_back(kc.data() + j * row_bytes);
+        vb.push_back(vc.data() + j * row_bytes);
+      }
+      for (std::size_t n_q : {1u, 2u, 3u, 8u, 16u, 40u}) {
+        std::vector<std::vector<float>> qs(n_q, std::vector<float>(head_dim));
+        std::vector<std::size_t> n_ctx(n_q), first(n_q);
+        for (std::size_t i = 0; i < n_q; ++i) {
+          for (float& x : qs[i]) x = dist(rng);
+          n_ctx[i] = kPositions - (i * 5) % 37;
+          const std::size_t starts[] = {0, 21, 32, n_ctx[i] - 1, n_ctx[i] - 7};
+          first[i] = starts[(i + n_q) % 5];
+        }
+        std::vector<const float*> qp;
+        for (auto& qv : qs) qp.push_back(qv.data());
+        const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        for (float softcap : {0.0f, 5.0f}) {
+          for (Isa isa : paths) {
+            set_isa(isa);  // attention_range's dots run on the path under test
+            std::vector<std::vector<float>> got(n_q, std::vector<float>(head_dim)), want = got;
+            std::vector<float*> op;
+            for (auto& o : got) op.push_back(o.data());
+            kernel_table(isa).attention_tile(qp.data(), first.data(), n_ctx.data(), n_q, kb.data(), vb.data(), kv, kBlock, stride, offset,
+                                             head_dim, scale, softcap, op.data());
+            for (std::size_t i = 0; i < n_q; ++i) {
+              const std::string where = std::string(isa_name(isa)) + " " + std::string(dtype_name(kv)) + " head_dim " + std::to_string(head_dim) +
+                                        " n_q " + std::to_string(n_q) + " query " + std::to_string(i) + " cap " + std::to_string(softcap);
+              std::vector<float> alone(head_dim);
+              float* alone_out = alone.data();
+              kernel_table(isa).attention_tile(&qp[i], &first[i], &n_ctx[i], 1, kb.data(), vb.data(), kv, kBlock, stride, offset, head_dim,
+                                               scale, softcap, &alone_out);
+              ASSERT_EQ(alone, got[i]) << where;
+              attention_range(qp[i], kb.data(), vb.data(), kv, kBlock, stride, offset, first[i], n_ctx[i], head_dim, scale, softcap,
+                              want[i].data());
+              for (std::size_t d = 0; d < head_dim; ++d) {
+                ASSERT_NEAR(got[i][d], want[i][d], 5e-5f + 5e-5f * std::fabs(want[i][d])) << where << " dim " << d;
+              }
+            }
+            // Blocks wholly before every query's window are never read: they may be released (null).
+            const std::size_t min_first = *std::min_element(first.begin(), first.end());
+            std::vector<const void*> kb_released = kb, vb_released = vb;
+            for (std::size_t b = 0; (b + 1) * kBlock <= min_first; ++b) kb_released[b] = vb_released[b] = nullptr;
+            std::vector<std::vector<float>> again(n_q, std::vector<float>(head_dim));
+            std::vector<float*> again_out;
+            for (auto& o : again) again_out.push_back(o.data());
+            kernel_table(isa).attention_tile(qp.data(), first.data(), n_ctx.data(), n_q, kb_released.data(), vb_released.data(), kv, kBlock,
+                                             stride, offset, head_dim, scale, softcap, again_out.data());
+            EXPECT_EQ(again, got) << isa_name(isa) << " n_q " << n_q;
+            // The window matters: the same queries seeing their whole context get other results.
+            std::vector<float> whole(head_dim);
+            float* whole_out = whole.data();
+            kernel_table(isa).attention_tile(&qp[1 % n_q], nullptr, &n_ctx[1 % n_q], 1, kb.data(), vb.data(), kv, kBlock, stride, offset,
+                                             head_dim, scale, softcap, &whole_out);
+            if (first[1 % n_q] > 0) {
+              EXPECT_NE(whole, got[1 % n_q]);
             }
           }
         }

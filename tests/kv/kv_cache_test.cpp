@@ -172,5 +172,70 @@ TEST(KvCache, HeadMajorRowsRoundTripInEveryType) {
   }
 }
 
+// Sliding-window release: the local layers (0 and 2 here) keep their KV apart and give it back for
+// the blocks every later query's window has left; the global layer keeps everything, a block
+// another holder shares keeps its local KV, and a released segment is what the next block reuses.
+TEST(KvCache, SlidingWindowRelease) {
+  constexpr std::size_t kDim = 8, kBlock = 4, kWindow = 6;
+  KvCache cache(3, kDim, 64, 1, KvType::F32, kBlock, 0, LocalLayers{{true, false, true}, kWindow});
+  const std::size_t layer_bytes = 2 * kBlock * kv_row_bytes(kDim, KvType::F32);
+  const auto row = [](std::size_t layer, std::size_t pos, std::size_t i) { return static_cast<float>(100 * layer + pos) + 0.125f * static_cast<float>(i); };
+  std::vector<float> k(kDim), v(kDim);
+  cache.reserve(0, 40);
+  for (std::size_t pos = 0; pos < 40; ++pos) {
+    for (std::size_t layer = 0; layer < 3; ++layer) {
+      for (std::size_t i = 0; i < kDim; ++i) k[i] = row(layer, pos, i), v[i] = -row(layer, pos, i);
+      cache.write(layer, 0, pos, k.data(), v.data());
+    }
+  }
+  cache.set_length(0, 40);
+  EXPECT_EQ(cache.pool().bytes_in_use(), 10 * 3 * layer_bytes);
+  // The query at 40 sees (34, 40]: blocks 0..7 (positions 0..31) are behind it, block 8 is not.
+  EXPECT_EQ(cache.release_behind_window(0), 8u);
+  EXPECT_EQ(cache.release_behind_window(0), 0u);
+  EXPECT_EQ(cache.pool().bytes_in_use(), (10 * 1 + 2 * 2) * layer_bytes);
+  std::vector<const void*> keys, values;
+  cache.block_pointers(0, 0, keys, values);
+  for (std::size_t b = 0; b < 10; ++b) EXPECT_EQ(keys[b] == nullptr, b < 8) << b;
+  cache.block_pointers(1, 0, keys, values);
+  for (const void* p : keys) EXPECT_NE(p, nullptr);
+  cache.read(1, 0, 0, k.data(), v.data());  // the global layer still has position 0
+  EXPECT_EQ(k[3], row(1, 0, 3));
+  EXPECT_EQ(v[3], -row(1, 0, 3));
+  cache.read(2, 0, 35, k.data(), v.data());
+  EXPECT_EQ(k[5], row(2, 35, 5));
+  EXPECT_THROW(cache.read(0, 0, 31, k.data(), v.data()), Error);
+  EXPECT_THROW(cache.set_length(0, 20), Error);  // a query at 20 would need released KV
+  EXPECT_THROW(cache.pool().block_data(cache.blocks(0)[9]), Error);  // nothing contiguous to spool
+
+  // Another holder of block 8 keeps its local KV when the sequence moves on.
+  const int shared = cache.blocks(0)[8];
+  cache.pool().retain(shared);
+  cache.reserve(0, 48);
+  cache.set_length(0, 48);
+  EXPECT_EQ(cache.release_behind_window(0), 1u);  // block 9 only: (42, 48] is seen next
+  EXPECT_TRUE(cache.pool().has_local(shared));
+  EXPECT_FALSE(cache.pool().has_local(cache.blocks(0)[9]));
+  cache.erase(0);
+  EXPECT_EQ(cache.pool().bytes_in_use(), 3 * layer_bytes);  // the shared block, whole
+  cache.pool().release(shared);
+  EXPECT_EQ(cache.pool().bytes_in_use(), 0u);
+  // Every block gets a local segment again.
+  cache.reserve(1, 64);
+  for (int b : cache.blocks(1)) EXPECT_TRUE(cache.pool().has_local(b));
+  EXPECT_EQ(cache.pool().bytes_in_use(), 16 * 3 * layer_bytes);
+}
+
+// Without local layers (or without a window) nothing is apart and nothing is released.
+TEST(KvCache, NoWindowNoRelease) {
+  KvCache cache(2, 8, 32, 1, KvType::F32, 4, 0, LocalLayers{{true, false}, 0});
+  cache.reserve(0, 32);
+  cache.set_length(0, 32);
+  EXPECT_FALSE(cache.pool().has_separate_local_layers());
+  EXPECT_EQ(cache.release_behind_window(0), 0u);
+  EXPECT_NE(cache.pool().block_data(cache.blocks(0)[0]), nullptr);
+  EXPECT_THROW(BlockPool(2, 8, 4, 4, KvType::F32, 0, {true}), Error);  // one flag per layer
+}
+
 }  // namespace
 }  // namespace promptly

@@ -12,6 +12,8 @@
 #include "chat/chat_template.h"
 #include "chat/reasoning.h"
 #include "convert/synthetic_model.h"
+#include "engine/generate.h"
+#include "spec/ngram.h"
 #include "gguf/writer.h"
 #include "kernels/cpu.h"
 #include "kernels/ops.h"
@@ -474,6 +476,56 @@ TEST(Arch, LoadErrorsNameTheTensor) {
   EXPECT_NE(unknown.find("unsupported architecture 'gpt9'; supported: gemma2, gemma3, llama, phi3, qwen2, qwen3, qwen3moe"),
             std::string::npos)
       << unknown;
+}
+
+// Sliding-window release: generation that gives back the local layers' KV behind their window
+// produces the same tokens and logits as generation that keeps it all (prefill in chunks, then
+// decode with n-gram speculation, whose rejected guesses roll the length back), and holds only
+// the global layers' full KV plus the local layers' last blocks.
+TEST(Arch, SlidingWindowRelease) {
+  test::TempDir dir;
+  ThreadPool pool(2);
+  std::size_t rejected_guesses = 0;
+  for (const std::string preset : {"tiny-gemma3", "tiny-gemma2", "tiny-phi3"}) {
+    auto f = gguf::File::open(make_model(dir, preset));
+    Model model(f);
+    const Tokenizer tok(Vocab::from_gguf(*f));
+    const ModelConfig& c = model.config();
+    std::vector<std::int32_t> prompt;
+    for (int i = 0; i < 150; ++i) prompt.push_back(259 + (i * 37) % 200);
+    GenerateOptions o;
+    o.max_tokens = 60;
+    o.ignore_eos = true;
+    o.sampling.temperature = 0;
+    o.ctx_size = 512;
+    o.prefill_chunk = 64;
+    spec::NgramProposer ngram(3);
+    o.proposer = &ngram;
+    o.spec_tokens = 4;
+    const GenerateResult released = generate(model, tok, prompt, o, pool, {}, true);
+    o.release_window_kv = false;
+    const GenerateResult kept = generate(model, tok, prompt, o, pool, {}, true);
+    EXPECT_EQ(released.ids, kept.ids) << preset;
+    EXPECT_EQ(released.logits, kept.logits) << preset;
+    EXPECT_GT(released.timings.spec_drafted, 0u) << preset;  // the passes verified guesses
+    rejected_guesses += released.timings.spec_drafted - released.timings.spec_accepted;
+
+    std::size_t n_local = 0;
+    for (std::size_t il = 0; il < c.n_layer; ++il) n_local += c.layer_is_local(il) ? 1 : 0;
+    ASSERT_GT(n_local, 0u) << preset;
+    const std::size_t bt = KvCache::kDefaultBlockTokens, layer_bytes = 2 * bt * kv_row_bytes(c.kv_dim(), KvType::F32);
+    // Every block holds all layers when nothing is released; the cache holds at least every token
+    // but the last sampled one (and the last pass's rejected guesses may have taken one more block).
+    ASSERT_EQ(kept.timings.kv_bytes % (c.n_layer * layer_bytes), 0u) << preset;
+    const std::size_t blocks = kept.timings.kv_bytes / (c.n_layer * layer_bytes);
+    EXPECT_GE(blocks, (prompt.size() + released.ids.size() - 1 + bt - 1) / bt) << preset;
+    // Released: the other layers' blocks whole, and local KV only where the last pass's window
+    // (4 positions) and its guesses lay: one or two blocks.
+    const std::size_t global = blocks * (c.n_layer - n_local) * layer_bytes;
+    EXPECT_GE(released.timings.kv_bytes, global + n_local * layer_bytes) << preset;
+    EXPECT_LE(released.timings.kv_bytes, global + 2 * n_local * layer_bytes) << preset;
+  }
+  EXPECT_GT(rejected_guesses, 0u);  // some pass's length went back after a release (Phi-3's, with these weights)
 }
 
 }  // namespace
