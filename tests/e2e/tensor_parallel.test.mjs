@@ -18,7 +18,15 @@ const skip = haveMpi ? false : 'needs mpirun and a promptly built with MPI (tool
 // Root may run mpirun (CI); OpenMPI's own allocations are not ours to leak-check under ASan. mpirun
 // gives rank 0 three seconds after a rank dies (--mca odls_base_sigkill_timeout; the default, one,
 // leaves it no time to answer its clients).
-const mpiEnv = { ...process.env, OMPI_ALLOW_RUN_AS_ROOT: '1', OMPI_ALLOW_RUN_AS_ROOT_CONFIRM: '1', ASAN_OPTIONS: 'detect_leaks=0' };
+const mpiEnv = {
+  ...process.env,
+  OMPI_ALLOW_RUN_AS_ROOT: '1',
+  OMPI_ALLOW_RUN_AS_ROOT_CONFIRM: '1',
+  ASAN_OPTIONS: 'detect_leaks=0',
+  // Containers may forbid the cross-process reads of OpenMPI's single-copy transfers; the tests' small
+  // messages do not need them.
+  OMPI_MCA_btl_vader_single_copy_mechanism: 'none',
+};
 
 async function startTensorParallel(args) {
   const proc = spawn('mpirun', ['--oversubscribe', '--mca', 'odls_base_sigkill_timeout', '3', '-n', '2', BINARY, 'serve', '--tp', '2', '--port', '0', '-t', '1', ...args], {
