@@ -16,25 +16,13 @@ process.on('exit', () => rmSync(process.env.XDG_CACHE_HOME, { recursive: true, f
 export async function startServer(args, { env } = {}) {
   const threads = args.includes('-t') ? [] : ['-t', '1'];
   const proc = spawn(BINARY, ['serve', '--port', '0', ...threads, ...args], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
-  let log = '';
-  const port = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 30000);
-    proc.stderr.on('data', (chunk) => {
-      log += chunk.toString();
-      const m = log.match(/on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve(Number(m[1]));
-      }
-    });
-    proc.on('exit', (code) => reject(new Error(`server exited with ${code}:\n${log}`)));
-  });
+  const { port, log } = await listeningPort(proc, 30000);
   const baseURL = `http://127.0.0.1:${port}`;
   return {
     proc,
     port,
     baseURL,
-    log: () => log,
+    log,
     async stop() {
       if (proc.exitCode !== null) return proc.exitCode;
       const exited = new Promise((resolve) => proc.on('exit', (code) => resolve(code)));
@@ -42,6 +30,25 @@ export async function startServer(args, { env } = {}) {
       return exited;
     },
   };
+}
+
+// The port a starting `promptly serve` (or mpirun running one) announces on stderr; `log()` gives
+// everything it wrote so far.
+export async function listeningPort(proc, timeoutMs) {
+  let text = '';
+  const port = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`server did not start:\n${text}`)), timeoutMs);
+    proc.stderr.on('data', (chunk) => {
+      text += chunk.toString();
+      const m = text.match(/on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m) {
+        clearTimeout(timer);
+        resolve(Number(m[1]));
+      }
+    });
+    proc.on('exit', (code) => reject(new Error(`server exited with ${code}:\n${text}`)));
+  });
+  return { port, log: () => text };
 }
 
 // Greedy text from `promptly run` for the same prompt, the reference the server must reproduce.

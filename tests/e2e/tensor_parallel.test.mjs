@@ -8,7 +8,7 @@ import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { BINARY, STORIES, runGreedy } from './helpers.mjs';
+import { BINARY, STORIES, listeningPort, runGreedy } from './helpers.mjs';
 
 const haveMpi =
   spawnSync('mpirun', ['--version']).status === 0 &&
@@ -33,20 +33,8 @@ async function startTensorParallel(args) {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: mpiEnv,
   });
-  let log = '';
   const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
-  const port = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 60000);
-    proc.stderr.on('data', (chunk) => {
-      log += chunk.toString();
-      const m = log.match(/on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve(Number(m[1]));
-      }
-    });
-    exited.then(({ code }) => reject(new Error(`mpirun exited with ${code}:\n${log}`)));
-  });
+  const { port, log } = await listeningPort(proc, 60000);
   // The ranks are mpirun's children; OpenMPI tells each its rank in the environment.
   const ranks = () =>
     spawnSync('pgrep', ['-P', String(proc.pid)])
@@ -63,7 +51,7 @@ async function startTensorParallel(args) {
         }
       })
       .filter(Boolean);
-  return { proc, baseURL: `http://127.0.0.1:${port}`, log: () => log, exited, ranks };
+  return { proc, baseURL: `http://127.0.0.1:${port}`, log, exited, ranks };
 }
 
 async function complete(baseURL, body) {
