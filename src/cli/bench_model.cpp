@@ -120,6 +120,8 @@ int bench_model(const BenchModelOptions& o) {
   std::mt19937 rng(7);
   std::uniform_int_distribution<std::int32_t> tok(3, static_cast<std::int32_t>(c.n_vocab) - 1);
   std::vector<double> pp_tps, tg_tps;
+  double tg_tp_collectives = 0;     // tensor-parallel: collectives per generated token
+  std::vector<double> tg_tp_share;  // and the share of decode time rank 0 spent in them
   std::vector<float> logits;
   // With a depth, the context is prefilled once (in chunks, as the engine would) and every
   // measurement starts from it: the cache is cut back to `depth` positions, and what a measurement
@@ -159,13 +161,20 @@ int bench_model(const BenchModelOptions& o) {
     if (o.n_gen > 0) {
       restart();
       Batch batch;
+      const parallel::Communicator::Totals tp_before = tp ? tp->totals() : parallel::Communicator::Totals{};
       const auto t0 = SteadyClock::now();
       for (int i = 0; i < o.n_gen; ++i) {
         batch.clear();
         batch.add(tok(rng), at(i), 0, true);
         model.forward(batch, cache, pool, logits);
       }
-      tg_tps.push_back(o.n_gen / seconds_since(t0));
+      const double seconds = seconds_since(t0);
+      tg_tps.push_back(o.n_gen / seconds);
+      if (tp) {  // this rank's time in collectives (sending and waiting), per generated token
+        const parallel::Communicator::Totals after = tp->totals();
+        tg_tp_collectives = static_cast<double>(after.collectives - tp_before.collectives) / o.n_gen;
+        tg_tp_share.push_back((after.seconds - tp_before.seconds) / seconds);
+      }
     }
     measure_machine();
   }
@@ -180,7 +189,8 @@ int bench_model(const BenchModelOptions& o) {
   nlohmann::json j = {
       {"model", o.model}, {"type", type}, {"file_mb", file_mb}, {"params_m", static_cast<double>(params) / 1e6},
       {"active_params_m", static_cast<double>(active_params) / 1e6},
-      {"threads", threads}, {"tp", o.tp}, {"isa", kernels::isa_name(kernels::active_isa())}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"depth", o.depth},
+      {"threads", threads}, {"tp", o.tp}, {"tg_tp_collectives_per_token", tg_tp_collectives},
+      {"tg_tp_collective_share", tg_tp_share.empty() ? 0.0 : stats(tg_tp_share).median}, {"isa", kernels::isa_name(kernels::active_isa())}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"depth", o.depth},
       {"repetitions", o.repetitions}, {"pp_tps", {{"mean", pp.mean}, {"stddev", pp.stddev}, {"median", pp.median}}},
       {"tg_tps", {{"mean", tg.mean}, {"stddev", tg.stddev}, {"median", tg.median}}},
       {"read_bandwidth_gbs", bandwidth}, {"weight_bytes_per_token", weight_bytes}, {"tg_floor_tps", tg_floor},
@@ -198,7 +208,11 @@ int bench_model(const BenchModelOptions& o) {
   std::printf("| %s | %s | %.0f | %d | %s | %.1f ± %.1f | %.1f ± %.1f | %.1f | %.1f | %.0f%% | %.1f%% | %.0f |\n", o.model.c_str(),
               type.c_str(), file_mb, threads, kernels::isa_name(kernels::active_isa()), pp.mean, pp.stddev, tg.mean, tg.stddev, bandwidth,
               tg_floor, 100.0 * tg.median / tg_floor, 100.0 * pp_ops / int8_peak, rss);
-  if (tp) std::printf("\ntensor parallel: %d ranks of %d threads each\n", o.tp, threads);
+  if (tp) {
+    std::printf("\ntensor parallel: %d ranks of %d threads each; decode: %.0f collectives a token, %.0f%% of rank 0's time in them "
+                "(sending and waiting for the slowest rank)\n",
+                o.tp, threads, tg_tp_collectives, 100.0 * stats(tg_tp_share).median);
+  }
   if (c.is_moe()) {
     std::printf("\nmixture of experts: %u of %u experts per token; %.1f M of %.1f M parameters active per token (the floor counts those)\n",
                 c.n_expert_used, c.n_expert, static_cast<double>(active_params) / 1e6, static_cast<double>(params) / 1e6);

@@ -27,6 +27,14 @@ class Communicator {
   // by default (a step of a big model on a loaded machine); a server going down shortens it, since
   // mpirun then stops every rank and a dead peer must not keep the in-flight streams waiting.
   virtual void set_silence_limit(double seconds) = 0;
+
+  // Collectives this rank has run and the seconds it spent in them (its own share of the transfer
+  // plus waiting for the slowest rank): what tensor parallelism costs on top of the arithmetic.
+  struct Totals {
+    std::uint64_t collectives = 0;
+    double seconds = 0;
+  };
+  virtual Totals totals() const = 0;
 };
 
 // Joins the MPI world that `mpirun -n ranks` started (initialising MPI) and checks that it has

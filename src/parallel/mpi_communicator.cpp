@@ -82,6 +82,7 @@ class MpiCommunicator final : public Communicator {
 
   void abandon() override { abandoned_.store(true); }
   void set_silence_limit(double seconds) override { silence_limit_s_.store(seconds); }
+  Totals totals() const override { return {collectives_.load(), static_cast<double>(nanoseconds_.load()) * 1e-9}; }
 
  private:
   void check(int code, const char* what) {
@@ -94,6 +95,15 @@ class MpiCommunicator final : public Communicator {
 
   void wait(MPI_Request& req, const char* what, bool patient) {
     const auto start = Clock::now();
+    struct Count {  // every way out of the loop, a throw included
+      MpiCommunicator& c;
+      Clock::time_point start;
+      ~Count() {
+        c.collectives_.fetch_add(1, std::memory_order_relaxed);
+        c.nanoseconds_.fetch_add(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count()),
+                                 std::memory_order_relaxed);
+      }
+    } count{*this, start};
     for (std::uint64_t polls = 0;; ++polls) {
       int done = 0;
       const int code = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
@@ -123,6 +133,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   std::atomic<bool> abandoned_{false};
   std::atomic<double> silence_limit_s_{kDefaultSilenceLimitS};
+  std::atomic<std::uint64_t> collectives_{0}, nanoseconds_{0};
 };
 
 }  // namespace
