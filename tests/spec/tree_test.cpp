@@ -1,0 +1,143 @@
+// Token trees: one pass over a tree gives every node the logits of its own path run as a plain
+// chain (the attention mask hides siblings' branches), and the accepted path's K/V moved into place
+// serve later passes as if that path had been decoded.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+
+#include "../test_util.h"
+#include "convert/synthetic_model.h"
+#include "kernels/cpu.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace promptly {
+namespace {
+
+struct Loaded {
+  std::shared_ptr<const gguf::File> file;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  explicit Loaded(const std::string& path)
+      : file(gguf::File::open(path)), model(std::make_unique<Model>(file)), tokenizer(std::make_unique<Tokenizer>(Vocab::from_gguf(*file))) {}
+};
+
+std::vector<kernels::Isa> kernel_paths() {
+  std::vector<kernels::Isa> paths = {kernels::Isa::Scalar};
+  if (static_cast<int>(kernels::best_isa()) >= static_cast<int>(kernels::Isa::Avx2)) paths.push_back(kernels::Isa::Avx2);
+  if (static_cast<int>(kernels::best_isa()) >= static_cast<int>(kernels::Isa::Avx512)) paths.push_back(kernels::Isa::Avx512);
+  if (kernels::best_isa() == kernels::Isa::Amx) paths.push_back(kernels::Isa::Amx);
+  return paths;
+}
+
+struct RestoreIsa {
+  ~RestoreIsa() { kernels::set_isa(kernels::best_isa()); }
+};
+
+// A tree of 9 nodes over the context (parents by node index, -1: the context's last token), in the
+// order a level-by-level builder writes it; branches of different depths, a node with three children.
+const std::vector<int> kParents = {-1, -1, -1, 0, 0, 1, 3, 3, 6};
+
+std::vector<int> path_to(int node) {  // the nodes from the first level down to `node`
+  std::vector<int> path;
+  for (int n = node; n >= 0; n = kParents[static_cast<std::size_t>(n)]) path.insert(path.begin(), n);
+  return path;
+}
+
+// Prefills `context`, then runs its last token and the tree in one pass; compares each node's
+// logits with those of the same path decoded as a chain in a fresh cache.
+void expect_tree_logits_equal_chain_logits(const Model& model, const std::vector<std::int32_t>& context, KvType kv_type, ThreadPool& pool,
+                                           const std::string& what) {
+  const std::size_t n_vocab = model.config().n_vocab;
+  std::vector<std::int32_t> tree_tokens;
+  for (std::size_t i = 0; i < kParents.size(); ++i) tree_tokens.push_back(static_cast<std::int32_t>((7 * i + 3) % n_vocab));
+  const auto C = static_cast<std::int32_t>(context.size());
+  KvCache cache = model.make_cache(128, kv_type);
+  Batch batch;
+  std::vector<float> logits;
+  for (std::int32_t i = 0; i + 1 < C; ++i) batch.add(context[static_cast<std::size_t>(i)], i, 0, false);
+  model.forward(batch, cache, pool, logits);
+  batch.clear();
+  batch.add(context.back(), C - 1, 0, true);
+  std::vector<std::uint64_t> ancestors(kParents.size());
+  for (std::size_t i = 0; i < kParents.size(); ++i) {
+    const int parent = kParents[i];
+    ancestors[i] = (std::uint64_t{1} << i) | (parent >= 0 ? ancestors[static_cast<std::size_t>(parent)] : 0);
+    batch.add_tree_node(tree_tokens[i], 0, C, static_cast<std::int32_t>(i), static_cast<std::int32_t>(path_to(static_cast<int>(i)).size()),
+                        ancestors[i], true);
+  }
+  model.forward(batch, cache, pool, logits);
+  ASSERT_EQ(logits.size(), (kParents.size() + 1) * n_vocab);
+
+  for (std::size_t node = 0; node < kParents.size(); ++node) {
+    std::vector<std::int32_t> chain = context;
+    for (int n : path_to(static_cast<int>(node))) chain.push_back(tree_tokens[static_cast<std::size_t>(n)]);
+    KvCache plain = model.make_cache(128, kv_type);
+    Batch b;
+    for (std::size_t i = 0; i < chain.size(); ++i) b.add(chain[i], static_cast<std::int32_t>(i), 0, i + 1 == chain.size());
+    std::vector<float> want;
+    model.forward(b, plain, pool, want);
+    const float* got = &logits[(node + 1) * n_vocab];
+    double worst = 0;
+    for (std::size_t v = 0; v < n_vocab; ++v) worst = std::max(worst, static_cast<double>(std::fabs(got[v] - want[v])));
+    EXPECT_LT(worst, 2e-3) << what << " node " << node;
+  }
+}
+
+TEST(TokenTree, EachNodesLogitsEqualItsPathRunAsAChainOnEveryKernelPath) {
+  test::TempDir dir;
+  ThreadPool pool(2);
+  write_synthetic_model(synthetic_preset("tiny"), DType::Q8_0, 1, dir.file("random.gguf"), pool);
+  RestoreIsa restore;
+  for (const kernels::Isa isa : kernel_paths()) {
+    kernels::set_isa(isa);
+    for (const std::string& path : {test::shared_model("stories260K.gguf"), dir.file("random.gguf")}) {
+      Loaded m(path);
+      const auto context = m.tokenizer->encode("Once upon a time, there was a little dog named Max. Max", true, false);
+      for (KvType kv : {KvType::F32, KvType::F16}) {
+        expect_tree_logits_equal_chain_logits(*m.model, context, kv, pool,
+                                              path + " " + kernels::kernel_table(isa).name + " kv " + kv_type_name(kv));
+      }
+    }
+  }
+}
+
+TEST(TokenTree, TheAcceptedPathMovedIntoPlaceServesTheNextPassAsIfDecoded) {
+  Loaded m(test::shared_model("stories260K.gguf"));
+  ThreadPool pool(2);
+  const std::size_t n_vocab = m.model->config().n_vocab;
+  const auto context = m.tokenizer->encode("Once upon a time, there was a little", true, false);
+  const auto C = static_cast<std::int32_t>(context.size());
+  // Tree: two first-level nodes, the second with one child; the accepted path is nodes 1 then 2.
+  const std::vector<std::int32_t> tokens = {11, 42, 77};
+  KvCache cache = m.model->make_cache(128, KvType::F16);
+  Batch batch;
+  std::vector<float> logits;
+  for (std::int32_t i = 0; i < C; ++i) batch.add(context[static_cast<std::size_t>(i)], i, 0, false);
+  m.model->forward(batch, cache, pool, logits);
+  batch.clear();
+  batch.add_tree_node(tokens[0], 0, C, 0, 1, 0b001, false);
+  batch.add_tree_node(tokens[1], 0, C, 1, 1, 0b010, false);
+  batch.add_tree_node(tokens[2], 0, C, 2, 2, 0b110, false);
+  m.model->forward(batch, cache, pool, logits);
+  cache.move_position(0, static_cast<std::size_t>(C) + 1, static_cast<std::size_t>(C));
+  cache.move_position(0, static_cast<std::size_t>(C) + 2, static_cast<std::size_t>(C) + 1);
+  cache.set_length(0, static_cast<std::size_t>(C) + 2);
+  batch.clear();
+  batch.add(5, C + 2, 0, true);
+  m.model->forward(batch, cache, pool, logits);
+
+  std::vector<std::int32_t> chain = context;
+  chain.insert(chain.end(), {tokens[1], tokens[2], 5});
+  KvCache plain = m.model->make_cache(128, KvType::F16);
+  Batch b;
+  for (std::size_t i = 0; i < chain.size(); ++i) b.add(chain[i], static_cast<std::int32_t>(i), 0, i + 1 == chain.size());
+  std::vector<float> want;
+  m.model->forward(b, plain, pool, want);
+  for (std::size_t v = 0; v < n_vocab; ++v) ASSERT_NEAR(logits[v], want[v], 2e-3) << v;
+}
+
+
+}  // namespace
+}  // namespace promptly
