@@ -71,8 +71,71 @@ void DraftModelProposer::catch_up(const std::vector<std::int32_t>& context) {
   cached_ = context;
 }
 
+void DraftModelProposer::propose_tree(const std::vector<std::int32_t>& context, std::size_t max_nodes, Proposal& out) {
+  max_nodes = std::min({max_nodes, Batch::kMaxTreeNodes, cache_.max_positions() - context.size()});
+  if (max_nodes == 0) return;
+  catch_up(context);
+  const std::size_t n_vocab = model_.config().n_vocab;
+  const auto C = static_cast<std::int32_t>(context.size());
+  struct Node {
+    std::int32_t depth = 0;
+    std::uint64_t ancestors = 0;  // its own bit and its ancestors' (Batch::tree_ancestors)
+    double log_p = 0;             // the draft's cumulative log probability from the root
+  };
+  std::vector<Node> nodes;
+  struct Offer {
+    double log_p;
+    std::int32_t parent;  // -1: the root
+    std::int32_t token;
+  };
+  std::vector<Offer> offers;
+  std::vector<std::int32_t> frontier = {-1};  // the last level's nodes; row i of `rows` is frontier[i]'s prediction
+  const float* rows = logits_.data();
+  std::vector<std::pair<float, std::int32_t>> top;
+  const double min_log_p = std::log(std::max(options_.tree_min_p, 1e-30f));
+  for (std::size_t depth = 1; depth <= options_.tree_depth && nodes.size() < max_nodes; ++depth) {
+    offers.clear();
+    for (std::size_t f = 0; f < frontier.size(); ++f) {
+      const float* row = rows + f * n_vocab;
+      const double lse = log_sum_exp(row, n_vocab);
+      top.clear();
+      for (std::size_t v = 0; v < n_vocab; ++v) {
+        if (top.size() < options_.tree_width || row[v] > top.back().first) {
+          if (top.size() == options_.tree_width) top.pop_back();
+          top.emplace_back(row[v], static_cast<std::int32_t>(v));
+          for (std::size_t i = top.size() - 1; i > 0 && top[i].first > top[i - 1].first; --i) std::swap(top[i], top[i - 1]);
+        }
+      }
+      const double base = frontier[f] < 0 ? 0.0 : nodes[static_cast<std::size_t>(frontier[f])].log_p;
+      for (const auto& [logit, token] : top) offers.push_back({base + static_cast<double>(logit) - lse, frontier[f], token});
+    }
+    std::stable_sort(offers.begin(), offers.end(), [](const Offer& a, const Offer& b) { return a.log_p > b.log_p; });
+    frontier.clear();
+    batch_.clear();
+    for (const Offer& o : offers) {
+      if (nodes.size() == max_nodes || o.log_p < min_log_p) break;
+      const auto index = static_cast<std::int32_t>(nodes.size());
+      const std::uint64_t ancestors = (std::uint64_t{1} << index) | (o.parent < 0 ? 0 : nodes[static_cast<std::size_t>(o.parent)].ancestors);
+      nodes.push_back({static_cast<std::int32_t>(depth), ancestors, o.log_p});
+      out.tokens.push_back(o.token);
+      out.parents.push_back(o.parent);
+      frontier.push_back(index);
+      batch_.add_tree_node(o.token, kSeq, C, index, static_cast<std::int32_t>(depth), ancestors, true);
+    }
+    // The next level needs this one's predictions: one draft pass over the level, in the tree's slots.
+    if (frontier.empty() || depth == options_.tree_depth || nodes.size() == max_nodes) break;
+    model_.forward(batch_, cache_, pool_, level_logits_);
+    ++passes_;
+    rows = level_logits_.data();
+  }
+}
+
 void DraftModelProposer::propose(const std::vector<std::int32_t>& context, std::size_t max_tokens, Proposal& out) {
   out.clear();
+  if (options_.tree_width >= 2) {
+    if (!context.empty() && context.size() < cache_.max_positions()) propose_tree(context, max_tokens, out);
+    return;
+  }
   // The last guess is never run, so guesses need positions up to context.size() + max_tokens - 2.
   const std::size_t room = cache_.max_positions();
   if (context.empty() || context.size() >= room) return;

@@ -25,13 +25,22 @@ struct DraftOptions {
   // the draft itself doubts is mostly rejected, and each one costs a draft pass and a verify row.
   float min_confidence = 0.0f;
   SamplingParams sampling;   // temperature > 0: tokens are drawn from the draft's distribution (q)
+  // Token trees (tree_width >= 2): level by level down to tree_depth, each node of the level before
+  // offers its tree_width likeliest tokens, and the likeliest of all those offers, by the draft's
+  // cumulative probability from the root, are kept while the tree has room for them (at most the
+  // propose call's max_tokens nodes) and their probability is at least tree_min_p. The draft runs
+  // each level as one batch in its own cache, with the tree attention mask. Deterministic at any
+  // temperature: the target verifies siblings as point guesses.
+  std::size_t tree_width = 0;
+  std::size_t tree_depth = kDefaultTreeDepth;
+  float tree_min_p = kDefaultTreeMinP;
 };
 
 class DraftModelProposer final : public Proposer {
  public:
   DraftModelProposer(const Model& draft, const DraftOptions& options, ThreadPool& pool);
   void propose(const std::vector<std::int32_t>& context, std::size_t max_tokens, Proposal& out) override;
-  const char* name() const override { return "draft"; }
+  const char* name() const override { return options_.tree_width >= 2 ? "tree" : "draft"; }
 
   std::size_t draft_passes() const { return passes_; }
 
@@ -40,6 +49,7 @@ class DraftModelProposer final : public Proposer {
   // what follows the context.
   void catch_up(const std::vector<std::int32_t>& context);
   void run(std::int32_t token, std::size_t pos);
+  void propose_tree(const std::vector<std::int32_t>& context, std::size_t max_nodes, Proposal& out);
 
   const Model& model_;
   DraftOptions options_;
@@ -48,7 +58,7 @@ class DraftModelProposer final : public Proposer {
   Sampler sampler_;
   std::vector<std::int32_t> cached_;  // the tokens whose K/V the cache holds, in order
   std::vector<std::int32_t> history_;  // scratch: context + drafted tokens, for penalties
-  std::vector<float> logits_, probs_;
+  std::vector<float> logits_, probs_, level_logits_;
   Batch batch_;
   std::size_t passes_ = 0;
 };

@@ -241,6 +241,15 @@ void expect_sampled_tokens_follow_the_target(const std::string& mode) {
       d.sampling = g.sampling;
       d.ctx = g.ctx_size;
       if (mode == "poor draft") d.sampling.temperature = 3.0f;  // q far flatter than p: most guesses fail
+      if (mode == "tree" || mode == "wide tree") {
+        // Token trees: siblings verified one after another against the residual. The wide tree offers
+        // eight children a node with no probability floor, so most siblings are unlikely guesses and
+        // most roots end in rejections and a draw from the residual.
+        d.tree_width = mode == "tree" ? 2 : 8;
+        d.tree_depth = 3;
+        d.tree_min_p = mode == "tree" ? 0.05f : 0.0f;
+        g.spec_tokens = mode == "tree" ? 6 : 16;
+      }
       proposer = std::make_unique<spec::DraftModelProposer>(*m.close_draft->model, d, pool);
     }
     g.proposer = proposer.get();
@@ -258,6 +267,8 @@ void expect_sampled_tokens_follow_the_target(const std::string& mode) {
 TEST(Spec, SampledTokensFollowTheTargetsDistributionWithACloseDraft) { expect_sampled_tokens_follow_the_target("close draft"); }
 TEST(Spec, SampledTokensFollowTheTargetsDistributionWithAPoorDraft) { expect_sampled_tokens_follow_the_target("poor draft"); }
 TEST(Spec, SampledTokensFollowTheTargetsDistributionWithNgrams) { expect_sampled_tokens_follow_the_target("ngram"); }
+TEST(TokenTree, SampledTokensFollowTheTargetsDistribution) { expect_sampled_tokens_follow_the_target("tree"); }
+TEST(TokenTree, SampledTokensFollowTheTargetsDistributionWithAWideUnlikelyTree) { expect_sampled_tokens_follow_the_target("wide tree"); }
 
 TEST(Spec, ADraftWithAnotherVocabularyIsRefusedNamingTheId) {
   Loaded target(test::shared_model("code/code-target-f16.gguf"));

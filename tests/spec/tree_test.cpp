@@ -8,8 +8,10 @@
 
 #include "../test_util.h"
 #include "convert/synthetic_model.h"
+#include "engine/generate.h"
 #include "kernels/cpu.h"
 #include "model/model.h"
+#include "spec/draft_model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace promptly {
@@ -138,6 +140,77 @@ TEST(TokenTree, TheAcceptedPathMovedIntoPlaceServesTheNextPassAsIfDecoded) {
   for (std::size_t v = 0; v < n_vocab; ++v) ASSERT_NEAR(logits[v], want[v], 2e-3) << v;
 }
 
+
+GenerateOptions greedy(int n) {
+  GenerateOptions g;
+  g.max_tokens = n;
+  g.sampling.temperature = 0;
+  g.ignore_eos = true;
+  return g;
+}
+
+spec::DraftOptions tree_options(std::size_t width, std::size_t depth, float min_p) {
+  spec::DraftOptions d;
+  d.sampling.temperature = 0;
+  d.tree_width = width;
+  d.tree_depth = depth;
+  d.tree_min_p = min_p;
+  return d;
+}
+
+// Greedy decoding with a token tree gives plain decoding's tokens, and the tree is really used:
+// passes accept guesses, and some accepted guesses are not the draft's first choice.
+TEST(TokenTree, GreedyEqualsPlainDecodingOnTheCodePair) {
+  Loaded target(test::shared_model("code/code-target-f16.gguf"));
+  Loaded draft(test::shared_model("code/code-draft-f16.gguf"));
+  ThreadPool pool(2);
+  const std::string code = test::read_file(test::shared_model("code/val.txt")).substr(4000, 900);
+  const auto prompt = target.tokenizer->encode(code, true, false);
+  const GenerateResult plain = generate(*target.model, *target.tokenizer, prompt, greedy(96), pool);
+  spec::DraftModelProposer chain(*draft.model, tree_options(0, 0, 0), pool);
+  for (const auto& [width, nodes] : {std::pair{2u, 8u}, std::pair{3u, 16u}, std::pair{4u, 40u}}) {
+    spec::DraftModelProposer tree(*draft.model, tree_options(width, 5, 0.01f), pool);
+    GenerateOptions g = greedy(96);
+    g.proposer = &tree;
+    g.spec_tokens = nodes;
+    const GenerateResult fast = generate(*target.model, *target.tokenizer, prompt, g, pool);
+    EXPECT_EQ(fast.ids, plain.ids) << "width " << width << " nodes " << nodes;
+    EXPECT_GT(fast.timings.spec_accepted, 30u);
+    EXPECT_LT(fast.timings.spec_passes, 60u);
+  }
+}
+
+TEST(TokenTree, GreedyEqualsPlainOnStoriesAndRandomModelsOnEveryKernelPath) {
+  test::TempDir dir;
+  ThreadPool pool(2);
+  write_synthetic_model(synthetic_preset("tiny"), DType::Q8_0, 1, dir.file("target.gguf"), pool);
+  write_synthetic_model(synthetic_preset("tiny"), DType::F32, 2, dir.file("draft.gguf"), pool);
+  RestoreIsa restore;
+  for (const kernels::Isa isa : kernel_paths()) {
+    kernels::set_isa(isa);
+    for (const auto& [target_path, draft_path] : {std::pair{test::shared_model("stories260K.gguf"), test::shared_model("stories260K.gguf")},
+                                                  std::pair{dir.file("target.gguf"), dir.file("draft.gguf")}}) {
+      Loaded target(target_path), draft(draft_path);
+      const auto prompt = target.tokenizer->encode("Once upon a time, there was a little dog. The dog", true, false);
+      for (KvType kv : {KvType::F32, KvType::F16}) {
+        GenerateOptions g = greedy(60);
+        g.kv_type = kv;
+        const GenerateResult plain = generate(*target.model, *target.tokenizer, prompt, g, pool);
+        spec::DraftOptions d = tree_options(3, 4, 0.0f);
+        d.kv_type = kv;
+        spec::DraftModelProposer tree(*draft.model, d, pool);
+        g.proposer = &tree;
+        g.spec_tokens = 12;
+        const GenerateResult fast = generate(*target.model, *target.tokenizer, prompt, g, pool);
+        EXPECT_EQ(fast.ids, plain.ids) << target_path << " on " << kernels::kernel_table(isa).name << " kv " << kv_type_name(kv);
+        // A model agrees with itself: every pass with room for guesses accepts at least its first.
+        if (target_path == draft_path) {
+          EXPECT_GE(fast.timings.spec_accepted + 1, fast.timings.spec_passes);
+        }
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace promptly
