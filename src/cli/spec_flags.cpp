@@ -20,6 +20,7 @@ struct ResolvedSpec {
   std::size_t tokens = 0;  // a chain's guesses, a tree's depth
   float draft_min_p = spec::kDefaultDraftMinP;
   std::size_t tree_width = spec::kDefaultTreeWidth, tree_nodes = spec::kDefaultTreeNodes;
+  float tree_min_p = spec::kDefaultTreeMinP;
 };
 ResolvedSpec resolve(const SpecFlags& flags, const Vocab& target_vocab, std::unique_ptr<Model>& draft_model, const char* by_default) {
   ResolvedSpec r;
@@ -34,6 +35,8 @@ ResolvedSpec resolve(const SpecFlags& flags, const Vocab& target_vocab, std::uni
     throw Error("--spec-tree-nodes " + std::to_string(flags.tree_nodes) + " is out of range: 1 to " + std::to_string(Batch::kMaxTreeNodes) +
                 " nodes a tree");
   }
+  if (flags.tree_min_p > 1) throw Error("--spec-tree-min-p " + std::to_string(flags.tree_min_p) + " is a probability: 0 to 1");
+  if (flags.tree_min_p >= 0) r.tree_min_p = flags.tree_min_p;
   if (flags.tree_width > 0) r.tree_width = static_cast<std::size_t>(flags.tree_width);
   if (flags.tree_nodes > 0) r.tree_nodes = static_cast<std::size_t>(flags.tree_nodes);
   if (flags.tokens == 0 || flags.tokens < -1 || flags.tokens > static_cast<long>(kMaxSpecTokens)) {
@@ -80,6 +83,7 @@ std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Voca
   if (r.mode == "tree") {
     d.tree_width = r.tree_width;
     d.tree_depth = r.tokens;
+    d.tree_min_p = r.tree_min_p;
   }
   return std::make_unique<spec::DraftModelProposer>(*draft_model, d, pool);
 }
@@ -91,11 +95,13 @@ void apply_spec_flags(const SpecFlags& flags, const Vocab& target_vocab, EngineO
   const bool by_default = flags.mode.empty() && flags.draft.empty();
   const ResolvedSpec r = resolve(flags, target_vocab, draft_model, "ngram");
   engine.spec_sampled = !by_default;
-  if (r.mode == "tree") throw Error("--spec tree runs in run and bench spec, not yet in serve; use --spec draft there");
   if (r.mode == "none") return;
-  engine.spec = r.mode == "draft" ? EngineOptions::Spec::Draft : EngineOptions::Spec::Ngram;
+  engine.spec = r.mode == "draft" ? EngineOptions::Spec::Draft : r.mode == "tree" ? EngineOptions::Spec::Tree : EngineOptions::Spec::Ngram;
   engine.draft = draft_model.get();
-  engine.spec_tokens = r.tokens;
+  engine.spec_tokens = r.mode == "tree" ? r.tree_nodes : r.tokens;
+  engine.spec_tree_width = r.tree_width;
+  engine.spec_tree_depth = r.tokens;
+  engine.spec_tree_min_p = r.tree_min_p;
   engine.spec_ngram = flags.ngram;
   engine.spec_draft_min_p = r.draft_min_p;
 }

@@ -559,13 +559,13 @@ struct Model::ForwardPass {
         for (std::size_t d = 0; d < HD; ++d) out[d] /= sum;
       }
     };
-    pool.parallel_for(T, 1, [&](std::size_t begin, std::size_t end, int) {
-      thread_local std::vector<float> keys, values, score;
-      thread_local std::vector<std::size_t> path;
-      for (std::size_t t = begin; t < end; ++t) {
-        if (batch.tree_context[t] >= 0) add_ancestors(t, keys, values, path, score);
-      }
-    });
+    // A few dozen dot products a node: on this thread, where waking the pool's workers (once a
+    // layer) cost more than the work.
+    thread_local std::vector<float> keys, values, score;
+    thread_local std::vector<std::size_t> path;
+    for (std::size_t t = 0; t < T; ++t) {
+      if (batch.tree_context[t] >= 0) add_ancestors(t, keys, values, path, score);
+    }
   }
 
   // The FFN sublayer: (attention output joins the residual stream) norm, then the dense gated FFN or

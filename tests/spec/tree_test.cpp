@@ -212,5 +212,30 @@ TEST(TokenTree, GreedyEqualsPlainOnStoriesAndRandomModelsOnEveryKernelPath) {
   }
 }
 
+// A prompt whose K/V comes back from the KV spool (the prefix cache of `run`): the tree grows after
+// blocks that were read, not computed, and the output is still plain decoding's.
+TEST(TokenTree, GreedyEqualsPlainAfterASpooledPrefix) {
+  Loaded target(test::shared_model("stories260K.gguf"));
+  ThreadPool pool(2);
+  test::TempDir dir;
+  const auto prompt = target.tokenizer->encode("Once upon a time, there was a little girl named Lily. She loved to play outside", true, false);
+  GenerateOptions g = greedy(48);
+  g.kv_type = KvType::F16;
+  const GenerateResult plain = generate(*target.model, *target.tokenizer, prompt, g, pool);
+  g.kv_spool_dir = dir.file("spool");
+  spec::DraftOptions d = tree_options(2, 4, 0.0f);
+  d.kv_type = KvType::F16;
+  spec::DraftModelProposer tree(*target.model, d, pool);
+  g.proposer = &tree;
+  g.spec_tokens = 8;
+  const GenerateResult cold = generate(*target.model, *target.tokenizer, prompt, g, pool);
+  const GenerateResult warm = generate(*target.model, *target.tokenizer, prompt, g, pool);
+  EXPECT_EQ(cold.timings.n_spooled, 0u);
+  EXPECT_GT(warm.timings.n_spooled, 0u);
+  EXPECT_EQ(cold.ids, plain.ids);
+  EXPECT_EQ(warm.ids, plain.ids);
+  EXPECT_GT(warm.timings.spec_accepted, 0u);
+}
+
 }  // namespace
 }  // namespace promptly
