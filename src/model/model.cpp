@@ -368,8 +368,9 @@ struct Model::ForwardPass {
       if (context >= 0) {
         const std::int32_t node = batch.kv_slots[t] - context;
         const std::uint64_t ancestors = batch.tree_ancestors[t];
-        if (node < 0 || node >= static_cast<std::int32_t>(Batch::kMaxTreeNodes) || !(ancestors >> node & 1) || (ancestors >> node) != 1 ||
-            batch.positions[t] != context - 1 + std::popcount(ancestors)) {
+        // A tree grows after at least one token (its root, whose logits predict the first level).
+        if (context < 1 || node < 0 || node >= static_cast<std::int32_t>(Batch::kMaxTreeNodes) || !(ancestors >> node & 1) ||
+            (ancestors >> node) != 1 || batch.positions[t] != context - 1 + std::popcount(ancestors)) {
           throw Error("internal: tree node " + std::to_string(t) + " of the batch has an inconsistent slot, ancestors or position");
         }
         // The ancestors' positions are taken to lie within every sliding window.
