@@ -156,6 +156,15 @@ void BlockPool::copy_rows(int from, int to, std::size_t n_rows) {
   }
 }
 
+void BlockPool::copy_row(int from, std::size_t from_slot, int to, std::size_t to_slot) {
+  for (std::size_t layer = 0; layer < n_layers_; ++layer) {
+    for (std::size_t e = 0; e < kv_dim_; e += segment_dim_) {
+      std::memcpy(keys(to, layer) + offset_of(to_slot, e), keys(from, layer) + offset_of(from_slot, e), segment_bytes_);
+      std::memcpy(values(to, layer) + offset_of(to_slot, e), values(from, layer) + offset_of(from_slot, e), segment_bytes_);
+    }
+  }
+}
+
 void BlockPool::store(const float* row, std::uint8_t* dst, std::size_t slot) const {
   const DType t = kv_type_dtype(type_);
   for (std::size_t e = 0; e < kv_dim_; e += segment_dim_) quantize_row(t, row + e, dst + offset_of(slot, e), segment_dim_);

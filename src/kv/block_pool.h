@@ -55,6 +55,9 @@ class BlockPool {
   int refs(int block) const { return refs_[static_cast<std::size_t>(block)]; }
   // Copies the first n_rows positions (K and V, every layer, every head) of block `from` into block `to`.
   void copy_rows(int from, int to, std::size_t n_rows);
+  // Copies one position (K and V, every layer, every head) from slot `from_slot` of block `from` to
+  // slot `to_slot` of block `to`, bytes as stored.
+  void copy_row(int from, std::size_t from_slot, int to, std::size_t to_slot);
 
   // Tensor parallelism: the other ranks hold their own slices of the same blocks and must repeat
   // every copy before the next forward pass, so rank 0's pool keeps a log of them (off by default).
