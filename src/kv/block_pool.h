@@ -60,11 +60,17 @@ class BlockPool {
   void copy_row(int from, std::size_t from_slot, int to, std::size_t to_slot);
 
   // Tensor parallelism: the other ranks hold their own slices of the same blocks and must repeat
-  // every copy before the next forward pass, so rank 0's pool keeps a log of them (off by default).
+  // every copy before the next forward pass, so rank 0's pool keeps a log of them (off by default):
+  // n_rows positions from slot from_slot of block `from` on to slot to_slot of block `to` on
+  // (copy_rows: slots 0 and 0; copy_row: one row).
   struct RowCopy {
-    int from, to;
-    std::size_t n_rows;
+    int from;
+    std::size_t from_slot;
+    int to;
+    std::size_t to_slot, n_rows;
   };
+  // Repeats one logged copy exactly as it was made.
+  void replay(const RowCopy& copy);
   void log_copies(bool on) { log_copies_ = on; }
   std::vector<RowCopy> take_copies() { return std::exchange(copies_, {}); }
 

@@ -277,8 +277,12 @@ KvCache Model::make_cache(std::size_t max_positions, KvType type, std::size_t ma
     for (std::size_t il = 0; il < config_.n_layer; ++il) local.is_local.push_back(config_.layer_is_local(il));
     local.window = config_.sliding_window;
   }
-  return KvCache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type, KvCache::kDefaultBlockTokens, config_.head_dim,
-                 local);
+  KvCache cache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type, KvCache::kDefaultBlockTokens, config_.head_dim,
+                local);
+  // The other ranks repeat rank 0's row copies (a prefix's copy-on-read, a token tree's accepted path
+  // moving into place) before the next pass: send_step.
+  if (tp_ && tp_->rank() == 0) cache.pool().log_copies(true);
+  return cache;
 }
 
 namespace {
@@ -768,7 +772,7 @@ void Model::follow_steps(ThreadPool& pool) const {
       c.geometry.batch.clear(), c.geometry.sequences.clear(), c.geometry.copies.clear();
     }
     KvCache& kv = *c.kv;
-    for (const BlockPool::RowCopy& copy : step.copies) kv.pool().copy_rows(copy.from, copy.to, copy.n_rows);
+    for (const BlockPool::RowCopy& copy : step.copies) kv.pool().replay(copy);  // in rank 0's order: moves may overlap
     for (const tensor_parallel::Step::Sequence& s : step.sequences) kv.mirror(s.seq, s.blocks, s.length);
     run_pass(step.batch, kv, pool, logits, {});
     for (const tensor_parallel::Step::Sequence& s : step.sequences) kv.forget(s.seq);
