@@ -212,6 +212,39 @@ TEST(TokenTree, GreedyEqualsPlainOnStoriesAndRandomModelsOnEveryKernelPath) {
   }
 }
 
+// Gemma 2's sliding windows and soft caps (applied inside the tiled kernels, whose log-sum-exp is of
+// the capped scores in the window) with token trees: a window of 80 positions that a 100-token
+// context outruns, so each node's window starts inside the context; every node's logits are its
+// path's run as a chain. Then greedy decoding with a tree proposer while the sliding-window KV is
+// released behind the root (generate's default) gives plain decoding's tokens.
+TEST(TokenTree, SlidingWindowsAndSoftCapsWithTrees) {
+  test::TempDir dir;
+  ThreadPool pool(2);
+  SyntheticModelSpec spec = synthetic_preset("tiny-gemma2");
+  spec.sliding_window = 80;
+  write_synthetic_model(spec, DType::F32, 3, dir.file("gemma2.gguf"), pool);
+  Loaded m(dir.file("gemma2.gguf"));
+  ASSERT_EQ(m.model->config().sliding_window, 80u);
+  ASSERT_GT(m.model->config().attn_softcap, 0.0f);
+  std::vector<std::int32_t> context;
+  for (int i = 0; i < 100; ++i) context.push_back(static_cast<std::int32_t>(3 + (i * 29) % (m.model->config().n_vocab - 3)));
+  RestoreIsa restore;
+  for (const kernels::Isa isa : kernel_paths()) {
+    kernels::set_isa(isa);
+    expect_tree_logits_equal_chain_logits(*m.model, context, KvType::F32, pool, std::string("gemma2 window 80 on ") + kernels::kernel_table(isa).name);
+  }
+  kernels::set_isa(kernels::best_isa());
+  const std::vector<std::int32_t> prompt(context.begin(), context.begin() + 70);
+  GenerateOptions g = greedy(60);
+  const GenerateResult plain = generate(*m.model, *m.tokenizer, prompt, g, pool);
+  spec::DraftModelProposer tree(*m.model, tree_options(3, 4, 0.0f), pool);
+  g.proposer = &tree;
+  g.spec_tokens = 12;
+  const GenerateResult fast = generate(*m.model, *m.tokenizer, prompt, g, pool);
+  EXPECT_EQ(fast.ids, plain.ids);
+  EXPECT_GT(fast.timings.spec_accepted, 10u);
+}
+
 // A prompt whose K/V comes back from the KV spool (the prefix cache of `run`): the tree grows after
 // blocks that were read, not computed, and the output is still plain decoding's.
 TEST(TokenTree, GreedyEqualsPlainAfterASpooledPrefix) {
