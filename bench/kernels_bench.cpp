@@ -145,7 +145,7 @@ void BM_AttentionTile(benchmark::State& state) {
   const KernelTable& kt = kernel_table(best_isa());
   for (auto _ : state) {
     kt.attention_tile(tile.qp.data(), nullptr, tile.ctx.data(), n_q, kb.data(), vb.data(), DType::F16, kBlock, kStride, 0, kHeadDim,
-                      0.125f, 0.0f, tile.op.data());
+                      0.125f, 0.0f, tile.op.data(), nullptr);
     benchmark::DoNotOptimize(tile.out[0].data());
   }
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * static_cast<double>(n_q * n_ctx * kHeadDim), benchmark::Counter::kIsIterationInvariantRate,
@@ -195,7 +195,7 @@ void BM_AttentionTilePaged(benchmark::State& state) {
   std::size_t seq = 0;
   for (auto _ : state) {
     kt.attention_tile(tile.qp.data(), nullptr, tile.ctx.data(), n_q, kb[seq].data(), vb[seq].data(), DType::F16, kBlock, kHeadDim, 0,
-                      kHeadDim, 0.125f, 0.0f, tile.op.data());
+                      kHeadDim, 0.125f, 0.0f, tile.op.data(), nullptr);
     benchmark::DoNotOptimize(tile.out[0].data());
     seq = (seq + 1) % kSeqs;
   }

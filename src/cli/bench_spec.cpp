@@ -96,11 +96,16 @@ int bench_spec(const BenchSpecOptions& o) {
   };
   std::vector<Mode> runs;
   for (const auto& m : modes) {
+    // Without a draft model the modes that need one are left out (say so), rather than failing the run.
+    if ((m == "draft" || m == "tree") && o.spec.draft.empty()) {
+      std::fprintf(stderr, "mode %s skipped: it needs --draft\n", m.c_str());
+      continue;
+    }
     Mode mode;
     mode.name = m;
     SpecFlags flags = o.spec;
     flags.mode = m;
-    if (m != "draft") flags.draft.clear();
+    if (m != "draft" && m != "tree") flags.draft.clear();
     mode.proposer = make_proposer(flags, tokenizer.vocab(), ctx, gen.kv_type, gen.sampling, pool, mode.draft, mode.spec_tokens);
     runs.push_back(std::move(mode));
   }

@@ -15,10 +15,13 @@ namespace promptly::cli {
 // Speculative decoding flags shared by run and bench spec.
 struct SpecFlags {
   std::string draft;         // --draft: a draft model of the target's vocabulary
-  std::string mode;          // --spec none|ngram|draft; empty: draft when --draft is given, else none
+  std::string mode;          // --spec none|ngram|draft|tree; empty: draft when --draft is given, else none
   long tokens = -1;          // --spec-tokens: most guesses a pass verifies (-1: the mode's default)
   std::size_t ngram = 3;     // --spec-ngram: longest suffix n-gram lookup matches
   float draft_min_p = -1;    // --spec-draft-min-p: greedy drafting stops below this confidence (<0: default)
+  long tree_width = -1;      // --spec-tree-width: children per tree node (-1: default)
+  long tree_nodes = -1;      // --spec-tree-nodes: most nodes of a tree (-1: default)
+  float tree_min_p = -1;     // --spec-tree-min-p: least cumulative draft probability of a tree node (<0: default)
 };
 // The proposer the flags ask for (null for none); `draft_model` keeps the draft model alive.
 std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Vocab& target_vocab, std::size_t ctx,
@@ -149,7 +152,7 @@ int bench_model(const BenchModelOptions& o);
 struct BenchSpecOptions {
   std::string model;
   SpecFlags spec;
-  std::string modes = "none,ngram,draft";
+  std::string modes = "none,ngram,draft,tree";
   std::string prompts = "../shared/models/code/val.txt";
   std::size_t n_prompts = 20;
   std::size_t prompt_bytes = 1200;

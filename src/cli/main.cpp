@@ -32,8 +32,11 @@ void add_engine_flags(CLI::App* cmd, promptly::cli::EngineFlags& f) {
 int main(int argc, char** argv) {
   auto add_spec_flags = [](CLI::App* cmd, cli::SpecFlags& f) {
     cmd->add_option("--draft", f.draft, "Draft model for speculative decoding (same vocabulary as the target)");
-    cmd->add_option("--spec", f.mode, "Speculation: none, ngram (prompt lookup) or draft (default: draft with --draft; else none for run and bench, ngram for greedy requests in serve)");
-    cmd->add_option("--spec-tokens", f.tokens, "Most guesses one target pass verifies (default: 3 for draft, 4 for ngram)");
+    cmd->add_option("--spec", f.mode, "Speculation: none, ngram (prompt lookup), draft (a chain from --draft) or tree (a token tree from --draft) (default: draft with --draft; else none for run and bench, ngram for greedy requests in serve)");
+    cmd->add_option("--spec-tokens", f.tokens, "Most guesses one target pass verifies: a chain's length, a tree's depth (default: 3 for draft, 4 for ngram and tree)");
+    cmd->add_option("--spec-tree-width", f.tree_width, "Children each tree node offers (default 2)");
+    cmd->add_option("--spec-tree-nodes", f.tree_nodes, "Most nodes of a token tree, the guesses one target pass verifies (default 6)");
+    cmd->add_option("--spec-tree-min-p", f.tree_min_p, "A tree node's cumulative draft probability must be at least this (default 0.1)");
     cmd->add_option("--spec-ngram", f.ngram, "Longest n-gram prompt lookup matches (it falls back to shorter)")->capture_default_str();
     cmd->add_option("--spec-draft-min-p", f.draft_min_p, "Greedy drafting stops once the draft's top probability is below this (default 0.2)");
   };

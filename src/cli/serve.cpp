@@ -77,7 +77,9 @@ int serve(const ServeOptions& o) {
   }
   if (eo.spec != EngineOptions::Spec::None) {
     std::fprintf(stderr, "promptly: speculative decoding with %s for %s requests, up to %zu guesses a stream while at most %zu streams decode%s\n",
-                 eo.spec == EngineOptions::Spec::Draft ? ("the draft model " + o.spec.draft).c_str() : "n-gram prompt lookup",
+                 eo.spec == EngineOptions::Spec::Draft  ? ("the draft model " + o.spec.draft).c_str()
+                 : eo.spec == EngineOptions::Spec::Tree ? ("token trees from the draft model " + o.spec.draft).c_str()
+                                                        : "n-gram prompt lookup",
                  eo.spec_sampled ? "all" : "greedy", eo.spec_tokens, eo.spec_max_streams, eo.spec_sampled ? "" : " (--spec none: off)");
   }
   if (const KvSpool* spool = engine.spool()) {

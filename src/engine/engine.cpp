@@ -8,6 +8,7 @@
 #include <functional>
 #include <sys/statvfs.h>
 
+#include "engine/generate.h"
 #include "model/fingerprint.h"
 #include "spec/draft_model.h"
 #include "spec/ngram.h"
@@ -175,7 +176,9 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, EngineOptions opt
   if (model_.tensor_parallel()) cache_.pool().log_copies(true);  // the other ranks repeat them (Model::forward)
   if (tokenizer_) eog_ids_ = tokenizer_->vocab().end_of_generation_ids();
   if (options_.spec == EngineOptions::Spec::Ngram) ngram_ = std::make_unique<spec::NgramProposer>(options_.spec_ngram);
-  if (options_.spec == EngineOptions::Spec::Draft && !options_.draft) throw Error("speculation with a draft model needs the draft model");
+  if ((options_.spec == EngineOptions::Spec::Draft || options_.spec == EngineOptions::Spec::Tree) && !options_.draft) {
+    throw Error("speculation with a draft model needs the draft model");
+  }
   spec_accepted_per_pos_.assign(options_.spec_tokens, 0);
   if (spool_) {
     scheduler_.set_spool(spool_.get());
@@ -391,6 +394,7 @@ void Engine::step() {
   std::vector<Pick> picks(sampled.size());
   std::vector<std::vector<std::int32_t>> committed(sampled.size());
   std::vector<std::size_t> accepted(sampled.size(), 0);
+  std::vector<std::vector<std::size_t>> tree_paths(sampled.size());  // a tree's accepted nodes, root to leaf
   const std::size_t n_vocab = model_.config().n_vocab;
   pool_.parallel_for(sampled.size(), 1, [&](std::size_t b, std::size_t e, int) {
     std::vector<float> p;
@@ -399,6 +403,8 @@ void Engine::step() {
       float* rows = &logits_[first_row[ci] * n_vocab];
       if (guesses_[ci].tokens.empty()) {
         picks[i] = pick(*sampled[i], rows);
+      } else if (guesses_[ci].is_tree()) {
+        accepted[i] = spec::verify_tree(rows, n_vocab, guesses_[ci], sampled[i]->tokens, sampled[i]->sampler, p, committed[i], tree_paths[i]);
       } else {
         accepted[i] = spec::verify_chain(rows, n_vocab, guesses_[ci], sampled[i]->tokens, sampled[i]->sampler, p, committed[i]);
       }
@@ -415,6 +421,12 @@ void Engine::step() {
     spec_draft_tokens_ += g.tokens.size();
     spec_accepted_tokens_ += accepted[i];
     for (std::size_t pos = 0; pos < accepted[i] && pos < spec_accepted_per_pos_.size(); ++pos) ++spec_accepted_per_pos_[pos];
+    // A tree's accepted nodes move down behind the stream's token (s.n_computed: the tree's context),
+    // in path order so that no move overwrites a node still to come; its other nodes are left past
+    // the computed tokens, as a chain's rejected guesses are.
+    for (std::size_t j = 0; j < tree_paths[i].size(); ++j) {
+      scheduler_.cache().move_position(s.seq_id, s.n_computed + tree_paths[i][j], s.n_computed + j);
+    }
     for (std::size_t j = 0; j < committed[i].size(); ++j) {
       if (!accept(s, Pick{committed[i][j], 0.0f, {}})) break;  // finished: s is gone
       // An accepted guess's K/V, computed this step from the token now before it, becomes part of
@@ -433,6 +445,11 @@ spec::Proposer* Engine::proposer_for(Sequence& s) {
     d.kv_type = options_.kv_type;
     d.min_confidence = options_.spec_draft_min_p;
     d.sampling = s.request.sampling;
+    if (options_.spec == EngineOptions::Spec::Tree) {
+      d.tree_width = options_.spec_tree_width;
+      d.tree_depth = options_.spec_tree_depth;
+      d.tree_min_p = options_.spec_tree_min_p;
+    }
     draft = std::make_unique<spec::DraftModelProposer>(*options_.draft, d, pool_);
   }
   return draft.get();
@@ -475,6 +492,10 @@ std::vector<std::size_t> Engine::add_guesses(StepPlan& plan) {
       plan.batch.add(c.seq->tokens[pos], static_cast<std::int32_t>(pos), c.seq->seq_id, c.sample && i + 1 == c.n_tokens);
     }
     const std::size_t next = c.seq->n_computed + c.n_tokens;
+    if (guesses_[ci].is_tree()) {
+      add_tree(guesses_[ci], static_cast<std::int32_t>(next), plan.batch, c.seq->seq_id);
+      continue;
+    }
     for (std::size_t j = 0; j < guesses_[ci].tokens.size(); ++j) {
       plan.batch.add(guesses_[ci].tokens[j], static_cast<std::int32_t>(next + j), c.seq->seq_id, true);
     }

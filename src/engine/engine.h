@@ -65,10 +65,15 @@ struct EngineOptions {
   // and no prompt chunk: with more, the batch already uses the pass's spare arithmetic, and guesses
   // would take it from other streams' tokens. Requests with logprobs or logit_bias are not
   // speculated (their per-token extras are computed row by row on the plain path).
-  enum class Spec { None, Ngram, Draft };
+  // Spec::Tree: a token tree from the draft model (spec/draft_model.h), verified under the tree
+  // attention mask in the same pass as the other streams' tokens.
+  enum class Spec { None, Ngram, Draft, Tree };
   Spec spec = Spec::None;
-  const Model* draft = nullptr;     // Spec::Draft: same vocabulary as the model (checked by the caller)
-  std::size_t spec_tokens = spec::kDefaultDraftTokens;  // guesses a stream adds to a step, at most
+  const Model* draft = nullptr;     // Spec::Draft and Tree: same vocabulary as the model (checked by the caller)
+  std::size_t spec_tokens = spec::kDefaultDraftTokens;  // guesses a stream adds to a step, at most (a tree's nodes)
+  std::size_t spec_tree_width = spec::kDefaultTreeWidth;
+  std::size_t spec_tree_depth = spec::kDefaultTreeDepth;
+  float spec_tree_min_p = spec::kDefaultTreeMinP;
   std::size_t spec_ngram = 3;
   float spec_draft_min_p = spec::kDefaultDraftMinP;
   std::size_t spec_max_streams = 2;

@@ -56,6 +56,20 @@ void spool_computed_blocks(KvSpool& spool, std::span<const std::int32_t> tokens,
 
 }  // namespace
 
+void add_tree(const spec::Proposal& proposal, std::int32_t context, Batch& batch, int seq) {
+  if (proposal.tokens.size() > Batch::kMaxTreeNodes) throw Error("internal: a token tree of more than 64 nodes");
+  std::vector<std::uint64_t> ancestors(proposal.tokens.size());
+  std::vector<std::int32_t> depth(proposal.tokens.size());
+  for (std::size_t i = 0; i < proposal.tokens.size(); ++i) {
+    const std::int32_t parent = proposal.parents[i];
+    if (parent >= static_cast<std::int32_t>(i)) throw Error("internal: a token tree's node before its parent");
+    const auto up = static_cast<std::size_t>(parent);
+    ancestors[i] = (std::uint64_t{1} << i) | (parent < 0 ? 0 : ancestors[up]);
+    depth[i] = parent < 0 ? 1 : depth[up] + 1;
+    batch.add_tree_node(proposal.tokens[i], seq, context, static_cast<std::int32_t>(i), depth[i], ancestors[i], true);
+  }
+}
+
 GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const std::vector<std::int32_t>& prompt,
                         const GenerateOptions& options, ThreadPool& pool,
                         const std::function<void(const std::string&)>& on_text, bool keep_logits) {
@@ -121,6 +135,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
   spec::Proposal proposal;
   std::vector<std::int32_t> committed;  // this round's tokens: accepted guesses, then the target's own
   std::vector<float> p;
+  std::vector<std::size_t> accepted_path;  // a tree's accepted guesses, root to leaf
   std::size_t n = 0;
   bool stopped = false;
   while (n < budget && !stopped) {
@@ -146,10 +161,26 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
       const std::size_t base = history.size() - 1;
       batch.clear();
       batch.add(history.back(), static_cast<std::int32_t>(base), kSeq, true);
-      for (std::size_t i = 0; i < k; ++i) batch.add(proposal.tokens[i], static_cast<std::int32_t>(base + 1 + i), kSeq, true);
+      if (proposal.is_tree()) {
+        add_tree(proposal, static_cast<std::int32_t>(history.size()), batch);
+      } else {
+        for (std::size_t i = 0; i < k; ++i) batch.add(proposal.tokens[i], static_cast<std::int32_t>(base + 1 + i), kSeq, true);
+      }
+      // Here the cache's length is the root's position (a tree's slots past it were cut off after the
+      // last verification), so only what the root's window no longer sees is released: every tree
+      // node's position is past the root's, its window starts no earlier, and its ancestors lie in the
+      // tree's own slots past the context.
       cache.release_behind_window(kSeq);
       model.forward(batch, cache, pool, logits);
-      if (constraint) {
+      if (proposal.is_tree()) {
+        spec::verify_tree(logits.data(), cfg.n_vocab, proposal, history, sampler, p, committed, accepted_path,
+                          keep_logits ? &result.logits : nullptr);
+        result.timings.spec_accepted += accepted_path.size();
+        // The accepted nodes' K/V move down behind the context, in path order (a node's slot is never
+        // below its depth's, so no move overwrites one still to come); the rest is cut off.
+        for (std::size_t j = 0; j < accepted_path.size(); ++j) cache.move_position(kSeq, base + 1 + accepted_path[j], base + 1 + j);
+        cache.set_length(kSeq, base + 1 + accepted_path.size());
+      } else if (constraint) {
         if (keep_logits) result.logits.push_back(logits);
         constrain(logits.data());
         committed.push_back(sampler.sample(logits.data(), cfg.n_vocab, history));

@@ -71,6 +71,11 @@ struct GenerateResult {
   std::vector<std::vector<float>> logits;  // per generated token, only when asked
 };
 
+// Appends a proposal's token tree (proposal.parents) to `batch` as the nodes of a tree after the first
+// `context` positions of `seq`, every node wanting logits: the batch's rows after the context's last
+// token are then verify_tree's rows.
+void add_tree(const spec::Proposal& proposal, std::int32_t context, Batch& batch, int seq = 0);
+
 // on_text receives each completed UTF-8 piece as soon as it exists.
 GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const std::vector<std::int32_t>& prompt,
                         const GenerateOptions& options, ThreadPool& pool,

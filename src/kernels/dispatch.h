@@ -113,9 +113,12 @@ struct KernelTable {
   // max and sum, rescaled when the max grows): numerically stable, no score buffer. The cache is
   // paged: key j is k_blocks[j / block_tokens] + (j % block_tokens) * stride + offset (values alike),
   // in elements of kv_type: F32, F16 or Q8_0 (then stride is a multiple of 32, so every cached row
-  // is whole Q8_0 blocks, and element e of a block is block e / 32, lane e % 32).
+  // is whole Q8_0 blocks, and element e of a block is block e / 32, lane e % 32). With `lse` (else
+  // null), *lse = log(sum_j exp(scale * q.k_j)), or -inf with no key: what a caller needs to merge
+  // this softmax with one over further keys (a token tree's ancestors, model.cpp).
   void (*attention)(const float* q, const void* const* k_blocks, const void* const* v_blocks, DType kv_type, std::size_t block_tokens,
-                    std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out);
+                    std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out,
+                    float* lse);
   // Q4_0x16 layout (see repack_q4_0_x16); r0 and r1 are multiples of 16.
   void (*gemm_q4_0_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                         std::size_t n_tokens, float* y, std::size_t ldy);
@@ -134,10 +137,12 @@ struct KernelTable {
   // result goes to out[i]. softcap > 0 caps every score at softcap * tanh(score / softcap) (Gemma 2).
   // No position before every query's first is read: blocks holding only such positions may be null. Each key and value is loaded and
   // converted once for all of them, and the score and value products become small matrix products
-  // (one query per vector lane). Same paging and types as `attention`.
+  // (one query per vector lane). Same paging and types as `attention`; with `lse` (else null),
+  // lse[i] is query i's log-sum-exp as there (of the capped scores in [first[i], n_ctx[i])).
   void (*attention_tile)(const float* const* q, const std::size_t* first, const std::size_t* n_ctx, std::size_t n_q,
                          const void* const* k_blocks, const void* const* v_blocks, DType kv_type, std::size_t block_tokens,
-                         std::size_t stride, std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out);
+                         std::size_t stride, std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out,
+                         float* lse);
   // Whether the matrix kernels want the tile-ordered activations of QuantizedRows.
   bool token_tile;
   // Whether the kernels for the Q4_0x16, Q8_0x16 and Q4_Kx16 layouts read nothing of QuantizedRows
@@ -162,13 +167,15 @@ constexpr std::size_t kAttentionTile = 64;
 template <auto Attention>
 void attention_tile_each(const float* const* q, const std::size_t* first, const std::size_t* n_ctx, std::size_t n_q,
                          const void* const* k_blocks, const void* const* v_blocks, DType kv_type, std::size_t block_tokens,
-                         std::size_t stride, std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out) {
+                         std::size_t stride, std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out,
+                         float* lse) {
   for (std::size_t i = 0; i < n_q; ++i) {
+    float* lse_i = lse ? lse + i : nullptr;
     if (first || softcap > 0.0f) {
       attention_range(q[i], k_blocks, v_blocks, kv_type, block_tokens, stride, offset, first ? first[i] : 0, n_ctx[i], head_dim,
-                      scale, softcap, out[i]);
+                      scale, softcap, out[i], lse_i);
     } else {
-      Attention(q[i], k_blocks, v_blocks, kv_type, block_tokens, stride, offset, n_ctx[i], head_dim, scale, out[i]);
+      Attention(q[i], k_blocks, v_blocks, kv_type, block_tokens, stride, offset, n_ctx[i], head_dim, scale, out[i], lse_i);
     }
   }
 }

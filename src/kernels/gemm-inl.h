@@ -272,7 +272,8 @@ inline __m256 kv_load8(const void* block, std::size_t e) {
 }
 template <DType T>
 void attention_impl(const float* q, const void* const* k_blocks, const void* const* v_blocks, std::size_t block_tokens,
-                    std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
+                    std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out,
+                    float* lse) {
   struct Row {
     const void* block;
     std::size_t e;  // element index of the row's first element of this head
@@ -282,7 +283,7 @@ void attention_impl(const float* q, const void* const* k_blocks, const void* con
   constexpr std::size_t kMaxVec = 32;  // up to 256-wide heads in registers
   const std::size_t nv = head_dim / 8;
   if (head_dim % 8 != 0 || offset % 8 != 0 || stride % 8 != 0 || nv > kMaxVec) {  // unusual head sizes: the reference path
-    scalar_kernels().attention(q, k_blocks, v_blocks, T, block_tokens, stride, offset, n_ctx, head_dim, scale, out);
+    scalar_kernels().attention(q, k_blocks, v_blocks, T, block_tokens, stride, offset, n_ctx, head_dim, scale, out, lse);
     return;
   }
   __m256 qv[kMaxVec], acc[kMaxVec];
@@ -325,14 +326,15 @@ void attention_impl(const float* q, const void* const* k_blocks, const void* con
   }
   const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
   for (std::size_t i = 0; i < nv; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], inv));
+  if (lse) *lse = l > 0.0f ? m + std::log(l) : -INFINITY;
 }
 
 void attention(const float* q, const void* const* k_blocks, const void* const* v_blocks, DType kv_type, std::size_t block_tokens,
-               std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
+               std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out, float* lse) {
   switch (kv_type) {
-    case DType::F16: attention_impl<DType::F16>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out); break;
-    case DType::Q8_0: attention_impl<DType::Q8_0>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out); break;
-    default: attention_impl<DType::F32>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out); break;
+    case DType::F16: attention_impl<DType::F16>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out, lse); break;
+    case DType::Q8_0: attention_impl<DType::Q8_0>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out, lse); break;
+    default: attention_impl<DType::F32>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out, lse); break;
   }
 }
 

@@ -525,6 +525,8 @@ inline Rescale rescale(__m512& m, __m512 chunk_max) {
 inline __m512 probability(__m512 score, __m512 m_safe) {
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(score, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), exp512(_mm512_sub_ps(score, m_safe)));
 }
+// log(sum of exp(score)) from a lane's running max and sum, -inf for a lane that saw no key.
+inline float log_sum_exp_of(float m, float l) { return l > 0.0f ? m + std::log(l) : -INFINITY; }
 // 1 / l, or 0 for a lane that saw no key.
 inline __m512 inverse_or_zero(__m512 l) {
   return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), l);
@@ -542,7 +544,7 @@ inline __m512 inverse_or_zero(__m512 l) {
 template <DType T, int V>
 void attention_tile_impl(const float* const* q, const std::size_t* first, const std::size_t* n_ctx, std::size_t n_q,
                          const void* const* k_blocks, const void* const* v_blocks, std::size_t block_tokens, std::size_t stride,
-                         std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out) {
+                         std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out, float* lse) {
   constexpr std::size_t kLanes = 16, kChunk = 16, kMaxDim = 256;
   // Keys scored, and dimensions accumulated, per step: 8 x V accumulators for V <= 2, 4 x 4 for
   // V = 4, within the 32 vector registers.
@@ -664,12 +666,15 @@ void attention_tile_impl(const float* const* q, const std::size_t* first, const 
     }
   }
   for (int v = 0; v < V; ++v) {
-    alignas(64) float inv[kLanes];
+    alignas(64) float inv[kLanes], m_lane[kLanes], l_lane[kLanes];
     _mm512_store_ps(inv, inverse_or_zero(l[v]));
+    _mm512_store_ps(m_lane, m[v]);
+    _mm512_store_ps(l_lane, l[v]);
     for (std::size_t i = 0; i < kLanes; ++i) {
       const std::size_t query = static_cast<std::size_t>(v) * kLanes + i;
       if (query >= n_q) break;
       for (std::size_t d = 0; d < D; ++d) out[query][d] = ot[v][d * kLanes + i] * inv[i];
+      if (lse) lse[query] = log_sum_exp_of(m_lane[i], l_lane[i]);
     }
   }
 }
@@ -684,7 +689,7 @@ void attention_tile_impl(const float* const* q, const std::size_t* first, const 
 template <DType T>
 void attention_pairs_impl(const float* const* q, const std::size_t* first, const std::size_t* n_ctx, std::size_t n_q,
                           const void* const* k_blocks, const void* const* v_blocks, std::size_t block_tokens, std::size_t stride,
-                          std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out) {
+                          std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out, float* lse) {
   constexpr std::size_t kLanes = 16, kChunk = 16, kPairs = kChunk / 2, kMaxDim = 256;
   const std::size_t D = head_dim;
   alignas(64) float qt[kMaxDim * kLanes];         // qt[d * 16 + 2i + e] = scale * q[i][d]
@@ -782,10 +787,13 @@ void attention_pairs_impl(const float* const* q, const std::size_t* first, const
       for (std::size_t u = 0; u < 8; ++u) _mm512_store_ps(ot + (d0 / 2 + u) * kLanes, o[u]);
     }
   }
-  alignas(64) float inv[kLanes];
+  alignas(64) float inv[kLanes], m_lane[kLanes], l_lane[kLanes];
   _mm512_store_ps(inv, inverse_or_zero(l));
+  _mm512_store_ps(m_lane, m);
+  _mm512_store_ps(l_lane, l);
   for (std::size_t i = 0; i < n_q; ++i) {
     for (std::size_t d = 0; d < D; ++d) out[i][d] = ot[(d / 2) * kLanes + 2 * i + d % 2] * inv[2 * i];
+    if (lse) lse[i] = log_sum_exp_of(m_lane[2 * i], l_lane[2 * i]);
   }
 }
 
@@ -825,7 +833,7 @@ inline void transpose16(__m512 r[16]) {
 template <DType T>
 void attention_single_impl(const float* q, std::size_t first, std::size_t n_ctx, const void* const* k_blocks,
                            const void* const* v_blocks, std::size_t block_tokens, std::size_t stride, std::size_t offset,
-                           std::size_t head_dim, float scale, float softcap, float* out) {
+                           std::size_t head_dim, float scale, float softcap, float* out, float* lse) {
   constexpr std::size_t kLanes = 16, kChunk = 16, kGroup = 4, kMaxDim = 256;
   const std::size_t D = head_dim;
   alignas(64) float qs[kMaxDim];
@@ -906,6 +914,7 @@ void attention_single_impl(const float* q, std::size_t first, std::size_t n_ctx,
   }
   const __m512 inv = inverse_or_zero(l);
   for (std::size_t d0 = 0; d0 < D; d0 += kLanes) _mm512_storeu_ps(out + d0, _mm512_mul_ps(_mm512_load_ps(ot + d0), inv));
+  if (lse) *lse = log_sum_exp_of(_mm512_cvtss_f32(m), _mm512_cvtss_f32(l));  // every lane holds the same max and sum
 }
 
 // silu(g) * u, 16 at a time, as g * sigmoid(g) * u with sigmoid from e = exp(-|g|) (exp512's
@@ -960,24 +969,24 @@ void with_kv_type(DType kv_type, Kernel&& kernel) {
 
 void attention_tile(const float* const* q, const std::size_t* first, const std::size_t* n_ctx, std::size_t n_q,
                     const void* const* k_blocks, const void* const* v_blocks, DType kv_type, std::size_t block_tokens, std::size_t stride,
-                    std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out) {
+                    std::size_t offset, std::size_t head_dim, float scale, float softcap, float* const* out, float* lse) {
   if (head_dim % 16 != 0 || head_dim > 256 || offset % 16 != 0 || stride % 16 != 0 || n_q > kAttentionTile) {
     attention_tile_each<attention>(q, first, n_ctx, n_q, k_blocks, v_blocks, kv_type, block_tokens, stride, offset, head_dim, scale,
-                                   softcap, out);
+                                   softcap, out, lse);
     return;
   }
   with_kv_type(kv_type, [&]<DType T>() {
     if (n_q == 1) {
       attention_single_impl<T>(q[0], first ? first[0] : 0, n_ctx[0], k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale,
-                               softcap, out[0]);
+                               softcap, out[0], lse);
     } else if (n_q <= 8) {
-      attention_pairs_impl<T>(q, first, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, softcap, out);
+      attention_pairs_impl<T>(q, first, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, softcap, out, lse);
     } else if (n_q <= 16) {
-      attention_tile_impl<T, 1>(q, first, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, softcap, out);
+      attention_tile_impl<T, 1>(q, first, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, softcap, out, lse);
     } else if (n_q <= 32) {
-      attention_tile_impl<T, 2>(q, first, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, softcap, out);
+      attention_tile_impl<T, 2>(q, first, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, softcap, out, lse);
     } else {
-      attention_tile_impl<T, 4>(q, first, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, softcap, out);
+      attention_tile_impl<T, 4>(q, first, n_ctx, n_q, k_blocks, v_blocks, block_tokens, stride, offset, head_dim, scale, softcap, out, lse);
     }
   });
 }

@@ -109,7 +109,8 @@ float kv_at(const void* block, std::size_t i) {
 
 template <DType T>
 void attention_impl(const float* q, const void* const* k_blocks, const void* const* v_blocks, std::size_t block_tokens,
-                    std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
+                    std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out,
+                    float* lse) {
   float m = -INFINITY, l = 0.0f;
   std::fill_n(out, head_dim, 0.0f);
   for (std::size_t j = 0; j < n_ctx; ++j) {
@@ -131,14 +132,15 @@ void attention_impl(const float* q, const void* const* k_blocks, const void* con
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   for (std::size_t i = 0; i < head_dim; ++i) out[i] *= inv;
+  if (lse) *lse = l > 0.0f ? m + std::log(l) : -INFINITY;
 }
 
 void attention(const float* q, const void* const* k_blocks, const void* const* v_blocks, DType kv_type, std::size_t block_tokens,
-               std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out) {
+               std::size_t stride, std::size_t offset, std::size_t n_ctx, std::size_t head_dim, float scale, float* out, float* lse) {
   switch (kv_type) {
-    case DType::F16: attention_impl<DType::F16>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out); break;
-    case DType::Q8_0: attention_impl<DType::Q8_0>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out); break;
-    default: attention_impl<DType::F32>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out); break;
+    case DType::F16: attention_impl<DType::F16>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out, lse); break;
+    case DType::Q8_0: attention_impl<DType::Q8_0>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out, lse); break;
+    default: attention_impl<DType::F32>(q, k_blocks, v_blocks, block_tokens, stride, offset, n_ctx, head_dim, scale, out, lse); break;
   }
 }
 

@@ -48,7 +48,7 @@ const float* kv_row(const void* block, DType type, std::size_t at, std::size_t h
 
 void attention_range(const float* q, const void* const* k_blocks, const void* const* v_blocks, DType kv_type,
                      std::size_t block_tokens, std::size_t stride, std::size_t offset, std::size_t first, std::size_t n_ctx,
-                     std::size_t head_dim, float scale, float softcap, float* out) {
+                     std::size_t head_dim, float scale, float softcap, float* out, float* lse) {
   thread_local std::vector<float> k_buffer, v_buffer;
   k_buffer.resize(head_dim);
   v_buffer.resize(head_dim);
@@ -72,6 +72,7 @@ void attention_range(const float* q, const void* const* k_blocks, const void* co
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   for (std::size_t i = 0; i < head_dim; ++i) out[i] *= inv;
+  if (lse) *lse = l > 0.0f ? m + std::log(l) : -INFINITY;
 }
 
 void rope_angles(std::size_t n_rot, const float* inv_freq, float position, float* cos, float* sin) {

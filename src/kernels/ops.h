@@ -28,9 +28,10 @@ void gelu_tanh_mul(float* gate, const float* up, std::size_t n);
 // (first = n_ctx - window when the context is longer) and of Gemma 2. Same paging and KV types as
 // KernelTable::attention; plain loops: the reference the tiled kernels' windows and caps are tested
 // against, and attention_tile's path where no tiled kernel applies (scalar, AVX2, odd head sizes).
+// `lse` as KernelTable::attention's (of the capped scores).
 void attention_range(const float* q, const void* const* k_blocks, const void* const* v_blocks, DType kv_type,
                      std::size_t block_tokens, std::size_t stride, std::size_t offset, std::size_t first, std::size_t n_ctx,
-                     std::size_t head_dim, float scale, float softcap, float* out);
+                     std::size_t head_dim, float scale, float softcap, float* out, float* lse = nullptr);
 
 // Asks the caches for the first n_rows positions (at most kPrefetchKvRows) of one KV head's keys and
 // values, laid out as attention_tile reads them (see dispatch.h), ahead of the tile that reads them.

@@ -145,7 +145,7 @@ void BlockPool::release(int block) {
 
 void BlockPool::copy_rows(int from, int to, std::size_t n_rows) {
   if (n_rows > block_tokens_) throw Error("internal: copying more rows than a KV block holds");
-  if (log_copies_) copies_.push_back({from, to, n_rows});
+  if (log_copies_) copies_.push_back({from, 0, to, 0, n_rows});
   for (std::size_t layer = 0; layer < n_layers_; ++layer) {
     if (!keys(from, layer) || !keys(to, layer)) continue;  // a released local segment: nothing to copy, or nowhere
     for (std::size_t e = 0; e < kv_dim_; e += segment_dim_) {
@@ -154,6 +154,29 @@ void BlockPool::copy_rows(int from, int to, std::size_t n_rows) {
       std::memcpy(values(to, layer) + at, values(from, layer) + at, n_rows * segment_bytes_);
     }
   }
+}
+
+void BlockPool::copy_row(int from, std::size_t from_slot, int to, std::size_t to_slot) {
+  if (from_slot >= block_tokens_ || to_slot >= block_tokens_) throw Error("internal: copying a KV row outside its block");
+  if (log_copies_) copies_.push_back({from, from_slot, to, to_slot, 1});
+  for (std::size_t layer = 0; layer < n_layers_; ++layer) {
+    if (!keys(from, layer) || !keys(to, layer)) continue;  // a released local segment: nothing to copy, or nowhere
+    for (std::size_t e = 0; e < kv_dim_; e += segment_dim_) {
+      std::memcpy(keys(to, layer) + offset_of(to_slot, e), keys(from, layer) + offset_of(from_slot, e), segment_bytes_);
+      std::memcpy(values(to, layer) + offset_of(to_slot, e), values(from, layer) + offset_of(from_slot, e), segment_bytes_);
+    }
+  }
+}
+
+void BlockPool::replay(const RowCopy& copy) {
+  if (copy.from_slot == 0 && copy.to_slot == 0) {
+    copy_rows(copy.from, copy.to, copy.n_rows);
+    return;
+  }
+  if (copy.n_rows > block_tokens_ || copy.from_slot + copy.n_rows > block_tokens_ || copy.to_slot + copy.n_rows > block_tokens_) {
+    throw Error("internal: a logged KV copy reaches past its block");
+  }
+  for (std::size_t i = 0; i < copy.n_rows; ++i) copy_row(copy.from, copy.from_slot + i, copy.to, copy.to_slot + i);
 }
 
 void BlockPool::store(const float* row, std::uint8_t* dst, std::size_t slot) const {

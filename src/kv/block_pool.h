@@ -55,13 +55,22 @@ class BlockPool {
   int refs(int block) const { return refs_[static_cast<std::size_t>(block)]; }
   // Copies the first n_rows positions (K and V, every layer, every head) of block `from` into block `to`.
   void copy_rows(int from, int to, std::size_t n_rows);
+  // Copies one position (K and V, every layer, every head) from slot `from_slot` of block `from` to
+  // slot `to_slot` of block `to`, bytes as stored.
+  void copy_row(int from, std::size_t from_slot, int to, std::size_t to_slot);
 
   // Tensor parallelism: the other ranks hold their own slices of the same blocks and must repeat
-  // every copy before the next forward pass, so rank 0's pool keeps a log of them (off by default).
+  // every copy before the next forward pass, so rank 0's pool keeps a log of them (off by default):
+  // n_rows positions from slot from_slot of block `from` on to slot to_slot of block `to` on
+  // (copy_rows: slots 0 and 0; copy_row: one row).
   struct RowCopy {
-    int from, to;
-    std::size_t n_rows;
+    int from;
+    std::size_t from_slot;
+    int to;
+    std::size_t to_slot, n_rows;
   };
+  // Repeats one logged copy exactly as it was made.
+  void replay(const RowCopy& copy);
   void log_copies(bool on) { log_copies_ = on; }
   std::vector<RowCopy> take_copies() { return std::exchange(copies_, {}); }
 

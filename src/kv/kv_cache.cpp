@@ -80,6 +80,14 @@ void KvCache::write(std::size_t layer, int seq, std::size_t pos, const float* ke
   pool_.store(value, pool_.values(block, layer), slot);
 }
 
+void KvCache::move_position(int seq, std::size_t from, std::size_t to) {
+  const Sequence& s = get(seq);
+  const std::size_t bt = pool_.block_tokens();
+  if (from / bt >= s.blocks.size() || to / bt >= s.blocks.size()) throw Error("internal: moving a KV position the sequence has no block for");
+  if (from == to) return;
+  pool_.copy_row(s.blocks[from / bt], from % bt, s.blocks[to / bt], to % bt);
+}
+
 void KvCache::read(std::size_t layer, int seq, std::size_t pos, float* key, float* value) {
   const Sequence& s = get(seq);
   const int block = s.blocks[pos / pool_.block_tokens()];

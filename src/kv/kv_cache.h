@@ -47,7 +47,12 @@ class KvCache {
   const std::vector<int>& blocks(int seq) const;
   // Stores one position's key and value rows (kv_dim floats each), converting to type().
   void write(std::size_t layer, int seq, std::size_t pos, const float* key, const float* value);
-  // Reads them back as floats (tests, debugging). Throws Error where they were released.
+  // Copies position `from` of `seq` (every layer) over position `to`: how a verified token tree's
+  // accepted path moves down into place behind the committed context, its rejected branches left
+  // past the length to be overwritten.
+  void move_position(int seq, std::size_t from, std::size_t to);
+  // Reads them back as floats (tests, debugging, a token tree's ancestors). Throws Error where they
+  // were released.
   void read(std::size_t layer, int seq, std::size_t pos, float* key, float* value);
   // Gives back the local layers' KV of the sequence's blocks that lie wholly before what its next
   // query (at position length()) sees: queries only move forward, so no later one reads them. A

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <unordered_map>
 #include <string>
@@ -276,8 +277,12 @@ KvCache Model::make_cache(std::size_t max_positions, KvType type, std::size_t ma
     for (std::size_t il = 0; il < config_.n_layer; ++il) local.is_local.push_back(config_.layer_is_local(il));
     local.window = config_.sliding_window;
   }
-  return KvCache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type, KvCache::kDefaultBlockTokens, config_.head_dim,
-                 local);
+  KvCache cache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type, KvCache::kDefaultBlockTokens, config_.head_dim,
+                local);
+  // The other ranks repeat rank 0's row copies (a prefix's copy-on-read, a token tree's accepted path
+  // moving into place) before the next pass: send_step.
+  if (tp_ && tp_->rank() == 0) cache.pool().log_copies(true);
+  return cache;
 }
 
 namespace {
@@ -292,8 +297,9 @@ struct AttentionTile {
   std::size_t cached = 0;   // positions before its latest query's: what the cache held before this batch
 };
 
-void plan_attention_tiles(const Batch& batch, std::size_t n_head_kv, std::size_t group, std::vector<AttentionTile>& tiles,
-                          std::vector<std::pair<std::size_t, std::size_t>>& tile_queries) {
+// context[t]: how many of its sequence's first positions token t attends to in the tiles.
+void plan_attention_tiles(const Batch& batch, const std::vector<std::size_t>& context, std::size_t n_head_kv, std::size_t group,
+                          std::vector<AttentionTile>& tiles, std::vector<std::pair<std::size_t, std::size_t>>& tile_queries) {
   const std::size_t T = batch.size();
   tiles.clear();
   tile_queries.clear();
@@ -324,9 +330,9 @@ void plan_attention_tiles(const Batch& batch, std::size_t n_head_kv, std::size_t
   // a thread that runs out stealing the cheaper end of another's part, so they finish together.
   for (AttentionTile& tile : tiles) {
     for (std::size_t k = 0; k < tile.n; ++k) {
-      const auto position = static_cast<std::size_t>(batch.positions[tile_queries[tile.first + k].first]);
-      tile.cost += position + 1;
-      tile.cached = std::max(tile.cached, position);
+      const std::size_t n_ctx = context[tile_queries[tile.first + k].first];
+      tile.cost += n_ctx;
+      tile.cached = std::max(tile.cached, n_ctx - 1);
     }
   }
   std::stable_sort(tiles.begin(), tiles.end(), [](const AttentionTile& a, const AttentionTile& b) { return a.cost > b.cost; });
@@ -341,6 +347,11 @@ struct Scratch {
   std::vector<float> rank_logits;  // tensor-parallel: this rank's vocabulary rows
   std::vector<AttentionTile> tiles;
   std::vector<std::pair<std::size_t, std::size_t>> tile_queries;  // (token, head)
+  // Per token: the positions of its sequence the tiles attend over (a tree node: those before its
+  // tree, see Batch). With a tree in the batch, per (token, head) the log-sum-exp of those scores,
+  // with which the tree's nodes add their ancestors afterwards.
+  std::vector<std::size_t> context;
+  std::vector<float> lse;
   std::unordered_map<int, std::pair<std::vector<const void*>, std::vector<const void*>>> tables;  // block tables per sequence
 };
 
@@ -357,10 +368,13 @@ struct Model::ForwardPass {
   ThreadPool& pool;
   Scratch& s;
   const std::size_t T, D, QD, KVD, HD, F, R;
+  const bool tree;  // some token of the batch is a tree node
 
   ForwardPass(const Model& model, const Batch& b, KvCache& kv, ThreadPool& p, Scratch& scratch)
       : m(model), c(model.config_), batch(b), cache(kv), pool(p), s(scratch), T(b.size()), D(c.n_embd), QD(c.q_dim()),
-        KVD(c.kv_dim()), HD(c.head_dim), F(c.n_ff), R(c.n_rot / 2) {}
+        KVD(c.kv_dim()), HD(c.head_dim), F(c.n_ff), R(c.n_rot / 2), tree(b.has_tree()) {}
+
+  std::size_t slot(std::size_t t) const { return static_cast<std::size_t>(batch.kv_slots[t]); }
 
   // The per-token work between matmuls (norms, RoPE, cache writes, activations) is split across the
   // pool for prompt-sized batches; one token's worth stays on this thread, where waking a worker
@@ -387,9 +401,28 @@ struct Model::ForwardPass {
         throw Error("token id " + std::to_string(batch.tokens[t]) + " is outside the vocabulary of " + std::to_string(c.n_vocab));
       }
       if (batch.positions[t] < 0) throw Error("negative position in batch");
-      cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.positions[t]) + 1);
+      const std::int32_t context = batch.tree_context[t];
+      if (context < 0 && batch.kv_slots[t] != batch.positions[t]) throw Error("internal: an ordinary batch token stored off its position");
+      if (context >= 0) {
+        const std::int32_t node = batch.kv_slots[t] - context;
+        const std::uint64_t ancestors = batch.tree_ancestors[t];
+        // A tree grows after at least one token (its root, whose logits predict the first level).
+        if (context < 1 || node < 0 || node >= static_cast<std::int32_t>(Batch::kMaxTreeNodes) || !(ancestors >> node & 1) ||
+            (ancestors >> node) != 1 || batch.positions[t] != context - 1 + std::popcount(ancestors)) {
+          throw Error("internal: tree node " + std::to_string(t) + " of the batch has an inconsistent slot, ancestors or position");
+        }
+        // The ancestors' positions are taken to lie within every sliding window.
+        if (c.sliding_window && c.sliding_window <= Batch::kMaxTreeNodes) throw Error("token trees need a sliding window over 64 positions");
+      }
+      cache.reserve(batch.seq_ids[t], slot(t) + 1);
     }
     if (m.tp_ && m.tp_->rank() == 0) m.send_step(batch, cache);
+    s.context.resize(T);
+    for (std::size_t t = 0; t < T; ++t) {
+      const std::int32_t context = batch.tree_context[t];
+      s.context[t] = context < 0 ? static_cast<std::size_t>(batch.positions[t]) + 1 : static_cast<std::size_t>(context);
+    }
+    if (tree) s.lse.resize(T * c.n_head);
     const std::size_t local_rope = m.inv_freq_local_.empty() ? 0 : T * R;
     for (auto [buf, n] : {std::pair{&s.x, T * D}, {&s.xn, T * D}, {&s.q, T * QD}, {&s.k, T * KVD}, {&s.v, T * KVD},
                           {&s.attn, T * QD}, {&s.tmp, T * D}, {&s.gate, c.is_moe() ? 0 : T * F}, {&s.up, c.is_moe() ? 0 : T * F},
@@ -409,7 +442,7 @@ struct Model::ForwardPass {
       dequantize_row(m.token_embd_.type, m.token_embd_.row(static_cast<std::size_t>(batch.tokens[t])), &s.x[t * D], D);
       if (embed_scale != 1.0f) for (std::size_t i = t * D; i < (t + 1) * D; ++i) s.x[i] *= embed_scale;
     }
-    plan_attention_tiles(batch, c.n_head_kv, c.n_head / c.n_head_kv, s.tiles, s.tile_queries);
+    plan_attention_tiles(batch, s.context, c.n_head_kv, c.n_head / c.n_head_kv, s.tiles, s.tile_queries);
   }
 
   // The attention sublayer of layer il: (the previous layer's FFN output joins the residual stream)
@@ -446,9 +479,10 @@ struct Model::ForwardPass {
       const float* sin = own_rope ? &s.rope_sin_local[t * R] : &s.rope_sin[t * R];
       for (std::size_t h = 0; h < c.n_head; ++h) kernels::rope(q + h * HD, c.n_rot, cos, sin, c.rope_neox);
       for (std::size_t h = 0; h < c.n_head_kv; ++h) kernels::rope(k + h * HD, c.n_rot, cos, sin, c.rope_neox);
-      cache.write(il, batch.seq_ids[t], static_cast<std::size_t>(batch.positions[t]), k, v);
+      cache.write(il, batch.seq_ids[t], slot(t), k, v);
     });
     attend(il, L.local ? c.sliding_window : 0);
+    if (tree) attend_ancestors(il);
     kernels::matmul(L.wo, s.attn.data(), T, s.tmp.data(), pool);
     if (m.tp_) m.tp_->all_reduce_sum(s.tmp.data(), T * D);  // each rank's heads' share of the output
   }
@@ -483,6 +517,7 @@ struct Model::ForwardPass {
     pool.parallel_for(s.tiles.size(), 1, [&](std::size_t b, std::size_t e, int) {
       const float* qp[kernels::kAttentionTile];
       float* op[kernels::kAttentionTile];
+      float lse[kernels::kAttentionTile];
       std::size_t n_ctx[kernels::kAttentionTile], first[kernels::kAttentionTile];
       if (b < e) prefetch_tile(s.tiles[b]);
       for (std::size_t i = b; i < e; ++i) {
@@ -492,15 +527,77 @@ struct Model::ForwardPass {
           const auto [t, h] = s.tile_queries[tile.first + k];
           qp[k] = &s.q[t * QD + h * HD];
           op[k] = &s.attn[t * QD + h * HD];
-          n_ctx[k] = static_cast<std::size_t>(batch.positions[t]) + 1;
-          first[k] = window && n_ctx[k] > window ? n_ctx[k] - window : 0;
+          n_ctx[k] = s.context[t];
+          // The window ends at the query's own position (a tree node's is its depth past its context).
+          const std::size_t end = static_cast<std::size_t>(batch.positions[t]) + 1;
+          first[k] = window && end > window ? std::min(end - window, n_ctx[k]) : 0;
         }
         const auto& [keys, values] = s.tables.at(tile.seq);
         const BlockPool::Rows rows = cache.pool().rows_of(tile.kv_head * HD);
         kt.attention_tile(qp, window ? first : nullptr, n_ctx, tile.n, keys.data(), values.data(), kv_dtype, block_tokens, rows.stride,
-                          rows.offset, HD, scale, c.attn_softcap, op);
+                          rows.offset, HD, scale, c.attn_softcap, op, tree ? lse : nullptr);
+        if (tree) {
+          for (std::size_t k = 0; k < tile.n; ++k) {
+            const auto [t, h] = s.tile_queries[tile.first + k];
+            s.lse[t * c.n_head + h] = lse[k];
+          }
+        }
       }
     });
+  }
+
+  std::size_t tile_query_token(const AttentionTile& tile, std::size_t k) const { return s.tile_queries[tile.first + k].first; }
+
+  // A tree node's attention so far covers its tree's context (attend); here each of its ancestors in
+  // the tree, and itself, join the softmax: out = (e^lse * out + sum_a e^score_a * v_a) / (e^lse +
+  // sum_a e^score_a), all relative to the largest exponent. Their keys and values are read back from
+  // the cache, as the context's are, so a node sees what the same path run as a chain would.
+  void attend_ancestors(std::size_t il) {
+    const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+    const std::size_t group = c.n_head / c.n_head_kv;
+    const auto add_ancestors = [&](std::size_t t, std::vector<float>& keys, std::vector<float>& values, std::vector<std::size_t>& path,
+                                   std::vector<float>& score) {
+      path.clear();
+      for (std::uint64_t bits = batch.tree_ancestors[t]; bits; bits &= bits - 1) {
+        path.push_back(static_cast<std::size_t>(batch.tree_context[t]) + static_cast<std::size_t>(std::countr_zero(bits)));
+      }
+      keys.resize(path.size() * KVD);
+      values.resize(path.size() * KVD);
+      for (std::size_t i = 0; i < path.size(); ++i) cache.read(il, batch.seq_ids[t], path[i], &keys[i * KVD], &values[i * KVD]);
+      score.resize(path.size());
+      for (std::size_t h = 0; h < c.n_head; ++h) {
+        const float* q = &s.q[t * QD + h * HD];
+        float* out = &s.attn[t * QD + h * HD];
+        const std::size_t kv_head = h / group;
+        float top = s.lse[t * c.n_head + h];
+        const std::size_t n = path.size();
+        for (std::size_t i = 0; i < n; ++i) {
+          const float* key = &keys[i * KVD + kv_head * HD];
+          float dot = 0.0f;
+          for (std::size_t d = 0; d < HD; ++d) dot += q[d] * key[d];
+          score[i] = dot * scale;
+          if (c.attn_softcap > 0.0f) score[i] = c.attn_softcap * std::tanh(score[i] / c.attn_softcap);
+          top = std::max(top, score[i]);
+        }
+        const float context_weight = std::exp(s.lse[t * c.n_head + h] - top);  // 0 for an empty context (-inf)
+        float sum = context_weight;
+        for (std::size_t d = 0; d < HD; ++d) out[d] *= context_weight;
+        for (std::size_t i = 0; i < n; ++i) {
+          const float w = std::exp(score[i] - top);
+          sum += w;
+          const float* value = &values[i * KVD + kv_head * HD];
+          for (std::size_t d = 0; d < HD; ++d) out[d] += w * value[d];
+        }
+        for (std::size_t d = 0; d < HD; ++d) out[d] /= sum;
+      }
+    };
+    // A few dozen dot products a node: on this thread, where waking the pool's workers (once a
+    // layer) cost more than the work.
+    thread_local std::vector<float> keys, values, score;
+    thread_local std::vector<std::size_t> path;
+    for (std::size_t t = 0; t < T; ++t) {
+      if (batch.tree_context[t] >= 0) add_ancestors(t, keys, values, path, score);
+    }
   }
 
   // The FFN sublayer: (attention output joins the residual stream) norm, then the dense gated FFN or
@@ -545,7 +642,7 @@ struct Model::ForwardPass {
   void finish(std::vector<float>& logits) {
     per_token([&](std::size_t t) { add_residual(t, m.layers_.back().post_ffn_norm); });
     for (std::size_t t = 0; t < T; ++t) {
-      const auto len = static_cast<std::size_t>(batch.positions[t]) + 1;
+      const std::size_t len = slot(t) + 1;
       if (len > cache.length(batch.seq_ids[t])) cache.set_length(batch.seq_ids[t], len);
     }
     std::size_t n_out = 0;
@@ -675,7 +772,7 @@ void Model::follow_steps(ThreadPool& pool) const {
       c.geometry.batch.clear(), c.geometry.sequences.clear(), c.geometry.copies.clear();
     }
     KvCache& kv = *c.kv;
-    for (const BlockPool::RowCopy& copy : step.copies) kv.pool().copy_rows(copy.from, copy.to, copy.n_rows);
+    for (const BlockPool::RowCopy& copy : step.copies) kv.pool().replay(copy);  // in rank 0's order: moves may overlap
     for (const tensor_parallel::Step::Sequence& s : step.sequences) kv.mirror(s.seq, s.blocks, s.length);
     run_pass(step.batch, kv, pool, logits, {});
     for (const tensor_parallel::Step::Sequence& s : step.sequences) kv.forget(s.seq);

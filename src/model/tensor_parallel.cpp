@@ -1,6 +1,7 @@
 #include "model/tensor_parallel.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "model/model.h"
@@ -109,13 +110,16 @@ std::vector<std::int64_t> Step::encode() const {
                                  kv_type, block_tokens, segment_dim, static_cast<std::int64_t>(batch.size()),
                                  static_cast<std::int64_t>(sequences.size()), static_cast<std::int64_t>(copies.size())};
   for (std::size_t t = 0; t < batch.size(); ++t) {
-    w.insert(w.end(), {batch.tokens[t], batch.positions[t], batch.seq_ids[t], batch.want_logits[t]});
+    w.insert(w.end(), {batch.tokens[t], batch.positions[t], batch.seq_ids[t], batch.want_logits[t], batch.kv_slots[t], batch.tree_context[t],
+                       std::bit_cast<std::int64_t>(batch.tree_ancestors[t])});
   }
   for (const Sequence& s : sequences) {
     w.insert(w.end(), {s.seq, static_cast<std::int64_t>(s.length), static_cast<std::int64_t>(s.blocks.size())});
     w.insert(w.end(), s.blocks.begin(), s.blocks.end());
   }
-  for (const BlockPool::RowCopy& c : copies) w.insert(w.end(), {c.from, c.to, static_cast<std::int64_t>(c.n_rows)});
+  for (const BlockPool::RowCopy& c : copies) {
+    w.insert(w.end(), {c.from, static_cast<std::int64_t>(c.from_slot), c.to, static_cast<std::int64_t>(c.to_slot), static_cast<std::int64_t>(c.n_rows)});
+  }
   return w;
 }
 
@@ -134,7 +138,21 @@ Step Step::decode(const std::vector<std::int64_t>& w) {
   const std::int64_t n_tokens = next(), n_sequences = next(), n_copies = next();
   for (std::int64_t t = 0; t < n_tokens; ++t) {
     const auto token = static_cast<std::int32_t>(next()), position = static_cast<std::int32_t>(next()), seq = static_cast<std::int32_t>(next());
-    s.batch.add(token, position, seq, next() != 0);
+    const bool logits = next() != 0;
+    const auto slot = static_cast<std::int32_t>(next()), context = static_cast<std::int32_t>(next());
+    const auto ancestors = std::bit_cast<std::uint64_t>(next());
+    if (context < 0) {
+      if (slot != position || ancestors != 0) throw Error("tensor parallelism: a malformed batch token from rank 0");
+      s.batch.add(token, position, seq, logits);
+    } else {  // a tree node, as Batch::add_tree_node made it (Model::forward checks the rest)
+      s.batch.tokens.push_back(token);
+      s.batch.positions.push_back(position);
+      s.batch.seq_ids.push_back(seq);
+      s.batch.want_logits.push_back(logits ? 1 : 0);
+      s.batch.kv_slots.push_back(slot);
+      s.batch.tree_context.push_back(context);
+      s.batch.tree_ancestors.push_back(ancestors);
+    }
   }
   for (std::int64_t i = 0; i < n_sequences; ++i) {
     Sequence q{static_cast<int>(next()), static_cast<std::size_t>(next()), {}};
@@ -144,8 +162,11 @@ Step Step::decode(const std::vector<std::int64_t>& w) {
     s.sequences.push_back(std::move(q));
   }
   for (std::int64_t i = 0; i < n_copies; ++i) {
-    const int from = static_cast<int>(next()), to = static_cast<int>(next());
-    s.copies.push_back({from, to, static_cast<std::size_t>(next())});
+    const int from = static_cast<int>(next());
+    const auto from_slot = static_cast<std::size_t>(next());
+    const int to = static_cast<int>(next());
+    const auto to_slot = static_cast<std::size_t>(next()), n_rows = static_cast<std::size_t>(next());
+    s.copies.push_back({from, from_slot, to, to_slot, n_rows});
   }
   return s;
 }

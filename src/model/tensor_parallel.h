@@ -57,7 +57,8 @@ ModelConfig local_config(const ModelConfig& c, int ranks);
 
 // Rank 0 -> every other rank, before each forward pass: the batch, the KV cache it runs on (its
 // geometry, so each rank keeps a cache of the same blocks), the block table and length of each of
-// the batch's sequences, and the block copies rank 0's prefix tree made since the last pass.
+// the batch's sequences (its tree nodes' slots and ancestors included), and the row copies rank 0's
+// pool made since the last pass (a prefix tree's copy-on-read, a verified token tree's moves).
 struct Step {
   enum class Command : std::int64_t { Forward = 1, Stop = 2 };
   Command command = Command::Forward;

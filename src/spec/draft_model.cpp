@@ -71,8 +71,115 @@ void DraftModelProposer::catch_up(const std::vector<std::int32_t>& context) {
   cached_ = context;
 }
 
+void DraftModelProposer::keep_accepted_tree_nodes(const std::vector<std::int32_t>& context) {
+  const std::size_t C = tree_context_;
+  if (tree_tokens_.empty() || cached_.size() != C || context.size() <= C || !std::equal(cached_.begin(), cached_.end(), context.begin())) {
+    return;
+  }
+  // Down the tree along the context's tokens; a node at depth d ran in slot C + s with s >= d - 1,
+  // so moving them in order never overwrites one still to come.
+  std::int32_t node = -1;
+  for (std::size_t j = C; j < context.size(); ++j) {
+    std::int32_t next = -1;
+    for (std::size_t i = 0; i < tree_tokens_.size() && next < 0; ++i) {
+      if (tree_parents_[i] == node && tree_tokens_[i] == context[j] && tree_slots_[i] >= 0) next = static_cast<std::int32_t>(i);
+    }
+    if (next < 0) break;
+    cache_.move_position(kSeq, C + static_cast<std::size_t>(tree_slots_[static_cast<std::size_t>(next)]), j);
+    cached_.push_back(context[j]);
+    node = next;
+  }
+}
+
+void DraftModelProposer::propose_tree(const std::vector<std::int32_t>& context, std::size_t max_nodes, Proposal& out) {
+  max_nodes = std::min(max_nodes, Batch::kMaxTreeNodes);
+  const std::size_t width = options_.tree_width;
+  // The draft runs at most `width` nodes a level below the first, in slots past the context.
+  if (max_nodes == 0 || context.size() + width * options_.tree_depth > cache_.max_positions()) return;
+  keep_accepted_tree_nodes(context);
+  tree_tokens_.clear();
+  tree_parents_.clear();
+  tree_slots_.clear();
+  catch_up(context);
+  const std::size_t n_vocab = model_.config().n_vocab;
+  const auto C = static_cast<std::int32_t>(context.size());
+  struct Candidate {
+    std::int32_t token, parent;  // parent: an index into candidates, -1 for the root
+    std::int32_t depth;
+    double log_p;                 // the draft's cumulative log probability from the root
+    std::uint64_t ancestors = 0;  // once the draft has run it: its own slot bit and its ancestors'
+    std::int32_t slot = -1;       // where the draft ran it, past the context
+  };
+  std::vector<Candidate> candidates;
+  std::vector<std::int32_t> frontier = {-1};  // nodes whose children the next level offers; row f of `rows` predicts after frontier[f]
+  const float* rows = logits_.data();
+  std::vector<std::pair<float, std::int32_t>> top;
+  std::vector<std::size_t> level;
+  std::int32_t next_slot = 0;
+  for (std::size_t depth = 1; depth <= options_.tree_depth; ++depth) {
+    // Each frontier node offers its `width` likeliest tokens.
+    level.clear();
+    for (std::size_t f = 0; f < frontier.size(); ++f) {
+      const float* row = rows + f * n_vocab;
+      const double lse = log_sum_exp(row, n_vocab);
+      top.clear();
+      for (std::size_t v = 0; v < n_vocab; ++v) {
+        if (top.size() < width || row[v] > top.back().first) {
+          if (top.size() == width) top.pop_back();
+          top.emplace_back(row[v], static_cast<std::int32_t>(v));
+          for (std::size_t i = top.size() - 1; i > 0 && top[i].first > top[i - 1].first; --i) std::swap(top[i], top[i - 1]);
+        }
+      }
+      const double base = frontier[f] < 0 ? 0.0 : candidates[static_cast<std::size_t>(frontier[f])].log_p;
+      for (const auto& [logit, token] : top) {
+        level.push_back(candidates.size());
+        candidates.push_back({token, frontier[f], static_cast<std::int32_t>(depth), base + static_cast<double>(logit) - lse});
+      }
+    }
+    if (depth == options_.tree_depth) break;
+    // The level's `width` likeliest offers grow the next level: one draft pass over them, as tree
+    // nodes in the draft's own cache.
+    std::stable_sort(level.begin(), level.end(), [&](std::size_t a, std::size_t b) { return candidates[a].log_p > candidates[b].log_p; });
+    level.resize(std::min(level.size(), width));
+    frontier.clear();
+    batch_.clear();
+    for (std::size_t c : level) {
+      Candidate& node = candidates[c];
+      node.ancestors = (std::uint64_t{1} << next_slot) | (node.parent < 0 ? 0 : candidates[static_cast<std::size_t>(node.parent)].ancestors);
+      node.slot = next_slot++;
+      batch_.add_tree_node(node.token, kSeq, C, node.slot, node.depth, node.ancestors, true);
+      frontier.push_back(static_cast<std::int32_t>(c));
+    }
+    model_.forward(batch_, cache_, pool_, level_logits_);
+    ++passes_;
+    rows = level_logits_.data();
+  }
+  // The tree: the max_nodes likeliest candidates at or above tree_min_p. A child is never likelier
+  // than its parent and comes after it, so the stable order keeps every parent before its children.
+  std::vector<std::size_t> order(candidates.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return candidates[a].log_p > candidates[b].log_p; });
+  const double min_log_p = std::log(std::max(options_.tree_min_p, 1e-30f));
+  std::vector<std::int32_t> index_in_tree(candidates.size(), -1);
+  for (std::size_t c : order) {
+    const Candidate& node = candidates[c];
+    if (out.tokens.size() == max_nodes || node.log_p < min_log_p) break;
+    index_in_tree[c] = static_cast<std::int32_t>(out.tokens.size());
+    out.tokens.push_back(node.token);
+    out.parents.push_back(node.parent < 0 ? -1 : index_in_tree[static_cast<std::size_t>(node.parent)]);
+    tree_slots_.push_back(node.slot);
+  }
+  tree_tokens_ = out.tokens;
+  tree_parents_ = out.parents;
+  tree_context_ = context.size();
+}
+
 void DraftModelProposer::propose(const std::vector<std::int32_t>& context, std::size_t max_tokens, Proposal& out) {
   out.clear();
+  if (options_.tree_width >= 2) {
+    if (!context.empty() && context.size() < cache_.max_positions()) propose_tree(context, max_tokens, out);
+    return;
+  }
   // The last guess is never run, so guesses need positions up to context.size() + max_tokens - 2.
   const std::size_t room = cache_.max_positions();
   if (context.empty() || context.size() >= room) return;

@@ -25,13 +25,23 @@ struct DraftOptions {
   // the draft itself doubts is mostly rejected, and each one costs a draft pass and a verify row.
   float min_confidence = 0.0f;
   SamplingParams sampling;   // temperature > 0: tokens are drawn from the draft's distribution (q)
+  // Token trees (tree_width >= 2), as EAGLE-2 grows them: level by level down to tree_depth, the
+  // tree_width likeliest nodes of a level (by the draft's cumulative probability from the root)
+  // each offer their tree_width likeliest tokens as the next level; the draft runs those nodes as one
+  // batch in its own cache, with the tree attention mask. The proposal is then the likeliest of all
+  // offers (at most the propose call's max_tokens, each at least tree_min_p): a child is never
+  // likelier than its parent, so they form a tree. Deterministic at any temperature: the target
+  // verifies siblings as point guesses.
+  std::size_t tree_width = 0;
+  std::size_t tree_depth = kDefaultTreeDepth;
+  float tree_min_p = kDefaultTreeMinP;
 };
 
 class DraftModelProposer final : public Proposer {
  public:
   DraftModelProposer(const Model& draft, const DraftOptions& options, ThreadPool& pool);
   void propose(const std::vector<std::int32_t>& context, std::size_t max_tokens, Proposal& out) override;
-  const char* name() const override { return "draft"; }
+  const char* name() const override { return options_.tree_width >= 2 ? "tree" : "draft"; }
 
   std::size_t draft_passes() const { return passes_; }
 
@@ -39,7 +49,10 @@ class DraftModelProposer final : public Proposer {
   // Brings the cache to `context` minus its last token, then runs that token: logits_ then predict
   // what follows the context.
   void catch_up(const std::vector<std::int32_t>& context);
+  // Before catch_up: keeps the nodes of the last tree that `context` went on with and the draft ran.
+  void keep_accepted_tree_nodes(const std::vector<std::int32_t>& context);
   void run(std::int32_t token, std::size_t pos);
+  void propose_tree(const std::vector<std::int32_t>& context, std::size_t max_nodes, Proposal& out);
 
   const Model& model_;
   DraftOptions options_;
@@ -48,7 +61,12 @@ class DraftModelProposer final : public Proposer {
   Sampler sampler_;
   std::vector<std::int32_t> cached_;  // the tokens whose K/V the cache holds, in order
   std::vector<std::int32_t> history_;  // scratch: context + drafted tokens, for penalties
-  std::vector<float> logits_, probs_;
+  std::vector<float> logits_, probs_, level_logits_;
+  // The last tree proposed: its nodes (tokens, parents) and where the draft ran each one (a slot past
+  // tree_context_, -1 for a leaf it never ran). The next call moves the accepted nodes' K/V into
+  // place instead of running them again.
+  std::vector<std::int32_t> tree_tokens_, tree_parents_, tree_slots_;
+  std::size_t tree_context_ = 0;
   Batch batch_;
   std::size_t passes_ = 0;
 };

@@ -19,4 +19,14 @@ namespace promptly::spec {
 std::size_t verify_chain(float* rows, std::size_t n_vocab, const Proposal& proposal, std::vector<std::int32_t>& history, Sampler& sampler,
                          std::vector<float>& p, std::vector<std::int32_t>& out, std::vector<std::vector<float>>* kept_logits = nullptr);
 
+// The same for a token tree (proposal.parents): row 0 predicts after `history`, row i + 1 after the
+// path down to guess i. From the root, the target's choice at each node is looked for among the
+// node's children: greedy, its argmax; sampling, multi-candidate rejection over the children in
+// order (verify_point_siblings), which keeps the target's distribution exactly. Appends the
+// committed tokens to `out` and the accepted guesses' indices, root to leaf, to `path` (cleared
+// first); returns how many were accepted.
+std::size_t verify_tree(float* rows, std::size_t n_vocab, const Proposal& proposal, std::vector<std::int32_t>& history, Sampler& sampler,
+                        std::vector<float>& p, std::vector<std::int32_t>& out, std::vector<std::size_t>& path,
+                        std::vector<std::vector<float>>* kept_logits = nullptr);
+
 }  // namespace promptly::spec

@@ -150,6 +150,13 @@ TEST(Cli, RunWithADraftModelReportsSpeculationAndKeepsTheTokens) {
   const Result ngram = promptly(args + " --spec ngram --spec-ngram 2");
   ASSERT_EQ(ngram.status, 0) << ngram.out;
   EXPECT_EQ(nlohmann::json::parse(ngram.out)["ids"], a["ids"]);
+  const Result tree = promptly(args + " --draft " + code + "code-draft-f16.gguf --spec tree --spec-tokens 5 --spec-tree-width 3 --spec-tree-nodes 10");
+  ASSERT_EQ(tree.status, 0) << tree.out;
+  const auto t = nlohmann::json::parse(tree.out);
+  EXPECT_EQ(t["ids"], a["ids"]);
+  EXPECT_EQ(t["timings"]["spec"], "tree");
+  EXPECT_GT(t["timings"]["spec_accepted"].get<int>(), 0);
+  EXPECT_LT(t["timings"]["spec_passes"].get<int>(), 39);
 }
 
 TEST(Cli, BadSpeculationFlagsAreClearErrors) {
@@ -158,8 +165,12 @@ TEST(Cli, BadSpeculationFlagsAreClearErrors) {
       {"--draft " + stories(), "differs from the target's at id"},
       {"--draft " + test::shared_model("code/val.txt"), "not a GGUF file"},
       {"--draft /nonexistent.gguf", "cannot open"},
-      {"--spec tree", "supported: none, ngram"},
+      {"--spec beam", "supported: none, ngram"},
       {"--spec draft", "needs a draft model"},
+      {"--spec tree", "--spec tree needs a draft model"},
+      {"--spec tree --spec-tree-width 1", "out of range: 2 to 16 children"},
+      {"--spec tree --spec-tree-nodes 65", "out of range: 1 to 64 nodes"},
+      {"--spec tree --spec-tree-min-p 2", "is a probability"},
       {"--spec ngram --spec-tokens 1000", "out of range: 1 to 64"},
       {"--spec ngram --spec-tokens 0", "out of range: 1 to 64"},
       {"--spec ngram --spec-ngram 0", "--spec-ngram must be between 1 and 64"},

@@ -553,8 +553,10 @@ EngineOptions speculating(EngineOptions::Spec spec) {
 TEST(EngineSpec, StreamsKeepTheirGreedyTokensWithCacheHitsAndNeighbours) {
   const auto a = code_prompt(1000), b = code_prompt(30000);
   const auto ref_a = code_solo(a, 60), ref_b = code_solo(b, 60);
-  for (const auto spec : {EngineOptions::Spec::Ngram, EngineOptions::Spec::Draft}) {
-    Engine engine(code_pair().target, &code_pair().tokenizer, speculating(spec));
+  for (const auto spec : {EngineOptions::Spec::Ngram, EngineOptions::Spec::Draft, EngineOptions::Spec::Tree}) {
+    EngineOptions options = speculating(spec);
+    if (spec == EngineOptions::Spec::Tree) options.spec_tokens = 8;  // a tree's nodes (depth 4, width 2)
+    Engine engine(code_pair().target, &code_pair().tokenizer, options);
     Collector c;
     const auto first = engine.submit(code_request(a, 60, c));
     EXPECT_EQ(c.wait(first).tokens, ref_a);

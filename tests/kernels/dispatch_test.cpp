@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <initializer_list>
 #include <random>
@@ -453,8 +455,12 @@ TEST(Dispatch, AttentionMatchesTwoPassSoftmax) {
         for (std::size_t i = 0; i < head_dim; ++i) want_h[i] += sh[j] / sumh * fp16_to_fp32(vh[j * stride + head_dim + i]);
       for (Isa isa : paths) {
         std::vector<float> got(head_dim), got_h(head_dim);
-        kernel_table(isa).attention(q.data(), kb.data(), vb.data(), DType::F32, kBlock, stride, head_dim, n_ctx, head_dim, scale, got.data());
-        kernel_table(isa).attention(q.data(), khb.data(), vhb.data(), DType::F16, kBlock, stride, head_dim, n_ctx, head_dim, scale, got_h.data());
+        float lse = 0.0f;
+        kernel_table(isa).attention(q.data(), kb.data(), vb.data(), DType::F32, kBlock, stride, head_dim, n_ctx, head_dim, scale, got.data(),
+                                    &lse);
+        kernel_table(isa).attention(q.data(), khb.data(), vhb.data(), DType::F16, kBlock, stride, head_dim, n_ctx, head_dim, scale, got_h.data(),
+                                    nullptr);
+        ASSERT_NEAR(lse, mx + std::log(sum), 1e-4 * (1.0 + std::fabs(mx))) << isa_name(isa) << " head_dim " << head_dim << " n_ctx " << n_ctx;
         for (std::size_t i = 0; i < head_dim; ++i) {
           ASSERT_NEAR(got[i], want[i], 1e-4) << isa_name(isa) << " head_dim " << head_dim << " n_ctx " << n_ctx;
           ASSERT_NEAR(got_h[i], want_h[i], 1e-4) << isa_name(isa) << " f16 head_dim " << head_dim << " n_ctx " << n_ctx;
@@ -504,7 +510,8 @@ TEST(Dispatch, AttentionOverQ8_0Cache) {
         for (std::size_t i = 0; i < head_dim; ++i) want[i] += s[j] / sum * vd[j * stride + offset + i];
       for (Isa isa : paths) {
         std::vector<float> got(head_dim);
-        kernel_table(isa).attention(q.data(), kb.data(), vb.data(), DType::Q8_0, kBlock, stride, offset, n_ctx, head_dim, scale, got.data());
+        kernel_table(isa).attention(q.data(), kb.data(), vb.data(), DType::Q8_0, kBlock, stride, offset, n_ctx, head_dim, scale, got.data(),
+                                    nullptr);
         for (std::size_t i = 0; i < head_dim; ++i) {
           ASSERT_NEAR(got[i], want[i], 1e-4) << isa_name(isa) << " head_dim " << head_dim << " n_ctx " << n_ctx;
         }
@@ -555,18 +562,23 @@ TEST(Dispatch, AttentionTileMatchesSingleQueries) {
           std::vector<std::vector<float>> got(n_q, std::vector<float>(head_dim)), want = got;
           std::vector<float*> op;
           for (auto& o : got) op.push_back(o.data());
+          std::vector<float> lse(n_q);
           kernel_table(isa).attention_tile(qp.data(), nullptr, n_ctx.data(), n_q, kb.data(), vb.data(), kv, kBlock, stride, offset, head_dim,
-                                           scale, 0.0f, op.data());
+                                           scale, 0.0f, op.data(), lse.data());
           for (std::size_t i = 0; i < n_q; ++i) {
             // Alone in a tile, a query gets bit-for-bit what it gets among others: tiles never change a
             // result (batch equivalence rests on it).
             std::vector<float> alone(head_dim);
             float* alone_out = alone.data();
             kernel_table(isa).attention_tile(&qp[i], nullptr, &n_ctx[i], 1, kb.data(), vb.data(), kv, kBlock, stride, offset, head_dim,
-                                             scale, 0.0f, &alone_out);
+                                             scale, 0.0f, &alone_out, nullptr);
             ASSERT_EQ(alone, got[i]) << isa_name(isa) << " " << dtype_name(kv) << " head_dim " << head_dim << " n_q " << n_q << " query " << i;
+            float want_lse = 0.0f;
             kernel_table(Isa::Scalar).attention(qp[i], kb.data(), vb.data(), kv, kBlock, stride, offset, n_ctx[i], head_dim, scale,
-                                                want[i].data());
+                                                want[i].data(), &want_lse);
+            // The log-sum-exp that lets a token tree's queries merge this softmax with their ancestors'.
+            ASSERT_NEAR(lse[i], want_lse, 1e-4f * (1.0f + std::fabs(want_lse)))
+                << isa_name(isa) << " " << dtype_name(kv) << " head_dim " << head_dim << " n_q " << n_q << " query " << i;
             for (std::size_t d = 0; d < head_dim; ++d) {
               ASSERT_NEAR(got[i][d], want[i][d], 2e-5f + 2e-5f * std::fabs(want[i][d]))
                   << isa_name(isa) << " " << dtype_name(kv) << " head_dim " << head_dim << " n_q " << n_q << " query " << i;
@@ -624,18 +636,23 @@ TEST(Dispatch, AttentionTileWindowsAndSoftCapMatchRange) {
             std::vector<std::vector<float>> got(n_q, std::vector<float>(head_dim)), want = got;
             std::vector<float*> op;
             for (auto& o : got) op.push_back(o.data());
+            std::vector<float> lse(n_q);
             kernel_table(isa).attention_tile(qp.data(), first.data(), n_ctx.data(), n_q, kb.data(), vb.data(), kv, kBlock, stride, offset,
-                                             head_dim, scale, softcap, op.data());
+                                             head_dim, scale, softcap, op.data(), lse.data());
             for (std::size_t i = 0; i < n_q; ++i) {
               const std::string where = std::string(isa_name(isa)) + " " + std::string(dtype_name(kv)) + " head_dim " + std::to_string(head_dim) +
                                         " n_q " + std::to_string(n_q) + " query " + std::to_string(i) + " cap " + std::to_string(softcap);
               std::vector<float> alone(head_dim);
               float* alone_out = alone.data();
+              float alone_lse = 0.0f, want_lse = 0.0f;
               kernel_table(isa).attention_tile(&qp[i], &first[i], &n_ctx[i], 1, kb.data(), vb.data(), kv, kBlock, stride, offset, head_dim,
-                                               scale, softcap, &alone_out);
+                                               scale, softcap, &alone_out, &alone_lse);
               ASSERT_EQ(alone, got[i]) << where;
+              // The log-sum-exp (of the capped scores in the window) is as bit-identical across tiles.
+              ASSERT_EQ(std::bit_cast<std::uint32_t>(alone_lse), std::bit_cast<std::uint32_t>(lse[i])) << where;
               attention_range(qp[i], kb.data(), vb.data(), kv, kBlock, stride, offset, first[i], n_ctx[i], head_dim, scale, softcap,
-                              want[i].data());
+                              want[i].data(), &want_lse);
+              ASSERT_NEAR(lse[i], want_lse, 1e-4f * (1.0f + std::fabs(want_lse))) << where;
               for (std::size_t d = 0; d < head_dim; ++d) {
                 ASSERT_NEAR(got[i][d], want[i][d], 5e-5f + 5e-5f * std::fabs(want[i][d])) << where << " dim " << d;
               }
@@ -648,13 +665,13 @@ TEST(Dispatch, AttentionTileWindowsAndSoftCapMatchRange) {
             std::vector<float*> again_out;
             for (auto& o : again) again_out.push_back(o.data());
             kernel_table(isa).attention_tile(qp.data(), first.data(), n_ctx.data(), n_q, kb_released.data(), vb_released.data(), kv, kBlock,
-                                             stride, offset, head_dim, scale, softcap, again_out.data());
+                                             stride, offset, head_dim, scale, softcap, again_out.data(), nullptr);
             EXPECT_EQ(again, got) << isa_name(isa) << " n_q " << n_q;
             // The window matters: the same queries seeing their whole context get other results.
             std::vector<float> whole(head_dim);
             float* whole_out = whole.data();
             kernel_table(isa).attention_tile(&qp[1 % n_q], nullptr, &n_ctx[1 % n_q], 1, kb.data(), vb.data(), kv, kBlock, stride, offset,
-                                             head_dim, scale, softcap, &whole_out);
+                                             head_dim, scale, softcap, &whole_out, nullptr);
             if (first[1 % n_q] > 0) {
               EXPECT_NE(whole, got[1 % n_q]);
             }

@@ -18,9 +18,12 @@
 #include "../test_util.h"
 #include "convert/synthetic_model.h"
 #include "engine/engine.h"
+#include "engine/generate.h"
 #include "model/model.h"
 #include "model/tensor_parallel.h"
 #include "parallel/communicator.h"
+#include "spec/draft_model.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
 namespace promptly {
@@ -236,6 +239,105 @@ TEST(TensorParallel, EngineAnswersAsTheWholeModel) {
   EXPECT_EQ(answers(sm.model()), whole);
 }
 
+// A token tree in one pass on a split model: every rank's heads attend over the tree's context and
+// add their ancestors (the step carries the nodes' slots, contexts and ancestor masks); the logits
+// are the whole model's.
+std::vector<float> run_tree(const Model& m) {
+  ThreadPool pool(1);
+  KvCache cache = m.make_cache(96, KvType::F32, 1);
+  const auto V = m.config().n_vocab;
+  std::vector<float> all, out;
+  Batch b;
+  constexpr std::int32_t C = 21;
+  for (std::int32_t i = 0; i + 1 < C; ++i) b.add(static_cast<std::int32_t>((i * 37 + 3) % V), i, 0, false);
+  m.forward(b, cache, pool, out);
+  b.clear();
+  b.add(static_cast<std::int32_t>(((C - 1) * 37 + 3) % V), C - 1, 0, true);
+  // Parents by node index (-1: the context's last token): branches of different depths.
+  const std::vector<int> parents = {-1, -1, -1, 0, 0, 1, 3, 3, 6};
+  std::vector<std::uint64_t> ancestors(parents.size());
+  std::vector<std::int32_t> depth(parents.size());
+  for (std::size_t i = 0; i < parents.size(); ++i) {
+    const int p = parents[i];
+    ancestors[i] = (std::uint64_t{1} << i) | (p >= 0 ? ancestors[static_cast<std::size_t>(p)] : 0);
+    depth[i] = p >= 0 ? depth[static_cast<std::size_t>(p)] + 1 : 1;
+    b.add_tree_node(static_cast<std::int32_t>((7 * i + 5) % V), 0, C, static_cast<std::int32_t>(i), depth[i], ancestors[i], true);
+  }
+  m.forward(b, cache, pool, out);
+  all.insert(all.end(), out.begin(), out.end());
+  // The accepted path 0 -> 3 -> 6 moves into place (copies the other ranks repeat), then decoding
+  // goes on from it.
+  const std::size_t path[] = {0, 3, 6};
+  for (std::size_t j = 0; j < 3; ++j) cache.move_position(0, C + path[j], C + j);
+  cache.set_length(0, C + 3);
+  b.clear();
+  b.add(17, C + 3, 0, true);
+  m.forward(b, cache, pool, out);
+  all.insert(all.end(), out.begin(), out.end());
+  return all;
+}
+
+TEST(TensorParallel, TokenTreeLogitsMatchTheWholeModel) {
+  test::TempDir dir;
+  for (const auto& [preset, type] : {std::pair{std::string("tiny"), DType::F32}, std::pair{std::string("tiny-qwen3"), DType::Q8_0}}) {
+    auto file = make_model(dir, preset, type);
+    const std::vector<float> whole = run_tree(Model(file));
+    std::vector<float> split;
+    {
+      SplitModel sm(file, 2);
+      split = run_tree(sm.model());
+    }
+    ASSERT_EQ(split.size(), whole.size()) << preset;
+    double max_diff = 0, max_abs = 0;
+    for (std::size_t i = 0; i < whole.size(); ++i) {
+      max_diff = std::max(max_diff, static_cast<double>(std::fabs(split[i] - whole[i])));
+      max_abs = std::max(max_abs, static_cast<double>(std::fabs(whole[i])));
+    }
+    EXPECT_LT(max_diff, 2e-4 * std::max(1.0, max_abs)) << preset << ": largest logit " << max_abs;
+  }
+}
+
+// Greedy generation with a token-tree proposer on a split model: rank 0 moves each accepted path's
+// K/V into place (KvCache::move_position -> BlockPool::copy_row), the other rank repeats those row
+// copies from the step message, and the tokens are the whole model's (and plain decoding's).
+TEST(TensorParallel, TokenTreeGenerationRepeatsTheMovesOnEveryRank) {
+  test::TempDir dir;
+  auto file = make_model(dir, "tiny", DType::F32);
+  ThreadPool pool(1);
+  const Model draft_model(file);  // the model drafts for itself: most guesses are accepted, off the first branch too
+  const Tokenizer tokenizer(Vocab::from_gguf(*file));
+  std::vector<std::int32_t> prompt;
+  for (int i = 0; i < 30; ++i) prompt.push_back(3 + (i * 13) % 500);
+  GenerateOptions g;
+  g.max_tokens = 40;
+  g.sampling.temperature = 0;
+  g.ignore_eos = true;
+  g.kv_type = KvType::F32;
+  const auto run = [&](const Model& target, bool tree) {
+    spec::DraftOptions d;
+    d.sampling.temperature = 0;
+    d.kv_type = KvType::F32;
+    d.tree_width = 3;
+    d.tree_depth = 4;
+    d.tree_min_p = 0.0f;
+    spec::DraftModelProposer proposer(draft_model, d, pool);
+    GenerateOptions o = g;
+    if (tree) {
+      o.proposer = &proposer;
+      o.spec_tokens = 12;
+    }
+    return generate(target, tokenizer, prompt, o, pool);
+  };
+  const GenerateResult plain = run(Model(file), false);
+  const GenerateResult whole = run(Model(file), true);
+  EXPECT_EQ(whole.ids, plain.ids);
+  EXPECT_GT(whole.timings.spec_accepted, 10u);
+  SplitModel sm(file, 2);
+  const GenerateResult split = run(sm.model(), true);
+  EXPECT_EQ(split.ids, whole.ids);
+  EXPECT_EQ(split.timings.spec_accepted, whole.timings.spec_accepted);
+}
+
 TEST(TensorParallel, StepMessageRoundTripsAndRejectsGarbage) {
   tensor_parallel::Step s;
   s.cache_id = 77;
@@ -243,15 +345,27 @@ TEST(TensorParallel, StepMessageRoundTripsAndRejectsGarbage) {
   s.batch.add(5, 0, 3, false);
   s.batch.add(6, 1, 3, true);
   s.sequences.push_back({3, 0, {4, 8}});
-  s.copies.push_back({1, 2, 7});
+  s.batch.add_tree_node(9, 3, 2, 0, 1, 0b1, true);
+  s.batch.add_tree_node(10, 3, 2, 1, 2, (std::uint64_t{1} << 63) | 0b10, true);  // the top bit survives the int64 words
+  s.copies.push_back({1, 0, 2, 0, 7});
+  s.copies.push_back({4, 5, 8, 2, 1});
   const tensor_parallel::Step back = tensor_parallel::Step::decode(s.encode());
   EXPECT_EQ(back.cache_id, 77u);
   EXPECT_EQ(back.batch.tokens, s.batch.tokens);
+  EXPECT_EQ(back.batch.positions, s.batch.positions);
   EXPECT_EQ(back.batch.want_logits, s.batch.want_logits);
+  EXPECT_EQ(back.batch.kv_slots, s.batch.kv_slots);
+  EXPECT_EQ(back.batch.tree_context, s.batch.tree_context);
+  EXPECT_EQ(back.batch.tree_ancestors, s.batch.tree_ancestors);
   ASSERT_EQ(back.sequences.size(), 1u);
   EXPECT_EQ(back.sequences[0].blocks, (std::vector<int>{4, 8}));
-  ASSERT_EQ(back.copies.size(), 1u);
+  ASSERT_EQ(back.copies.size(), 2u);
   EXPECT_EQ(back.copies[0].n_rows, 7u);
+  EXPECT_EQ(back.copies[1].from, 4);
+  EXPECT_EQ(back.copies[1].from_slot, 5u);
+  EXPECT_EQ(back.copies[1].to, 8);
+  EXPECT_EQ(back.copies[1].to_slot, 2u);
+  EXPECT_EQ(back.copies[1].n_rows, 1u);
   std::vector<std::int64_t> words = s.encode();
   words.pop_back();
   EXPECT_THROW(tensor_parallel::Step::decode(words), Error);

@@ -83,6 +83,37 @@ TEST(Spec, VerifyChainGreedyAcceptsThePrefixTheTargetAgreesWith) {
   EXPECT_EQ(out, (std::vector<std::int32_t>{2, 1, 3}));
 }
 
+TEST(TokenTree, VerifyTreeGreedyFollowsTheTargetsChoiceDownTheTree) {
+  // Rows over a 4-token vocabulary for the root and 4 nodes: node 0 (token 1) and node 1 (token 2)
+  // after the context, node 2 (token 3) and node 3 (token 0) after node 1. The target wants 2 at the
+  // root, then 0 after it, then 3 after that.
+  std::vector<float> rows = {0, 0, 5, 0,   // root
+                             5, 0, 0, 0,   // node 0
+                             5, 0, 0, 0,   // node 1
+                             0, 5, 0, 0,   // node 2
+                             0, 0, 0, 5};  // node 3
+  SamplingParams sp;
+  sp.temperature = 0;
+  Sampler sampler(sp);
+  std::vector<std::int32_t> history = {1}, out;
+  std::vector<std::size_t> path;
+  std::vector<float> p;
+  spec::Proposal tree;
+  tree.tokens = {1, 2, 3, 0};
+  tree.parents = {-1, -1, 1, 1};
+  // The second first-level node holds, then its second child, whose row adds the target's 3.
+  EXPECT_EQ(spec::verify_tree(rows.data(), 4, tree, history, sampler, p, out, path), 2u);
+  EXPECT_EQ(out, (std::vector<std::int32_t>{2, 0, 3}));
+  EXPECT_EQ(path, (std::vector<std::size_t>{1, 3}));
+  EXPECT_EQ(history, (std::vector<std::int32_t>{1}));
+  // No first-level node is the target's choice: nothing accepted, its own token instead.
+  tree.tokens = {1, 3, 3, 0};
+  out.clear();
+  EXPECT_EQ(spec::verify_tree(rows.data(), 4, tree, history, sampler, p, out, path), 0u);
+  EXPECT_EQ(out, (std::vector<std::int32_t>{2}));
+  EXPECT_TRUE(path.empty());
+}
+
 TEST(Spec, GreedyDraftAndNgramEqualPlainDecodingOnTheCodePair) {
   Loaded target(test::shared_model("code/code-target-f16.gguf"));
   Loaded draft(test::shared_model("code/code-draft-f16.gguf"));
@@ -241,6 +272,15 @@ void expect_sampled_tokens_follow_the_target(const std::string& mode) {
       d.sampling = g.sampling;
       d.ctx = g.ctx_size;
       if (mode == "poor draft") d.sampling.temperature = 3.0f;  // q far flatter than p: most guesses fail
+      if (mode == "tree" || mode == "wide tree") {
+        // Token trees: siblings verified one after another against the residual. The wide tree offers
+        // eight children a node with no probability floor, so most siblings are unlikely guesses and
+        // most roots end in rejections and a draw from the residual.
+        d.tree_width = mode == "tree" ? 2 : 8;
+        d.tree_depth = 3;
+        d.tree_min_p = mode == "tree" ? 0.05f : 0.0f;
+        g.spec_tokens = mode == "tree" ? 6 : 16;
+      }
       proposer = std::make_unique<spec::DraftModelProposer>(*m.close_draft->model, d, pool);
     }
     g.proposer = proposer.get();
@@ -258,6 +298,8 @@ void expect_sampled_tokens_follow_the_target(const std::string& mode) {
 TEST(Spec, SampledTokensFollowTheTargetsDistributionWithACloseDraft) { expect_sampled_tokens_follow_the_target("close draft"); }
 TEST(Spec, SampledTokensFollowTheTargetsDistributionWithAPoorDraft) { expect_sampled_tokens_follow_the_target("poor draft"); }
 TEST(Spec, SampledTokensFollowTheTargetsDistributionWithNgrams) { expect_sampled_tokens_follow_the_target("ngram"); }
+TEST(TokenTree, SampledTokensFollowTheTargetsDistribution) { expect_sampled_tokens_follow_the_target("tree"); }
+TEST(TokenTree, SampledTokensFollowTheTargetsDistributionWithAWideUnlikelyTree) { expect_sampled_tokens_follow_the_target("wide tree"); }
 
 TEST(Spec, ADraftWithAnotherVocabularyIsRefusedNamingTheId) {
   Loaded target(test::shared_model("code/code-target-f16.gguf"));
