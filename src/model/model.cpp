@@ -700,11 +700,11 @@ void Model::send_step(const Batch& batch, KvCache& cache) const {
   tensor_parallel::Step step;
   const BlockPool& kv = cache.pool();
   step.cache_id = reinterpret_cast<std::uintptr_t>(&cache);
-  step.n_blocks = static_cast<std::int64_t>(kv.n_blocks());
-  step.max_positions = static_cast<std::int64_t>(cache.max_positions());
-  step.kv_type = static_cast<std::int64_t>(kv.type());
-  step.block_tokens = static_cast<std::int64_t>(kv.block_tokens());
-  step.segment_dim = static_cast<std::int64_t>(kv.segment_dim() == kv.kv_dim() ? 0 : kv.segment_dim());
+  step.cache.n_blocks = static_cast<std::int64_t>(kv.n_blocks());
+  step.cache.max_positions = static_cast<std::int64_t>(cache.max_positions());
+  step.cache.kv_type = static_cast<std::int64_t>(kv.type());
+  step.cache.block_tokens = static_cast<std::int64_t>(kv.block_tokens());
+  step.cache.segment_dim = static_cast<std::int64_t>(kv.segment_dim() == kv.kv_dim() ? 0 : kv.segment_dim());
   step.batch = batch;
   for (std::size_t t = 0; t < batch.size(); ++t) {
     const int seq = batch.seq_ids[t];
@@ -746,7 +746,7 @@ void Model::gather_logits(const std::vector<float>& rank_logits, std::size_t n_o
 void Model::follow_steps(ThreadPool& pool) const {
   if (!tp_ || tp_->rank() == 0) throw Error("internal: follow_steps is for the tensor-parallel ranks other than 0");
   struct Cache {
-    tensor_parallel::Step geometry;
+    tensor_parallel::Step::CacheGeometry geometry;
     std::unique_ptr<KvCache> kv;
   };
   std::unordered_map<std::uint64_t, Cache> caches;  // rank 0's caches by identity
@@ -761,15 +761,13 @@ void Model::follow_steps(ThreadPool& pool) const {
     const tensor_parallel::Step step = tensor_parallel::Step::decode(words);
     if (step.command == tensor_parallel::Step::Command::Stop) return;
     Cache& c = caches[step.cache_id];
-    const tensor_parallel::Step& g = c.geometry;
-    if (!c.kv || g.n_blocks != step.n_blocks || g.max_positions != step.max_positions || g.kv_type != step.kv_type ||
-        g.block_tokens != step.block_tokens || g.segment_dim != step.segment_dim) {
-      if (step.kv_type < 0 || step.kv_type > static_cast<std::int64_t>(KvType::Q8_0)) throw Error("tensor parallelism: an unknown KV type from rank 0");
-      c.kv = std::make_unique<KvCache>(KvCache::with_blocks(config_.n_layer, config_.kv_dim(), static_cast<std::size_t>(step.n_blocks),
-                                                            static_cast<std::size_t>(step.max_positions), static_cast<KvType>(step.kv_type),
-                                                            static_cast<std::size_t>(step.block_tokens), static_cast<std::size_t>(step.segment_dim)));
-      c.geometry = step;
-      c.geometry.batch.clear(), c.geometry.sequences.clear(), c.geometry.copies.clear();
+    const tensor_parallel::Step::CacheGeometry& g = step.cache;
+    if (!c.kv || c.geometry != g) {
+      if (g.kv_type < 0 || g.kv_type > static_cast<std::int64_t>(KvType::Q8_0)) throw Error("tensor parallelism: an unknown KV type from rank 0");
+      c.kv = std::make_unique<KvCache>(KvCache::with_blocks(config_.n_layer, config_.kv_dim(), static_cast<std::size_t>(g.n_blocks),
+                                                            static_cast<std::size_t>(g.max_positions), static_cast<KvType>(g.kv_type),
+                                                            static_cast<std::size_t>(g.block_tokens), static_cast<std::size_t>(g.segment_dim)));
+      c.geometry = g;
     }
     KvCache& kv = *c.kv;
     for (const BlockPool::RowCopy& copy : step.copies) kv.pool().replay(copy);  // in rank 0's order: moves may overlap

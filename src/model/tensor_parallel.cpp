@@ -106,8 +106,8 @@ ModelConfig local_config(const ModelConfig& c, int ranks) {
 }
 
 std::vector<std::int64_t> Step::encode() const {
-  std::vector<std::int64_t> w = {static_cast<std::int64_t>(command), static_cast<std::int64_t>(cache_id), n_blocks, max_positions,
-                                 kv_type, block_tokens, segment_dim, static_cast<std::int64_t>(batch.size()),
+  std::vector<std::int64_t> w = {static_cast<std::int64_t>(command), static_cast<std::int64_t>(cache_id), cache.n_blocks, cache.max_positions,
+                                 cache.kv_type, cache.block_tokens, cache.segment_dim, static_cast<std::int64_t>(batch.size()),
                                  static_cast<std::int64_t>(sequences.size()), static_cast<std::int64_t>(copies.size())};
   for (std::size_t t = 0; t < batch.size(); ++t) {
     w.insert(w.end(), {batch.tokens[t], batch.positions[t], batch.seq_ids[t], batch.want_logits[t], batch.kv_slots[t], batch.tree_context[t],
@@ -134,7 +134,7 @@ Step Step::decode(const std::vector<std::int64_t>& w) {
   if (s.command == Command::Stop) return s;
   if (s.command != Command::Forward) throw Error("tensor parallelism: an unknown command from rank 0");
   s.cache_id = static_cast<std::uint64_t>(next());
-  s.n_blocks = next(), s.max_positions = next(), s.kv_type = next(), s.block_tokens = next(), s.segment_dim = next();
+  s.cache.n_blocks = next(), s.cache.max_positions = next(), s.cache.kv_type = next(), s.cache.block_tokens = next(), s.cache.segment_dim = next();
   const std::int64_t n_tokens = next(), n_sequences = next(), n_copies = next();
   for (std::int64_t t = 0; t < n_tokens; ++t) {
     const auto token = static_cast<std::int32_t>(next()), position = static_cast<std::int32_t>(next()), seq = static_cast<std::int32_t>(next());

@@ -63,7 +63,11 @@ struct Step {
   enum class Command : std::int64_t { Forward = 1, Stop = 2 };
   Command command = Command::Forward;
   std::uint64_t cache_id = 0;
-  std::int64_t n_blocks = 0, max_positions = 0, kv_type = 0, block_tokens = 0, segment_dim = 0;
+  struct CacheGeometry {
+    std::int64_t n_blocks = 0, max_positions = 0, kv_type = 0, block_tokens = 0, segment_dim = 0;
+    bool operator==(const CacheGeometry&) const = default;
+  };
+  CacheGeometry cache;
   Batch batch;
   struct Sequence {
     int seq;

@@ -520,6 +520,30 @@ TEST(Dispatch, AttentionOverQ8_0Cache) {
   }
 }
 
+// Keys and values of `positions` random rows of `stride` elements stored as `kv`, in blocks of
+// `block_tokens` rows, and the block pointers the attention kernels read.
+struct PagedKv {
+  std::vector<std::uint8_t> keys, values;
+  std::vector<const void*> key_blocks, value_blocks;
+  PagedKv(DType kv, std::size_t stride, std::size_t block_tokens, std::size_t positions, std::normal_distribution<float>& dist,
+          std::mt19937& rng) {
+    const std::size_t row_bytes = kv == DType::F32 ? stride * 4 : kv == DType::F16 ? stride * 2 : stride / 32 * sizeof(BlockQ8_0);
+    keys.resize((positions + block_tokens) * row_bytes);
+    values.resize(keys.size());
+    std::vector<float> row(stride);
+    for (std::size_t j = 0; j < positions; ++j) {
+      for (auto* dst : {&keys, &values}) {
+        for (float& x : row) x = dist(rng);
+        quantize_row(kv, row.data(), dst->data() + j * row_bytes, stride);
+      }
+    }
+    for (std::size_t j = 0; j < positions; j += block_tokens) {
+      key_blocks.push_back(keys.data() + j * row_bytes);
+      value_blocks.push_back(values.data() + j * row_bytes);
+    }
+  }
+};
+
 // The tiled attention (queries of one KV head in vector lanes) against the scalar single-query
 // kernel: tiles of 1..16 queries with different causal lengths (including lengths that end inside
 // a 16-key chunk and a query that sees a single position), every KV type, head sizes with and
@@ -533,21 +557,10 @@ TEST(Dispatch, AttentionTileMatchesSingleQueries) {
     for (std::size_t head_dim : {16u, 24u, 64u, 128u}) {
       if (kv == DType::Q8_0 && head_dim % 32 != 0) continue;
       const std::size_t stride = ((2 * head_dim + 31) / 32) * 32, offset = kv == DType::Q8_0 ? 0 : head_dim;
-      const std::size_t row_bytes = kv == DType::F32 ? stride * 4 : kv == DType::F16 ? stride * 2 : stride / 32 * sizeof(BlockQ8_0);
       constexpr std::size_t kBlock = 6, kPositions = 75;
-      std::vector<std::uint8_t> kc((kPositions + kBlock) * row_bytes), vc(kc.size());
-      std::vector<float> row(stride);
-      for (std::size_t j = 0; j < kPositions; ++j) {
-        for (auto* dst : {&kc, &vc}) {
-          for (float& x : row) x = dist(rng);
-          quantize_row(kv, row.data(), dst->data() + j * row_bytes, stride);
-        }
-      }
-      std::vector<const void*> kb, vb;
-      for (std::size_t j = 0; j < kPositions; j += kBlock) {
-        kb.push_back(kc.data() + j * row_bytes);
-        vb.push_back(vc.data() + j * row_bytes);
-      }
+      const PagedKv paged(kv, stride, kBlock, kPositions, dist, rng);
+      const auto& kb = paged.key_blocks;
+      const auto& vb = paged.value_blocks;
       for (std::size_t n_q : {1u, 2u, 3u, 5u, 8u, 16u, 17u, 29u, 32u, 33u, 50u, 64u}) {
         std::vector<std::vector<float>> qs(n_q, std::vector<float>(head_dim));
         std::vector<std::size_t> n_ctx(n_q);
@@ -603,21 +616,10 @@ TEST(Dispatch, AttentionTileWindowsAndSoftCapMatchRange) {
   for (DType kv : {DType::F32, DType::F16, DType::Q8_0}) {
     for (std::size_t head_dim : {32u, 64u, 256u}) {
       const std::size_t stride = head_dim, offset = 0;
-      const std::size_t row_bytes = kv == DType::F32 ? stride * 4 : kv == DType::F16 ? stride * 2 : stride / 32 * sizeof(BlockQ8_0);
       constexpr std::size_t kBlock = 16, kPositions = 90;
-      std::vector<std::uint8_t> kc((kPositions + kBlock) * row_bytes), vc(kc.size());
-      std::vector<float> row(stride);
-      for (std::size_t j = 0; j < kPositions; ++j) {
-        for (auto* dst : {&kc, &vc}) {
-          for (float& x : row) x = dist(rng);
-          quantize_row(kv, row.data(), dst->data() + j * row_bytes, stride);
-        }
-      }
-      std::vector<const void*> kb, vb;
-      for (std::size_t j = 0; j < kPositions; j += kBlock) {
-        kb.push_back(kc.data() + j * row_bytes);
-        vb.push_back(vc.data() + j * row_bytes);
-      }
+      const PagedKv paged(kv, stride, kBlock, kPositions, dist, rng);
+      const auto& kb = paged.key_blocks;
+      const auto& vb = paged.value_blocks;
       for (std::size_t n_q : {1u, 2u, 3u, 8u, 16u, 40u}) {
         std::vector<std::vector<float>> qs(n_q, std::vector<float>(head_dim));
         std::vector<std::size_t> n_ctx(n_q), first(n_q);

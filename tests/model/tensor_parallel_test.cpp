@@ -341,7 +341,7 @@ TEST(TensorParallel, TokenTreeGenerationRepeatsTheMovesOnEveryRank) {
 TEST(TensorParallel, StepMessageRoundTripsAndRejectsGarbage) {
   tensor_parallel::Step s;
   s.cache_id = 77;
-  s.n_blocks = 9, s.max_positions = 100, s.kv_type = 1, s.block_tokens = 16, s.segment_dim = 64;
+  s.cache = {9, 100, 1, 16, 64};
   s.batch.add(5, 0, 3, false);
   s.batch.add(6, 1, 3, true);
   s.sequences.push_back({3, 0, {4, 8}});
@@ -351,6 +351,7 @@ TEST(TensorParallel, StepMessageRoundTripsAndRejectsGarbage) {
   s.copies.push_back({4, 5, 8, 2, 1});
   const tensor_parallel::Step back = tensor_parallel::Step::decode(s.encode());
   EXPECT_EQ(back.cache_id, 77u);
+  EXPECT_TRUE(back.cache == s.cache);
   EXPECT_EQ(back.batch.tokens, s.batch.tokens);
   EXPECT_EQ(back.batch.positions, s.batch.positions);
   EXPECT_EQ(back.batch.want_logits, s.batch.want_logits);

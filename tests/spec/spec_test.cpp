@@ -6,6 +6,7 @@
 
 #include "../chi_square.h"
 #include "../test_util.h"
+#include "spec_test_util.h"
 #include "convert/quantize.h"
 #include "convert/synthetic_model.h"
 #include "engine/generate.h"
@@ -20,21 +21,8 @@
 namespace promptly {
 namespace {
 
-struct Loaded {
-  std::shared_ptr<const gguf::File> file;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tokenizer;
-  explicit Loaded(const std::string& path)
-      : file(gguf::File::open(path)), model(std::make_unique<Model>(file)), tokenizer(std::make_unique<Tokenizer>(Vocab::from_gguf(*file))) {}
-};
-
-GenerateOptions greedy(int n) {
-  GenerateOptions g;
-  g.max_tokens = n;
-  g.sampling.temperature = 0;
-  g.ignore_eos = true;
-  return g;
-}
+using test::greedy;
+using test::Loaded;
 
 // Runs the prompt without speculation and with `proposer`; returns both results.
 std::pair<GenerateResult, GenerateResult> both(const Loaded& target, const std::vector<std::int32_t>& prompt, GenerateOptions g,

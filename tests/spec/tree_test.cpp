@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "../test_util.h"
+#include "spec_test_util.h"
 #include "convert/synthetic_model.h"
 #include "engine/generate.h"
 #include "kernels/cpu.h"
@@ -17,13 +18,8 @@
 namespace promptly {
 namespace {
 
-struct Loaded {
-  std::shared_ptr<const gguf::File> file;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tokenizer;
-  explicit Loaded(const std::string& path)
-      : file(gguf::File::open(path)), model(std::make_unique<Model>(file)), tokenizer(std::make_unique<Tokenizer>(Vocab::from_gguf(*file))) {}
-};
+using test::greedy;
+using test::Loaded;
 
 std::vector<kernels::Isa> kernel_paths() {
   std::vector<kernels::Isa> paths = {kernels::Isa::Scalar};
@@ -140,14 +136,6 @@ TEST(TokenTree, TheAcceptedPathMovedIntoPlaceServesTheNextPassAsIfDecoded) {
   for (std::size_t v = 0; v < n_vocab; ++v) ASSERT_NEAR(logits[v], want[v], 2e-3) << v;
 }
 
-
-GenerateOptions greedy(int n) {
-  GenerateOptions g;
-  g.max_tokens = n;
-  g.sampling.temperature = 0;
-  g.ignore_eos = true;
-  return g;
-}
 
 spec::DraftOptions tree_options(std::size_t width, std::size_t depth, float min_p) {
   spec::DraftOptions d;
