@@ -8,6 +8,21 @@
 
 namespace promptly::test {
 
+// Whether this build runs under AddressSanitizer (GCC's macro; Clang's feature test). Sampling tests
+// draw a quarter of their samples there: the sanitized build is for memory errors and runs each
+// generation about ten times slower; the release build checks the statistics at full size.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
 // Pearson's chi-square goodness of fit of `counts` to `probs`, passed while the statistic stays
 // under the 0.999 quantile of the chi-square distribution (a correct implementation fails one seed
 // in a thousand). Bins expected to hold fewer than 5 draws are pooled into one. A draw of a

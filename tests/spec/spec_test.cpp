@@ -241,7 +241,7 @@ void expect_sampled_tokens_follow_the_target(const std::string& mode) {
   const SecondTokenMarginal& m = second_token_marginal();
   ThreadPool pool(1);
   const std::size_t n_vocab = m.target.model->config().n_vocab;
-  constexpr int kRuns = 4000;
+  constexpr int kRuns = test::kSanitized ? 1000 : 4000;
   std::vector<int> counts(n_vocab, 0);
   std::size_t drafted = 0, accepted = 0;
   for (int run = 0; run < kRuns; ++run) {
