@@ -96,7 +96,8 @@ KvCache make_engine_cache(const Model& model, const EngineOptions& o, std::size_
     throw Error("KV memory budget of " + std::to_string(budget) + " bytes holds fewer than 2 blocks of " +
                 std::to_string(o.block_tokens) + " tokens (" + std::to_string(block_bytes) + " bytes each); raise --kv-memory");
   }
-  return KvCache::with_blocks(c.n_layer, c.kv_dim(), n_blocks, ctx, o.kv_type, o.block_tokens, c.head_dim);
+  return KvCache::with_blocks(c.n_layer, c.kv_dim(), n_blocks, ctx, o.kv_type, o.block_tokens, c.head_dim,
+                              o.release_window_kv ? model.local_layers() : LocalLayers{});
 }
 
 std::unique_ptr<KvSpool> make_spool(const Model& model, const EngineOptions& o, const KvCache& cache) {
@@ -671,6 +672,7 @@ void Engine::publish_stats() {
   const ModelConfig& c = model_.config();
   st.kv_bytes_per_token = BlockPool::block_bytes(c.n_layer, c.kv_dim(), 1, cache_.type());
   st.kv_budget_bytes = pool.n_blocks() * BlockPool::block_bytes(c.n_layer, c.kv_dim(), cache_.block_tokens(), cache_.type());
+  st.kv_bytes_in_use = pool.bytes_in_use();
   st.ctx_size = ctx_;
   const SchedulerCounters& k = scheduler_.counters();
   st.prefix_cache_queries = k.prefix_queries;

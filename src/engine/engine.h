@@ -58,6 +58,10 @@ struct EngineOptions {
   // read back for prompts that reach them, across restarts. Empty: none.
   std::string kv_spool_dir;
   std::uint64_t kv_spool_bytes = std::uint64_t{4} << 30;  // the spool's size cap
+  // Sliding-window models: the local layers' KV of blocks every window has left is given up
+  // (Model::local_layers, BlockPool::Hold), so a long conversation keeps only the global layers'
+  // full KV resident.
+  bool release_window_kv = true;
   int threads = 0;                  // 0: one per core
   // Speculative decoding inside the step: a decoding stream's guesses (n-gram prompt lookup, or a
   // draft model with a KV cache per stream) join the batch after its token and are verified by the
@@ -89,6 +93,9 @@ struct EngineStats {
   std::size_t kv_block_tokens = 0;
   std::size_t kv_bytes_per_token = 0;
   std::size_t kv_budget_bytes = 0;
+  // K/V bytes the blocks in use (running or cached) hold: with sliding windows, less than their
+  // blocks' whole size once local layers' KV behind every window is given up (release_window_kv).
+  std::size_t kv_bytes_in_use = 0;
   std::size_t ctx_size = 0;
   std::uint64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // prompt tokens looked up / found
   std::uint64_t tokens_computed = 0, tokens_reused = 0;

@@ -27,7 +27,7 @@ std::size_t read_spooled_prefix(KvSpool& spool, const std::vector<std::int32_t>&
   const std::vector<int> blocks = cache.blocks(seq);
   std::vector<std::shared_ptr<const KvSpool::Read>> reads;
   for (std::size_t i = 0; i < n; ++i) {
-    reads.push_back(spool.read(chain[i], i * bt, std::span<const std::int32_t>(prompt).subspan(i * bt, bt), cache.pool().block_data(blocks[i])));
+    reads.push_back(spool.read(chain[i], i * bt, std::span<const std::int32_t>(prompt).subspan(i * bt, bt), cache.pool().block_parts(blocks[i])));
   }
   std::size_t arrived = 0;
   bool failed = false;
@@ -40,18 +40,22 @@ std::size_t read_spooled_prefix(KvSpool& spool, const std::vector<std::int32_t>&
   return arrived * bt;
 }
 
-// Spools every full block whose K/V the sequence holds; with `wait`, returns once they are on disk.
-void spool_computed_blocks(KvSpool& spool, std::span<const std::int32_t> tokens, KvCache& cache, int seq, std::vector<ChainHash>& chain,
-                           bool wait) {
+// Spools the sequence's full blocks from index `first` on and returns how many it has spooled in
+// all: called before each release behind the window, which may let a block's local layers' KV go.
+// With `wait`, returns once they are on disk.
+std::size_t spool_computed_blocks(KvSpool& spool, std::span<const std::int32_t> tokens, KvCache& cache, int seq,
+                                  std::vector<ChainHash>& chain, std::size_t first, bool wait) {
   const std::size_t bt = cache.block_tokens();
   const std::size_t n_full = std::min(cache.length(seq), tokens.size()) / bt;
   extend_chain(chain, tokens, bt, n_full);
   const std::vector<int>& blocks = cache.blocks(seq);
-  for (std::size_t i = 0; i < n_full; ++i) {
-    spool.write(chain[i], i == 0 ? 0 : chain[i - 1], i * bt, tokens.subspan(i * bt, bt), cache.pool().block_data(blocks[i]),
-                /*wait_for_room=*/true);
+  const BlockPool& pool = cache.pool();
+  for (std::size_t i = first; i < n_full; ++i) {
+    if (spool.contains(chain[i]) || !pool.has_local(blocks[i])) continue;
+    spool.write(chain[i], i == 0 ? 0 : chain[i - 1], i * bt, tokens.subspan(i * bt, bt), pool.block_parts(blocks[i]), /*wait_for_room=*/true);
   }
   if (wait) spool.flush(std::chrono::steady_clock::time_point::max());
+  return std::max(first, n_full);
 }
 
 }  // namespace
@@ -84,7 +88,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
 
   GenerateResult result;
   result.finish_reason = "length";
-  KvCache cache = model.make_cache(ctx, options.kv_type, 1, options.release_window_kv && options.kv_spool_dir.empty());
+  KvCache cache = model.make_cache(ctx, options.kv_type, 1, options.release_window_kv);
   Sampler sampler(options.sampling);
   StreamingDetokenizer detok(tokenizer, prompt);
   const std::vector<std::int32_t> stop_ids = tokenizer.vocab().end_of_generation_ids();
@@ -115,6 +119,12 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
     from_spool = read_spooled_prefix(*spool, prompt, cache, kSeq, chain);
     result.timings.n_spooled = from_spool;
   }
+  std::size_t spooled_blocks = 0;
+  // Full blocks go to the spool before the window's release may let their local layers' KV go.
+  auto release_behind_window = [&] {
+    if (spool) spooled_blocks = spool_computed_blocks(*spool, history, cache, kSeq, chain, spooled_blocks, /*wait=*/false);
+    cache.release_behind_window(kSeq);
+  };
   const std::size_t chunk = std::max<std::size_t>(1, options.prefill_chunk);
   for (std::size_t start = from_spool; start < prompt.size(); start += chunk) {
     batch.clear();
@@ -122,12 +132,12 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
     for (std::size_t i = start; i < end; ++i) {
       batch.add(prompt[i], static_cast<std::int32_t>(i), kSeq, i + 1 == prompt.size());
     }
-    if (start > 0) cache.release_behind_window(kSeq);
+    if (start > 0) release_behind_window();
     model.forward(batch, cache, pool, logits);
   }
   // The prompt's blocks go to the spool now (written behind the generation), so that a run stopped
   // midway still leaves them.
-  if (spool) spool_computed_blocks(*spool, prompt, cache, kSeq, chain, /*wait=*/false);
+  if (spool) spooled_blocks = spool_computed_blocks(*spool, prompt, cache, kSeq, chain, spooled_blocks, /*wait=*/false);
   result.timings.n_prompt = prompt.size();
   result.timings.prompt_ms = seconds_since(t0) * 1000.0;
 
@@ -170,7 +180,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
       // last verification), so only what the root's window no longer sees is released: every tree
       // node's position is past the root's, its window starts no earlier, and its ancestors lie in the
       // tree's own slots past the context.
-      cache.release_behind_window(kSeq);
+      release_behind_window();
       model.forward(batch, cache, pool, logits);
       if (proposal.is_tree()) {
         spec::verify_tree(logits.data(), cfg.n_vocab, proposal, history, sampler, p, committed, accepted_path,
@@ -213,7 +223,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
       if (constraint) mask_worker.request(*constraint);
     }
   }
-  if (spool) spool_computed_blocks(*spool, history, cache, kSeq, chain, /*wait=*/true);
+  if (spool) spool_computed_blocks(*spool, history, cache, kSeq, chain, spooled_blocks, /*wait=*/true);
   result.timings.kv_bytes = cache.pool().bytes_in_use();
   const std::string tail = detok.flush();
   result.text += tail;

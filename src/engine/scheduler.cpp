@@ -15,7 +15,7 @@ Sequence::Sequence(std::uint64_t id_, std::uint64_t order_, Request r)
   n_prompt = tokens.size();
 }
 
-Scheduler::Scheduler(KvCache& cache, SchedulerOptions options) : cache_(cache), tree_(cache.pool()), options_(options) {}
+Scheduler::Scheduler(KvCache& cache, SchedulerOptions options) : cache_(cache), tree_(cache.pool(), cache.window()), options_(options) {}
 
 Scheduler::~Scheduler() {
   for (auto& s : running_) cache_.erase(s->seq_id);
@@ -66,7 +66,7 @@ void Scheduler::start_spool_reads(Sequence& s) {
       block = pool.allocate();
     }
     if (block < 0) break;  // no room now: the rest is recomputed
-    auto read = spool_->read(h, i * bt, tokens.subspan(i * bt, bt), pool.block_data(block));
+    auto read = spool_->read(h, i * bt, tokens.subspan(i * bt, bt), pool.block_parts(block));
     reads_.emplace(h, PendingRead{block, std::move(read), 1});
     wait->awaited.push_back(h);
   }
@@ -163,10 +163,11 @@ void Scheduler::offer_blocks(Sequence& s) {
     // Full blocks are final: spooled now (a copy, written behind), so evicting them later is free.
     const std::vector<ChainHash>& chain = chain_of(s, full);
     const std::vector<int>& blocks = cache_.blocks(s.seq_id);
+    const BlockPool& pool = cache_.pool();
     for (std::size_t i = s.inserted_blocks; i < full; ++i) {
-      if (spool_->contains(chain[i])) continue;
+      if (spool_->contains(chain[i]) || !pool.has_local(blocks[i])) continue;
       spool_->write(chain[i], i == 0 ? 0 : chain[i - 1], i * bt, std::span<const std::int32_t>(s.tokens).subspan(i * bt, bt),
-                    cache_.pool().block_data(blocks[i]));
+                    pool.block_parts(blocks[i]));
     }
   }
   tree_.insert(std::span<const std::int32_t>(s.tokens).first(full * cache_.block_tokens()), cache_.blocks(s.seq_id));
@@ -526,6 +527,8 @@ void Scheduler::commit(const StepPlan& plan) {
     counters_.tokens_computed += c.n_tokens;
     if (c.seq->n_computed >= c.seq->n_prompt) c.seq->prompt_done = true;
     offer_blocks(*c.seq);
+    // Its next query is at n_computed (rejected guesses past it are overwritten).
+    cache_.release_behind_window(c.seq->seq_id, c.seq->n_computed);
   }
 }
 

@@ -88,33 +88,98 @@ BlockPool::BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block
     for (std::size_t l = 0; l < n_layers; ++l) group_index_.push_back(next[is_local_[l] ? 1 : 0]++);
     local_storage_ = HugePageBuffer(n_blocks * block_bytes(n_local_, kv_dim, block_tokens, type));
     local_of_.assign(n_blocks, -1);
-    free_local_.reserve(n_blocks);
-    for (std::size_t s = n_blocks; s-- > 0;) free_local_.push_back(static_cast<int>(s));
+    owner_of_.assign(n_blocks, -1);
+    whole_.assign(n_blocks, 0);
+    tier_.assign(n_blocks, kUnused);
+    left_behind_.assign(n_blocks, false);
+    for (std::size_t s = n_blocks; s-- > 0;) spare_[kUnused].push_back(static_cast<int>(s));
   }
 }
 
-std::uint8_t* BlockPool::block_data(int block) {
-  if (n_local_ > 0) throw Error("internal: a KV pool whose local layers live apart has no contiguous blocks to spool");
-  return base(block, 0);
+std::vector<std::span<std::uint8_t>> BlockPool::block_parts(int block) {
+  std::vector<std::span<std::uint8_t>> parts;
+  for (std::size_t layer = 0; layer < n_layers_; ++layer) {
+    std::uint8_t* k = base(block, layer);
+    if (!k) throw Error("internal: KV block " + std::to_string(block) + " has given up its sliding-window layers' KV");
+    if (!parts.empty() && parts.back().data() + parts.back().size() == k) {
+      parts.back() = {parts.back().data(), parts.back().size() + layer_bytes()};
+    } else {
+      parts.emplace_back(k, layer_bytes());
+    }
+  }
+  return parts;
 }
 
-const std::uint8_t* BlockPool::block_data(int block) const {
-  if (n_local_ > 0) throw Error("internal: a KV pool whose local layers live apart has no contiguous blocks to spool");
-  return storage_.data() + static_cast<std::size_t>(block) * n_layers_ * layer_bytes();
+std::vector<std::span<const std::uint8_t>> BlockPool::block_parts(int block) const {
+  const std::vector<std::span<std::uint8_t>> parts = const_cast<BlockPool*>(this)->block_parts(block);  // reads only
+  return {parts.begin(), parts.end()};
 }
 
-void BlockPool::release_local(int block) {
-  if (n_local_ == 0) return;
-  int& segment = local_of_[static_cast<std::size_t>(block)];
-  if (segment < 0) return;
-  free_local_.push_back(segment);
-  segment = -1;
+void BlockPool::offer_segment(int segment, Tier tier) {
+  const std::size_t seg = static_cast<std::size_t>(segment);
+  if (tier_[seg] == tier) return;
+  tier_[seg] = tier;
+  std::vector<int>& stack = spare_[tier];
+  stack.push_back(segment);
+  if (stack.size() > 2 * n_blocks()) {  // mostly stale entries: keep the valid ones, in order
+    std::erase_if(stack, [&](int s) { return tier_[static_cast<std::size_t>(s)] != tier; });
+    // A segment may still appear twice (given up, taken back, given up again): keep its last entry.
+    std::vector<bool> seen(n_blocks(), false);
+    std::vector<int> kept;
+    for (std::size_t i = stack.size(); i-- > 0;) {
+      if (!seen[static_cast<std::size_t>(stack[i])]) kept.push_back(stack[i]);
+      seen[static_cast<std::size_t>(stack[i])] = true;
+    }
+    stack.assign(kept.rbegin(), kept.rend());
+  }
+}
+
+int BlockPool::take_segment() {
+  // Never runs dry while a block is free: fewer blocks than segments are read whole, and every other
+  // segment has a valid entry.
+  for (const Tier tier : {kBehind, kUnused, kFrontier}) {
+    std::vector<int>& stack = spare_[tier];
+    while (!stack.empty()) {
+      const int segment = stack.back();
+      stack.pop_back();
+      const std::size_t seg = static_cast<std::size_t>(segment);
+      if (tier_[seg] != tier) continue;  // its valid entry is in another tier
+      tier_[seg] = kNone;
+      const int owner = owner_of_[seg];
+      if (owner >= 0) {
+        if (whole_[static_cast<std::size_t>(owner)] > 0) continue;  // taken back by its block since
+        local_of_[static_cast<std::size_t>(owner)] = -1;
+      }
+      return segment;
+    }
+  }
+  throw Error("internal: no local KV segment left for a free block");
+}
+
+void BlockPool::add_whole(int block) {
+  const std::size_t b = static_cast<std::size_t>(block);
+  if (whole_[b]++ == 0 && local_of_[b] >= 0) ++held_segments_;
+}
+
+void BlockPool::drop_whole(int block, Tier tier) {
+  const std::size_t b = static_cast<std::size_t>(block);
+  if (whole_[b] <= 0) throw Error("internal: KV block " + std::to_string(block) + " has no holder reading it whole");
+  if (--whole_[b] == 0 && local_of_[b] >= 0) {
+    --held_segments_;
+    offer_segment(local_of_[b], tier);
+  }
+}
+
+bool BlockPool::unpin_local(int block) {
+  if (n_local_ == 0) return false;
+  left_behind_[static_cast<std::size_t>(block)] = true;
+  drop_whole(block, kBehind);
+  return whole_[static_cast<std::size_t>(block)] == 0 && local_of_[static_cast<std::size_t>(block)] >= 0;
 }
 
 std::size_t BlockPool::bytes_in_use() const {
   const std::size_t blocks = n_blocks() - free_.size();
-  const std::size_t segments = n_local_ > 0 ? n_blocks() - free_local_.size() : 0;
-  return (blocks * (n_layers_ - n_local_) + segments * n_local_) * layer_bytes();
+  return (blocks * (n_layers_ - n_local_) + held_segments_ * n_local_) * layer_bytes();
 }
 
 int BlockPool::allocate() {
@@ -122,23 +187,35 @@ int BlockPool::allocate() {
   const int b = free_.back();
   free_.pop_back();
   refs_[static_cast<std::size_t>(b)] = 1;
-  if (n_local_ > 0) {  // never empty: there are as many segments as blocks, and a free block holds none
-    local_of_[static_cast<std::size_t>(b)] = free_local_.back();
-    free_local_.pop_back();
+  if (n_local_ > 0) {
+    const int segment = take_segment();
+    local_of_[static_cast<std::size_t>(b)] = segment;
+    owner_of_[static_cast<std::size_t>(segment)] = b;
+    left_behind_[static_cast<std::size_t>(b)] = false;
+    add_whole(b);
   }
   return b;
 }
 
-void BlockPool::retain(int block) {
+void BlockPool::retain(int block, Hold hold) {
   if (refs_[static_cast<std::size_t>(block)] <= 0) throw Error("internal: retaining free KV block " + std::to_string(block));
   ++refs_[static_cast<std::size_t>(block)];
+  if (n_local_ > 0 && hold == Hold::Whole) add_whole(block);
 }
 
-void BlockPool::release(int block) {
-  int& r = refs_[static_cast<std::size_t>(block)];
+void BlockPool::release(int block, Hold hold) {
+  const std::size_t b = static_cast<std::size_t>(block);
+  int& r = refs_[b];
   if (r <= 0) throw Error("internal: releasing free KV block " + std::to_string(block));
+  if (n_local_ > 0 && hold == Hold::Whole) drop_whole(block, left_behind_[b] ? kBehind : kFrontier);
   if (--r == 0) {
-    release_local(block);
+    if (n_local_ > 0 && whole_[b] != 0) throw Error("internal: KV block " + std::to_string(block) + " freed while read whole");
+    if (n_local_ > 0 && local_of_[b] >= 0) {
+      const int segment = local_of_[b];
+      local_of_[b] = -1;
+      owner_of_[static_cast<std::size_t>(segment)] = -1;
+      offer_segment(segment, kUnused);
+    }
     free_.push_back(block);
   }
 }

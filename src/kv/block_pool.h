@@ -5,6 +5,7 @@
 // and so become resident, only as blocks fill), backed by huge pages (see util/huge_pages.h).
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,10 +36,17 @@ std::size_t kv_row_bytes(std::size_t kv_dim, KvType t);
 // (Q8_0 needs multiples of 32) or was not given.
 //
 // Sliding-window layers ("local", flagged in local_layers) can keep their keys and values apart: in
-// a segment of their own that each block takes when allocated and that release_local gives back
-// once no query's window reaches the block, so a long context keeps only the other layers' full KV.
-// Such a pool has no contiguous block_data (what the spool reads and writes), so caches that spool
-// keep every layer together.
+// a segment of their own that each block takes when allocated. A block's holders say how they use
+// it (Hold): a sequence whose queries' windows may still reach the block reads it whole; the prefix
+// tree's own reference, or a sequence whose window has left the block (unpin_local), needs only the
+// other layers. Once no holder reads it whole, its local segment is given up: it stays with the
+// block (a prefix match can still use it, and takes it back) until another block needs a segment.
+// Which one that block takes, in order: one given up behind some sequence's window (its KV matters
+// only to a request that branches off right there), most recently given up first (so the segments
+// resident stay few); else an unused one; else one of a block no sequence ever left behind (the
+// last window of a finished conversation: what its follow-up needs). Each tier is a stack.
+// The spool reads and writes a block in the layout of a pool that keeps every layer together
+// (block_parts), so its files are the same either way.
 class BlockPool {
  public:
   BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, std::size_t n_blocks, KvType type = KvType::F16,
@@ -47,11 +55,17 @@ class BlockPool {
   // Bytes one block takes (K and V, all layers).
   static std::size_t block_bytes(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, KvType type);
 
-  // A free block with one reference, or -1 when every block is in use.
+  // How a holder uses a block (see above). Without local layers apart the two are the same.
+  enum class Hold { Whole, Cached };
+  // A free block with one reference (Whole), or -1 when every block is in use.
   int allocate();
-  void retain(int block);
-  // Drops one reference; the block is free again at zero.
-  void release(int block);
+  // Takes one more reference; a Whole one takes back the block's local segment if it is still there.
+  void retain(int block, Hold hold = Hold::Whole);
+  // Drops one reference of the given kind; the block is free again at zero.
+  void release(int block, Hold hold = Hold::Whole);
+  // One Whole holder turns into a Cached one: its queries no longer reach the block's local layers.
+  // True when that made the local segment reusable.
+  bool unpin_local(int block);
   int refs(int block) const { return refs_[static_cast<std::size_t>(block)]; }
   // Copies the first n_rows positions (K and V, every layer, every head) of block `from` into block `to`.
   void copy_rows(int from, int to, std::size_t n_rows);
@@ -81,18 +95,18 @@ class BlockPool {
   KvType type() const { return type_; }
   std::size_t segment_dim() const { return segment_dim_; }
 
-  // The whole block (every layer's keys and values): block_bytes() contiguous bytes, what the KV
-  // spool writes and reads back. Throws Error for a pool whose local layers live apart.
-  std::uint8_t* block_data(int block);
-  const std::uint8_t* block_data(int block) const;
+  // The whole block (every layer's keys and values, layer by layer) as the runs of memory it lies in,
+  // in order: block_bytes() bytes in all, one run unless local layers live apart. What the KV spool
+  // writes and reads back. Throws Error where a local segment is gone (has_local).
+  std::vector<std::span<std::uint8_t>> block_parts(int block);
+  std::vector<std::span<const std::uint8_t>> block_parts(int block) const;
   std::size_t n_layers() const { return n_layers_; }
 
-  // Whether local layers live apart (see above), whether `block` still has their segment, and giving
-  // it back early (the block's other layers stay; its local layers' keys() become null).
+  // Whether local layers live apart (see above), and whether `block` still has their segment (held,
+  // or reusable but not yet reused); without one its local layers' keys() are null.
   bool has_separate_local_layers() const { return n_local_ > 0; }
   bool has_local(int block) const { return local_of_.empty() || local_of_[static_cast<std::size_t>(block)] >= 0; }
-  void release_local(int block);
-  // Bytes of K/V the blocks and local segments in use hold.
+  // Bytes of K/V the blocks in use and the local segments held Whole hold.
   std::size_t bytes_in_use() const;
 
   // The keys (values) of `layer` in `block`: kv_dim / segment_dim() segments, each block_tokens rows
@@ -145,13 +159,25 @@ class BlockPool {
   std::vector<RowCopy> copies_;
   std::vector<int> free_;  // a stack: the most recently freed block (warm in cache) is reused first
   // Local layers apart: which layers, each layer's index within its group, the local segments
-  // (as many as blocks, so a block always gets one) and which one each block holds (-1: none).
+  // (as many as blocks, so a block always gets one), which one each block has (-1: none) and which
+  // block each segment is with (-1: none), each block's Whole holders.
   std::size_t n_local_ = 0;
   std::vector<bool> is_local_;
   std::vector<std::size_t> group_index_;
   HugePageBuffer local_storage_;
-  std::vector<int> local_of_;
-  std::vector<int> free_local_;  // a stack, as free_: released segments are the ones reused, so they stay the few touched
+  std::vector<int> local_of_, owner_of_, whole_;
+  std::size_t held_segments_ = 0;  // with a block that has Whole holders
+  // The segments another block may take, in three tiers (see above): stacks, with each segment's
+  // one valid entry marked by tier_ (an entry of another tier, or of a segment its block took back,
+  // is skipped when reached).
+  enum Tier : std::uint8_t { kBehind, kUnused, kFrontier, kNone };
+  std::vector<int> spare_[3];
+  std::vector<std::uint8_t> tier_;
+  std::vector<bool> left_behind_;  // per block: some sequence's window has left it
+  void add_whole(int block);
+  void drop_whole(int block, Tier tier);
+  void offer_segment(int segment, Tier tier);
+  int take_segment();
 };
 
 }  // namespace promptly

@@ -16,12 +16,14 @@ KvCache::KvCache(std::size_t n_layers, std::size_t kv_dim, std::size_t max_posit
       window_(pool_.has_separate_local_layers() ? local.window : 0) {}
 
 KvCache::KvCache(WithBlocks, std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
-                 std::size_t block_tokens, std::size_t head_dim)
-    : pool_(n_layers, kv_dim, block_tokens, n_blocks, type, head_dim), max_positions_(max_positions) {}
+                 std::size_t block_tokens, std::size_t head_dim, const LocalLayers& local)
+    : pool_(n_layers, kv_dim, block_tokens, n_blocks, type, head_dim, local.window > 0 ? local.is_local : std::vector<bool>{}),
+      max_positions_(max_positions),
+      window_(pool_.has_separate_local_layers() ? local.window : 0) {}
 
 KvCache KvCache::with_blocks(std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
-                             std::size_t block_tokens, std::size_t head_dim) {
-  return KvCache(WithBlocks{}, n_layers, kv_dim, n_blocks, max_positions, type, block_tokens, head_dim);
+                             std::size_t block_tokens, std::size_t head_dim, const LocalLayers& local) {
+  return KvCache(WithBlocks{}, n_layers, kv_dim, n_blocks, max_positions, type, block_tokens, head_dim, local);
 }
 
 KvCache::Sequence& KvCache::get(int seq) {
@@ -99,20 +101,15 @@ void KvCache::read(std::size_t layer, int seq, std::size_t pos, float* key, floa
   pool_.load(pool_.values(block, layer), slot, value);
 }
 
-std::size_t KvCache::release_behind_window(int seq) {
+std::size_t KvCache::release_behind_window(int seq, std::size_t next_position) {
   if (window_ == 0) return 0;
   Sequence& s = get(seq);
-  if (s.length + 1 <= window_) return 0;
-  // The query at position length sees (length - window, length].
-  const std::size_t first_seen = s.length + 1 - window_;
+  if (next_position + 1 <= window_) return 0;
+  // The query at next_position sees (next_position - window, next_position].
+  const std::size_t first_seen = next_position + 1 - window_;
   const std::size_t behind = std::min(first_seen / pool_.block_tokens(), s.blocks.size());
   std::size_t released = 0;
-  for (; s.behind_window < behind; ++s.behind_window) {
-    const int block = s.blocks[s.behind_window];
-    if (pool_.refs(block) != 1 || !pool_.has_local(block)) continue;
-    pool_.release_local(block);
-    ++released;
-  }
+  for (; s.behind_window < behind; ++s.behind_window) released += pool_.unpin_local(s.blocks[s.behind_window]) ? 1 : 0;
   return released;
 }
 
@@ -143,7 +140,8 @@ void KvCache::set_length(int seq, std::size_t length) {
 void KvCache::erase(int seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
-  for (int b : it->second.blocks) pool_.release(b);
+  const Sequence& s = it->second;
+  for (std::size_t i = 0; i < s.blocks.size(); ++i) pool_.release(s.blocks[i], i < s.behind_window ? BlockPool::Hold::Cached : BlockPool::Hold::Whole);
   seqs_.erase(it);
 }
 

@@ -32,7 +32,7 @@ class KvCache {
 
   // A pool of exactly n_blocks blocks shared by any number of sequences (the engine's budgeted cache).
   static KvCache with_blocks(std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
-                             std::size_t block_tokens = kDefaultBlockTokens, std::size_t head_dim = 0);
+                             std::size_t block_tokens = kDefaultBlockTokens, std::size_t head_dim = 0, const LocalLayers& local = {});
 
   // Makes room for positions [0, n_positions) of `seq`; throws Error past max_positions or when the
   // pool has no free block left (with the numbers, so the caller can size the cache).
@@ -54,10 +54,14 @@ class KvCache {
   // Reads them back as floats (tests, debugging, a token tree's ancestors). Throws Error where they
   // were released.
   void read(std::size_t layer, int seq, std::size_t pos, float* key, float* value);
-  // Gives back the local layers' KV of the sequence's blocks that lie wholly before what its next
-  // query (at position length()) sees: queries only move forward, so no later one reads them. A
-  // block another sequence also holds keeps it. Returns how many blocks gave theirs back.
-  std::size_t release_behind_window(int seq);
+  // Gives up the local layers' KV of the sequence's blocks that lie wholly before what its next
+  // query (at `next_position`; by default length()) sees: queries only move forward, so none of the
+  // sequence's later ones reads them. A block another holder still reads whole keeps it (see
+  // BlockPool::Hold). Returns how many blocks' local segments became reusable.
+  std::size_t release_behind_window(int seq, std::size_t next_position);
+  std::size_t release_behind_window(int seq) { return release_behind_window(seq, length(seq)); }
+  // The local layers' window, when their KV lives apart and is released behind it (0: never).
+  std::size_t window() const { return window_; }
   // Block base pointers of `seq` for `layer` (keys and values, elements of type()), for attention;
   // pool().rows_of says where a head's rows lie from them.
   void block_pointers(std::size_t layer, int seq, std::vector<const void*>& keys, std::vector<const void*>& values);
@@ -89,7 +93,7 @@ class KvCache {
   Sequence& get(int seq);
   struct WithBlocks {};
   KvCache(WithBlocks, std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
-          std::size_t block_tokens, std::size_t head_dim);
+          std::size_t block_tokens, std::size_t head_dim, const LocalLayers& local);
 
   BlockPool pool_;
   std::size_t max_positions_;

@@ -6,13 +6,17 @@
 
 namespace promptly {
 
-PrefixTree::PrefixTree(BlockPool& pool) : pool_(pool) {}
+namespace {
+constexpr BlockPool::Hold kCached = BlockPool::Hold::Cached;  // the tree's own references
+}  // namespace
+
+PrefixTree::PrefixTree(BlockPool& pool, std::size_t window) : pool_(pool), window_(window) {}
 
 PrefixTree::~PrefixTree() {
   std::function<void(Node&)> release_all = [&](Node& n) {
     for (auto& [key, child] : n.children) {
       release_all(*child);
-      pool_.release(child->block);
+      pool_.release(child->block, kCached);
     }
   };
   release_all(root_);
@@ -33,28 +37,55 @@ std::vector<const PrefixTree::Node*> PrefixTree::block_path(std::span<const std:
   return path;
 }
 
+std::size_t PrefixTree::usable_blocks(const std::vector<const Node*>& path) const {
+  if (window_ == 0) return path.size();
+  const std::size_t bt = pool_.block_tokens();
+  // The largest k whose match (k blocks: the first computed query at k * bt sees
+  // (k * bt - window, k * bt]) sees no block without its local KV. Only the last such block before
+  // k matters; k = 0 always works.
+  std::size_t k = path.size();
+  std::size_t missing = path.size();  // the last block before k without local KV (path.size(): none)
+  for (std::size_t j = path.size(); j-- > 0;) {
+    if (!pool_.has_local(path[j]->block)) {
+      missing = j;
+      break;
+    }
+  }
+  while (missing < k && (missing + 1) * bt + window_ > k * bt + 1) {
+    k = missing;  // stop before it, then check the blocks before
+    while (missing > 0 && pool_.has_local(path[missing - 1]->block)) --missing;
+    missing = missing > 0 ? missing - 1 : path.size();
+  }
+  return k;
+}
+
 std::size_t PrefixTree::match(const std::vector<std::int32_t>& tokens, std::vector<int>& blocks, std::size_t limit, bool count) {
   if (count) ++queries_;
   const std::size_t bt = pool_.block_tokens();
   const std::span<const std::int32_t> wanted = std::span<const std::int32_t>(tokens).first(std::min(limit, tokens.size()));
-  const std::vector<const Node*> path = block_path(wanted);
+  std::vector<const Node*> path = block_path(wanted);
+  const std::size_t usable = usable_blocks(path);
+  const bool cut = usable < path.size();
+  path.resize(usable);
   for (const Node* node : path) {
     node->last_used = ++clock_;
     pool_.retain(node->block);
     blocks.push_back(node->block);
   }
   std::size_t matched = path.size() * bt;
-  if (matched < wanted.size()) {
+  if (matched < wanted.size() && !cut) {
     // Copy-on-read of the rows the rest of `tokens` shares with a child.
     const Node& last = path.empty() ? root_ : *path.back();
     const auto [source, shared] = most_shared_rows(last, wanted.subspan(matched, std::min(bt, wanted.size() - matched)));
-    if (source) {
+    if (source && pool_.has_local(source->block)) {
+      pool_.retain(source->block);  // whole while copied: allocate may hand out a segment nobody holds
       if (const int copy = pool_.allocate(); copy >= 0) {
         pool_.copy_rows(source->block, copy, shared);
         source->last_used = ++clock_;
         blocks.push_back(copy);
         matched += shared;
       }
+      pool_.release(source->block);
     }
   }
   if (count) hit_tokens_ += matched;
@@ -63,10 +94,13 @@ std::size_t PrefixTree::match(const std::vector<std::int32_t>& tokens, std::vect
 
 std::size_t PrefixTree::cached_length(std::span<const std::int32_t> tokens) const {
   const std::size_t bt = pool_.block_tokens();
-  const std::vector<const Node*> path = block_path(tokens);
+  std::vector<const Node*> path = block_path(tokens);
+  const std::size_t usable = usable_blocks(path);
+  if (usable < path.size()) return usable * bt;
   std::size_t matched = path.size() * bt;
   if (matched < tokens.size()) {
-    matched += most_shared_rows(path.empty() ? root_ : *path.back(), tokens.subspan(matched, std::min(bt, tokens.size() - matched))).rows;
+    const SharedRows shared = most_shared_rows(path.empty() ? root_ : *path.back(), tokens.subspan(matched, std::min(bt, tokens.size() - matched)));
+    if (shared.node && pool_.has_local(shared.node->block)) matched += shared.rows;
   }
   return matched;
 }
@@ -97,7 +131,7 @@ void PrefixTree::drop_partials_covered_by(Node& node, std::span<const std::int32
   for (auto it = node.children.lower_bound({key[0]}); it != node.children.end() && it->first[0] == key[0];) {
     const std::vector<std::int32_t>& k = it->first;
     if (k.size() < key.size() && it->second->children.empty() && std::equal(k.begin(), k.end(), key.begin())) {
-      pool_.release(it->second->block);
+      pool_.release(it->second->block, kCached);
       it = node.children.erase(it);
       --n_nodes_;
     } else {
@@ -123,7 +157,7 @@ void PrefixTree::insert_partial(std::span<const std::int32_t> tokens, int block)
   child->parent = node;
   child->key.assign(rows.begin(), rows.end());
   child->last_used = ++clock_;
-  pool_.retain(block);
+  pool_.retain(block, kCached);
   ++n_nodes_;
   std::vector<std::int32_t> key = child->key;
   node->children.emplace(std::move(key), std::move(child));
@@ -141,10 +175,15 @@ void PrefixTree::insert(std::span<const std::int32_t> tokens, const std::vector<
       child->block = blocks[i];
       child->parent = node;
       child->key = key;
-      pool_.retain(blocks[i]);
+      pool_.retain(blocks[i], kCached);
       ++n_nodes_;
       drop_partials_covered_by(*node, key);
       it = node->children.emplace(std::move(key), std::move(child)).first;
+    } else if (Node& cached = *it->second; !pool_.has_local(cached.block) && pool_.has_local(blocks[i])) {
+      // The cached block gave up its local layers' KV; the offered one (recomputed) has it.
+      pool_.retain(blocks[i], kCached);
+      pool_.release(cached.block, kCached);
+      cached.block = blocks[i];
     }
     node = it->second.get();
     node->last_used = ++clock_;
@@ -186,7 +225,7 @@ std::size_t PrefixTree::evict(std::size_t n) {
   while (freed < n && !candidates.empty()) {
     Node* victim = candidates.top();
     candidates.pop();
-    pool_.release(victim->block);
+    pool_.release(victim->block, kCached);
     Node* parent = victim->parent;
     parent->children.erase(victim->key);  // destroys victim
     --n_nodes_;

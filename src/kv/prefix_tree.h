@@ -23,9 +23,15 @@
 
 namespace promptly {
 
+//
+// Sliding windows: a cached block may have given up its local layers' KV (BlockPool::Hold). A match
+// uses such a block only where the match ends at least a window past it, so that no query computed
+// after the match reaches it (a follow-up turn of a long conversation); otherwise the match stops
+// before it, and the recomputed block, whole again, takes its place in the tree.
 class PrefixTree {
  public:
-  explicit PrefixTree(BlockPool& pool);
+  // `window`: the local layers' window when the pool's blocks may give up their KV (0: never).
+  explicit PrefixTree(BlockPool& pool, std::size_t window = 0);
   ~PrefixTree();
   PrefixTree(const PrefixTree&) = delete;
   PrefixTree& operator=(const PrefixTree&) = delete;
@@ -77,12 +83,15 @@ class PrefixTree {
   SharedRows most_shared_rows(const Node& node, std::span<const std::int32_t> rows) const;
   // The nodes of the longest cached prefix of `tokens` in whole blocks, the root's child first.
   std::vector<const Node*> block_path(std::span<const std::int32_t> tokens) const;
+  // How many leading blocks of `path` a match may use (see above).
+  std::size_t usable_blocks(const std::vector<const Node*>& path) const;
   // The node of the cached block-aligned prefix `tokens` (whole blocks), or null when not cached.
   Node* find_path(std::span<const std::int32_t> tokens);
   // Releases `node`'s partial children whose rows are a strict prefix of `key` (now redundant).
   void drop_partials_covered_by(Node& node, std::span<const std::int32_t> key);
 
   BlockPool& pool_;
+  std::size_t window_;
   Node root_;
   std::size_t n_nodes_ = 0;
   std::uint64_t clock_ = 0;

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "util/error.h"
 #include "util/hash.h"
 
 namespace promptly {
@@ -324,8 +325,19 @@ std::size_t KvSpool::present_run(std::span<const ChainHash> chain, std::size_t f
   return n;
 }
 
-bool KvSpool::write(ChainHash hash, ChainHash parent, std::uint64_t position, std::span<const std::int32_t> tokens, const std::uint8_t* data,
-                    bool wait_for_room) {
+namespace {
+
+std::size_t total_bytes(const auto& parts) {
+  std::size_t n = 0;
+  for (const auto& p : parts) n += p.size();
+  return n;
+}
+
+}  // namespace
+
+bool KvSpool::write(ChainHash hash, ChainHash parent, std::uint64_t position, std::span<const std::int32_t> tokens,
+                    const std::vector<std::span<const std::uint8_t>>& parts, bool wait_for_room) {
+  if (total_bytes(parts) != settings_.block_bytes) throw Error("internal: a spooled KV block of the wrong size");
   std::unique_lock lock(mutex_);
   if (wait_for_room) {
     written_.wait(lock, [&] { return !enabled_ || queued_bytes_ + settings_.block_bytes <= options_.write_queue_bytes; });
@@ -347,7 +359,8 @@ bool KvSpool::write(ChainHash hash, ChainHash parent, std::uint64_t position, st
   }
   lock.unlock();
   // The copy outside the lock: the writer may be busy with the index meanwhile.
-  job.data.assign(data, data + settings_.block_bytes);
+  job.data.clear();
+  for (const auto& part : parts) job.data.insert(job.data.end(), part.begin(), part.end());
   lock.lock();
   queued_[hash] = true;
   queued_bytes_ += settings_.block_bytes;
@@ -445,13 +458,23 @@ bool KvSpool::read_file(const ReadJob& job) {
     ok = false;  // not the block asked for (a hash collision, or a file renamed by hand)
     why = SpoolReject::Header;
   }
-  if (ok && !read_all(fd, job.dst, settings_.block_bytes, h.fixed.header_bytes)) {
+  // One run is read in place; a block in several (local layers apart) through a buffer, scattered
+  // once its checksum holds.
+  const bool in_place = job.dst.size() == 1;
+  std::uint8_t* data = in_place ? job.dst[0].data() : (read_buffer_.resize(settings_.block_bytes), read_buffer_.data());
+  if (ok && !read_all(fd, data, settings_.block_bytes, h.fixed.header_bytes)) {
     ok = false;
     why = SpoolReject::Truncated;
   }
-  if (ok && hash_bytes(job.dst, settings_.block_bytes) != h.fixed.data_checksum) {
+  if (ok && hash_bytes(data, settings_.block_bytes) != h.fixed.data_checksum) {
     ok = false;
     why = SpoolReject::Checksum;
+  }
+  if (ok && !in_place) {
+    for (std::span<std::uint8_t> part : job.dst) {
+      std::memcpy(part.data(), data, part.size());
+      data += part.size();
+    }
   }
   if (ok) ::futimens(fd, nullptr);  // last used now: the LRU order survives a restart
   ::close(fd);
@@ -470,14 +493,15 @@ bool KvSpool::read_file(const ReadJob& job) {
 }
 
 std::shared_ptr<const KvSpool::Read> KvSpool::read(ChainHash hash, std::uint64_t position, std::span<const std::int32_t> tokens,
-                                                   std::uint8_t* dst) {
+                                                   std::vector<std::span<std::uint8_t>> dst) {
+  if (total_bytes(dst) != settings_.block_bytes) throw Error("internal: a KV block read into the wrong size");
   auto result = std::make_shared<Read>();
   std::unique_lock lock(mutex_);
   if (!enabled_ || stopping_) {
     result->done.store(true, std::memory_order_release);
     return result;
   }
-  reads_.push_back(ReadJob{hash, position, std::vector<std::int32_t>(tokens.begin(), tokens.end()), dst, result, std::chrono::steady_clock::now()});
+  reads_.push_back(ReadJob{hash, position, std::vector<std::int32_t>(tokens.begin(), tokens.end()), std::move(dst), result, std::chrono::steady_clock::now()});
   lock.unlock();
   work_.notify_all();
   return result;

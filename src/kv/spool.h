@@ -104,8 +104,14 @@ class KvSpool {
   // the block's own, `position` its first. False (counted as dropped) when the queue is full or the
   // spool is disabled; true also when the block is already spooled (nothing to do).
   // `wait_for_room`: wait for the writer instead of dropping (promptly run, which has no step to stall).
+  // `parts`: the block's bytes as the runs of memory they lie in, in order (BlockPool::block_parts),
+  // or one pointer to all of them.
+  bool write(ChainHash hash, ChainHash parent, std::uint64_t position, std::span<const std::int32_t> tokens,
+             const std::vector<std::span<const std::uint8_t>>& parts, bool wait_for_room = false);
   bool write(ChainHash hash, ChainHash parent, std::uint64_t position, std::span<const std::int32_t> tokens, const std::uint8_t* data,
-             bool wait_for_room = false);
+             bool wait_for_room = false) {
+    return write(hash, parent, position, tokens, {std::span<const std::uint8_t>(data, settings_.block_bytes)}, wait_for_room);
+  }
 
   // A read in flight: `done` turns true once `ok` is final.
   struct Read {
@@ -113,10 +119,15 @@ class KvSpool {
     bool ok = false;
     double seconds = 0;  // from queued to done
   };
-  // Reads the block into `dst` (block_bytes bytes, which must stay valid and untouched until the
-  // read is done) on the reader thread. The header must name `tokens` at `position`; any mismatch,
-  // checksum failure or I/O error ends it with ok = false (the file is deleted when it is bad).
-  std::shared_ptr<const Read> read(ChainHash hash, std::uint64_t position, std::span<const std::int32_t> tokens, std::uint8_t* dst);
+  // Reads the block into `dst` (block_bytes bytes in all, in order, which must stay valid and
+  // untouched until the read is done) on the reader thread. The header must name `tokens` at
+  // `position`; any mismatch, checksum failure or I/O error ends it with ok = false (the file is
+  // deleted when it is bad).
+  std::shared_ptr<const Read> read(ChainHash hash, std::uint64_t position, std::span<const std::int32_t> tokens,
+                                   std::vector<std::span<std::uint8_t>> dst);
+  std::shared_ptr<const Read> read(ChainHash hash, std::uint64_t position, std::span<const std::int32_t> tokens, std::uint8_t* dst) {
+    return read(hash, position, tokens, {std::span<std::uint8_t>(dst, settings_.block_bytes)});
+  }
   // Called on the reader thread after each read completes (the engine wakes its loop with it).
   void set_on_read_done(std::function<void()> f);
 
@@ -141,7 +152,7 @@ class KvSpool {
     ChainHash hash = 0;
     std::uint64_t position = 0;
     std::vector<std::int32_t> tokens;
-    std::uint8_t* dst = nullptr;
+    std::vector<std::span<std::uint8_t>> dst;
     std::shared_ptr<Read> result;
     std::chrono::steady_clock::time_point queued;
   };
@@ -179,6 +190,7 @@ class KvSpool {
   std::uint64_t queued_bytes_ = 0;
   bool writing_ = false;  // the writer holds a job outside the queue
   std::vector<std::vector<std::uint8_t>> spare_buffers_;  // recycled copies, so writes do not page-fault fresh memory
+  std::vector<std::uint8_t> read_buffer_;  // the reader thread's, for blocks read in several runs
   std::deque<ReadJob> reads_;
   std::function<void()> on_read_done_;
   SpoolStats counters_;

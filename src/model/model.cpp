@@ -271,12 +271,16 @@ void Model::repack_for_kernels() {
   }
 }
 
-KvCache Model::make_cache(std::size_t max_positions, KvType type, std::size_t max_sequences, bool release_local) const {
+LocalLayers Model::local_layers() const {
   LocalLayers local;
-  if (release_local && config_.sliding_window > 0) {
-    for (std::size_t il = 0; il < config_.n_layer; ++il) local.is_local.push_back(config_.layer_is_local(il));
-    local.window = config_.sliding_window;
-  }
+  if (config_.sliding_window == 0 || tp_) return local;
+  for (std::size_t il = 0; il < config_.n_layer; ++il) local.is_local.push_back(config_.layer_is_local(il));
+  local.window = config_.sliding_window;
+  return local;
+}
+
+KvCache Model::make_cache(std::size_t max_positions, KvType type, std::size_t max_sequences, bool release_local) const {
+  const LocalLayers local = release_local ? local_layers() : LocalLayers{};
   KvCache cache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type, KvCache::kDefaultBlockTokens, config_.head_dim,
                 local);
   // The other ranks repeat rank 0's row copies (a prefix's copy-on-read, a token tree's accepted path

@@ -76,8 +76,11 @@ class Model {
   bool forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
                const std::function<bool(std::size_t layer)>& stop_before = {}) const;
 
-  // release_local: the sliding-window layers' KV lives apart and can be given back behind the window
-  // (KvCache::release_behind_window); such a cache cannot be spooled.
+  // The sliding-window layers and their window, for a cache that keeps their KV apart and gives it
+  // up behind the window (KvCache::release_behind_window); none without a window, or under tensor
+  // parallelism (the other ranks would have to follow each release: not done yet).
+  LocalLayers local_layers() const;
+  // release_local: with local_layers() apart.
   KvCache make_cache(std::size_t max_positions, KvType type = KvType::F16, std::size_t max_sequences = 1,
                      bool release_local = false) const;
 

@@ -130,6 +130,8 @@ struct Server::Impl {
     registry.gauge("num_requests_running", "Requests prefilling or decoding", [this] { return static_cast<double>(engine.stats().running); });
     registry.gauge("num_requests_waiting", "Requests waiting to be scheduled", [this] { return static_cast<double>(engine.stats().waiting); });
     registry.gauge("kv_cache_usage_perc", "Fraction of KV cache blocks held by running requests", [this] { return engine.stats().kv_usage(); });
+    registry.gauge("kv_cache_bytes_in_use", "K/V bytes held by cached and running requests' blocks (sliding-window layers' KV behind every window excluded)",
+                   [this] { return static_cast<double>(engine.stats().kv_bytes_in_use); });
     prompt_tokens = &registry.counter("prompt_tokens_total", "Prompt tokens of finished requests");
     generation_tokens = &registry.counter("generation_tokens_total", "Generated tokens of finished requests");
     registry.counter_fn("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache",

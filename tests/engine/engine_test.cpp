@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "../test_util.h"
+#include "convert/synthetic_model.h"
 #include "engine/generate.h"
 #include "gguf/gguf.h"
 #include "grammar/compile.h"
@@ -249,6 +250,106 @@ TEST(Engine, FollowUpTurnComputesOnlyItsNewTokens) {
   EXPECT_EQ(after.prefix_cache_queries - before.prefix_cache_queries, 130u);
   EXPECT_EQ(after.prefix_cache_hits - before.prefix_cache_hits, 119u);
   EXPECT_EQ(r2.tokens, solo(turn2, 5, KvType::F16));
+}
+
+// Sliding windows (tiny-gemma3: five local layers with a 40-position window, then a global one):
+// a conversation long past the window gives up its local layers' KV behind it, yet every request
+// gets the tokens of an engine that keeps everything, a follow-up still finds its whole history in
+// the prefix cache, and a request sharing only the conversation's first blocks still finds those
+// (given-up segments stay with their blocks until reused). The KV spool (on by default in serve)
+// writes and reads back blocks whose layers lie apart, for a restarted engine.
+struct WindowModel {
+  test::TempDir dir;
+  std::shared_ptr<const gguf::File> file;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  WindowModel() {
+    ThreadPool pool(2);
+    SyntheticModelSpec spec = synthetic_preset("tiny-gemma3");
+    spec.sliding_window = 40;
+    write_synthetic_model(spec, DType::F32, 5, dir.file("gemma3.gguf"), pool);
+    file = gguf::File::open(dir.file("gemma3.gguf"));
+    model = std::make_unique<Model>(file);
+    tokenizer = std::make_unique<Tokenizer>(Vocab::from_gguf(*file));
+  }
+};
+
+struct WindowConversation {
+  std::vector<std::int32_t> turn1, turn2, other;
+  Collector::Result r1, r2, r_other;
+  std::size_t bytes_after_turn1 = 0;
+  EngineStats end;
+};
+
+WindowConversation converse(const WindowModel& m, EngineOptions o, bool second_engine_for_turn2 = false) {
+  o.threads = 2;
+  o.kv_type = KvType::F32;
+  WindowConversation w;
+  std::mt19937 rng(11);
+  w.turn1 = random_prompt(rng, 150);
+  // Sampled, seeded: a random model's greedy text repeats one token, a draw at temperature 1 shows
+  // any difference in the logits.
+  auto request = [](std::vector<std::int32_t> prompt, int n, Collector& c) {
+    Request r = greedy_request(std::move(prompt), n, c);
+    r.sampling.temperature = 1.0f;
+    r.ignore_eos = true;
+    return r;
+  };
+  auto engine = std::make_unique<Engine>(*m.model, m.tokenizer.get(), o);
+  auto c = std::make_unique<Collector>();
+  w.r1 = c->wait(engine->submit(request(w.turn1, 60, *c)));
+  expect_all_memory_released(*engine);
+  w.bytes_after_turn1 = engine->stats().kv_bytes_in_use;
+  w.turn2 = w.turn1;
+  w.turn2.insert(w.turn2.end(), w.r1.tokens.begin(), w.r1.tokens.end());
+  const auto message = random_prompt(rng, 12);
+  w.turn2.insert(w.turn2.end(), message.begin() + 1, message.end());
+  if (second_engine_for_turn2) {
+    engine->flush_spool(SteadyClock::now() + std::chrono::seconds(60));
+    engine.reset();
+    engine = std::make_unique<Engine>(*m.model, m.tokenizer.get(), o);
+    c = std::make_unique<Collector>();  // request ids start again
+  }
+  w.r2 = c->wait(engine->submit(request(w.turn2, 20, *c)));
+  w.other.assign(w.turn1.begin(), w.turn1.begin() + 64);
+  const auto tail = random_prompt(rng, 31);
+  w.other.insert(w.other.end(), tail.begin() + 1, tail.end());
+  w.r_other = c->wait(engine->submit(request(w.other, 20, *c)));
+  expect_all_memory_released(*engine);
+  w.end = engine->stats();
+  return w;
+}
+
+TEST(EngineWindow, LongConversationsGiveUpLocalKvBehindTheWindowAndKeepTheirTokensAndCacheHits) {
+  const WindowModel m;
+  EngineOptions keep;
+  keep.release_window_kv = false;
+  const WindowConversation kept = converse(m, keep);
+  const WindowConversation released = converse(m, EngineOptions{});
+  ASSERT_EQ(kept.r1.tokens.size(), 60u);
+  EXPECT_EQ(released.r1.tokens, kept.r1.tokens);
+  EXPECT_EQ(released.r2.tokens, kept.r2.tokens);
+  EXPECT_EQ(released.r_other.tokens, kept.r_other.tokens);
+  // Turn 1's K/V covers 209 positions (its last token was never fed back): the follow-up reuses all.
+  EXPECT_EQ(kept.r2.end.usage.cached_tokens, 209u);
+  EXPECT_EQ(released.r2.end.usage.cached_tokens, 209u);
+  EXPECT_EQ(released.r_other.end.usage.cached_tokens, kept.r_other.end.usage.cached_tokens);
+  EXPECT_EQ(released.r_other.end.usage.cached_tokens, 64u);
+  // 14 blocks cached after turn 1: the global layer's KV of all, the local layers' of the last few.
+  const std::size_t layer_bytes = 2 * 16 * kv_row_bytes(m.model->config().kv_dim(), KvType::F32);
+  EXPECT_EQ(kept.bytes_after_turn1, 14 * 6 * layer_bytes);
+  EXPECT_LT(released.bytes_after_turn1, 14 * layer_bytes + 5 * 5 * layer_bytes);
+  EXPECT_LT(released.end.kv_bytes_in_use, kept.end.kv_bytes_in_use / 2);
+
+  // The spool across a restart: turn 2 on a fresh engine reads turn 1's blocks back.
+  test::TempDir dir;
+  EngineOptions spooled;
+  spooled.kv_spool_dir = dir.file("spool");
+  const WindowConversation restarted = converse(m, spooled, /*second_engine_for_turn2=*/true);
+  EXPECT_EQ(restarted.r1.tokens, kept.r1.tokens);
+  EXPECT_EQ(restarted.r2.tokens, kept.r2.tokens);
+  EXPECT_EQ(restarted.r_other.tokens, kept.r_other.tokens);
+  EXPECT_GE(restarted.end.spool_hit_tokens, 13u * 16);
 }
 
 // Requests that share a system prompt and arrive together compute it once: the followers wait for

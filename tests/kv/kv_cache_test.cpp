@@ -172,12 +172,14 @@ TEST(KvCache, HeadMajorRowsRoundTripInEveryType) {
   }
 }
 
-// Sliding-window release: the local layers (0 and 2 here) keep their KV apart and give it back for
-// the blocks every later query's window has left; the global layer keeps everything, a block
-// another holder shares keeps its local KV, and a released segment is what the next block reuses.
+// Sliding-window release: the local layers (0 and 2 here) keep their KV apart and give it up for
+// the blocks every later query's window has left; the global layer keeps everything. A given-up
+// segment stays with its block until another block takes it (most recently given up first); a
+// block another holder reads whole keeps its segment; the prefix tree's kind of reference does not.
 TEST(KvCache, SlidingWindowRelease) {
   constexpr std::size_t kDim = 8, kBlock = 4, kWindow = 6;
   KvCache cache(3, kDim, 64, 1, KvType::F32, kBlock, 0, LocalLayers{{true, false, true}, kWindow});
+  EXPECT_EQ(cache.window(), kWindow);
   const std::size_t layer_bytes = 2 * kBlock * kv_row_bytes(kDim, KvType::F32);
   const auto row = [](std::size_t layer, std::size_t pos, std::size_t i) { return static_cast<float>(100 * layer + pos) + 0.125f * static_cast<float>(i); };
   std::vector<float> k(kDim), v(kDim);
@@ -194,35 +196,55 @@ TEST(KvCache, SlidingWindowRelease) {
   EXPECT_EQ(cache.release_behind_window(0), 8u);
   EXPECT_EQ(cache.release_behind_window(0), 0u);
   EXPECT_EQ(cache.pool().bytes_in_use(), (10 * 1 + 2 * 2) * layer_bytes);
+  // Given up, not yet taken: still readable (and spoolable).
+  for (int b : cache.blocks(0)) EXPECT_TRUE(cache.pool().has_local(b));
+  cache.read(0, 0, 31, k.data(), v.data());
+  EXPECT_EQ(k[2], row(0, 31, 2));
+  // Three new blocks take the segments given up last: blocks 7, 6, 5.
+  cache.reserve(0, 52);
+  const std::vector<int> blocks = cache.blocks(0);
+  for (std::size_t b = 0; b < 13; ++b) EXPECT_EQ(cache.pool().has_local(blocks[b]), b < 5 || b >= 8) << b;
   std::vector<const void*> keys, values;
   cache.block_pointers(0, 0, keys, values);
-  for (std::size_t b = 0; b < 10; ++b) EXPECT_EQ(keys[b] == nullptr, b < 8) << b;
+  for (std::size_t b = 0; b < 13; ++b) EXPECT_EQ(keys[b] == nullptr, b >= 5 && b < 8) << b;
   cache.block_pointers(1, 0, keys, values);
   for (const void* p : keys) EXPECT_NE(p, nullptr);
-  cache.read(1, 0, 0, k.data(), v.data());  // the global layer still has position 0
-  EXPECT_EQ(k[3], row(1, 0, 3));
-  EXPECT_EQ(v[3], -row(1, 0, 3));
+  cache.read(1, 0, 20, k.data(), v.data());  // the global layer still has position 20
+  EXPECT_EQ(k[3], row(1, 20, 3));
+  EXPECT_EQ(v[3], -row(1, 20, 3));
   cache.read(2, 0, 35, k.data(), v.data());
   EXPECT_EQ(k[5], row(2, 35, 5));
   EXPECT_THROW(cache.read(0, 0, 31, k.data(), v.data()), Error);
+  EXPECT_THROW(cache.pool().block_parts(blocks[7]), Error);  // its local layers' KV is gone
+  EXPECT_EQ(cache.pool().block_parts(blocks[9]).size(), 3u);  // layers 0, 1, 2 lie apart
   EXPECT_THROW(cache.set_length(0, 20), Error);  // a query at 20 would need released KV
-  EXPECT_THROW(cache.pool().block_data(cache.blocks(0)[9]), Error);  // nothing contiguous to spool
 
-  // Another holder of block 8 keeps its local KV when the sequence moves on.
-  const int shared = cache.blocks(0)[8];
+  // A holder reading block 8 whole keeps its segment when the sequence moves on; one holding it
+  // as the prefix tree does (Cached) does not.
+  const int shared = blocks[8], cached = blocks[9];
   cache.pool().retain(shared);
-  cache.reserve(0, 48);
+  cache.pool().retain(cached, BlockPool::Hold::Cached);
   cache.set_length(0, 48);
-  EXPECT_EQ(cache.release_behind_window(0), 1u);  // block 9 only: (42, 48] is seen next
-  EXPECT_TRUE(cache.pool().has_local(shared));
-  EXPECT_FALSE(cache.pool().has_local(cache.blocks(0)[9]));
+  EXPECT_EQ(cache.release_behind_window(0), 1u);  // (42, 48] is seen next: blocks 8 and 9 left, 9 given up
+  EXPECT_EQ(cache.pool().bytes_in_use(), (13 * 1 + 4 * 2) * layer_bytes);
   cache.erase(0);
-  EXPECT_EQ(cache.pool().bytes_in_use(), 3 * layer_bytes);  // the shared block, whole
+  EXPECT_EQ(cache.pool().bytes_in_use(), (2 + 2) * layer_bytes);  // both blocks' global layer, block 8's local ones
+  EXPECT_TRUE(cache.pool().has_local(cached));  // given up, not taken
+  // A Whole holder takes a given-up segment back (as a prefix match does).
+  cache.pool().retain(cached);
+  EXPECT_EQ(cache.pool().bytes_in_use(), (2 + 2 * 2) * layer_bytes);
+  cache.reserve(1, 56);  // every other block: none takes block 9's segment now
+  EXPECT_TRUE(cache.pool().has_local(cached));
+  for (int b : cache.blocks(1)) EXPECT_TRUE(cache.pool().has_local(b));
+  cache.erase(1);
+  cache.pool().release(cached);
+  cache.pool().release(cached, BlockPool::Hold::Cached);
   cache.pool().release(shared);
   EXPECT_EQ(cache.pool().bytes_in_use(), 0u);
+  EXPECT_THROW(cache.pool().release(shared), Error);
   // Every block gets a local segment again.
-  cache.reserve(1, 64);
-  for (int b : cache.blocks(1)) EXPECT_TRUE(cache.pool().has_local(b));
+  cache.reserve(2, 64);
+  for (int b : cache.blocks(2)) EXPECT_TRUE(cache.pool().has_local(b));
   EXPECT_EQ(cache.pool().bytes_in_use(), 16 * 3 * layer_bytes);
 }
 
@@ -233,7 +255,7 @@ TEST(KvCache, NoWindowNoRelease) {
   cache.set_length(0, 32);
   EXPECT_FALSE(cache.pool().has_separate_local_layers());
   EXPECT_EQ(cache.release_behind_window(0), 0u);
-  EXPECT_NE(cache.pool().block_data(cache.blocks(0)[0]), nullptr);
+  EXPECT_EQ(cache.pool().block_parts(cache.blocks(0)[0]).size(), 1u);  // one run: the whole block
   EXPECT_THROW(BlockPool(2, 8, 4, 4, KvType::F32, 0, {true}), Error);  // one flag per layer
 }
 

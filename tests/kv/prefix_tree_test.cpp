@@ -42,6 +42,59 @@ TEST(PrefixTree, FollowUpTurnReusesTheHistory) {
   for (int b : reused) pool.release(b);
 }
 
+// Sliding windows: layer 0 is local (window 6), blocks of 4. A finished sequence of 32 tokens gave
+// up the local KV of blocks 0-5 (behind its last query's window); the segments stay with their
+// blocks until taken. A match may use a block without its segment only where it ends a window past
+// it; otherwise it stops before the block, and the block recomputed whole replaces it in the tree.
+TEST(PrefixTree, MatchesStopBeforeBlocksTheirQueriesWouldSeeWithoutLocalKv) {
+  constexpr std::size_t kWindow = 6;
+  BlockPool pool(2, 4, 4, 32, KvType::F32, 0, {true, false});
+  PrefixTree tree(pool, kWindow);
+  const auto conversation = iota(32, 100);
+  std::vector<int> seq;
+  for (int i = 0; i < 8; ++i) seq.push_back(pool.allocate());
+  tree.insert(conversation, seq);
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(pool.unpin_local(seq[static_cast<std::size_t>(i)]));
+  for (int i = 0; i < 8; ++i) pool.release(seq[static_cast<std::size_t>(i)], i < 6 ? BlockPool::Hold::Cached : BlockPool::Hold::Whole);
+
+  auto follow_up = conversation;
+  for (std::int32_t t : iota(10, 900)) follow_up.push_back(t);
+  auto early = std::vector<std::int32_t>(conversation.begin(), conversation.begin() + 20);
+  for (std::int32_t t : iota(3, 900)) early.push_back(t);
+  auto match = [&](const std::vector<std::int32_t>& tokens) {
+    std::vector<int> blocks;
+    const std::size_t n = tree.match(tokens, blocks);
+    for (int b : blocks) pool.release(b);
+    return n;
+  };
+  // Given up, not taken: everything is still there.
+  EXPECT_EQ(match(follow_up), 32u);
+  EXPECT_EQ(match(early), 20u);
+
+  // Three new blocks take the segments given up last: blocks 5, 4 and 3 lose their local KV.
+  std::vector<int> others = {pool.allocate(), pool.allocate(), pool.allocate()};
+  for (std::size_t i = 0; i < 8; ++i) EXPECT_EQ(pool.has_local(seq[i]), i < 3 || i > 5) << i;
+  // The follow-up's first query (at 32) sees (26, 32]: blocks 3-5 (up to position 23) are behind it.
+  EXPECT_EQ(tree.cached_length(follow_up), 32u);
+  EXPECT_EQ(match(follow_up), 32u);
+  // A query at 20 would see block 4 (positions 16-19), at 16 block 3: the match stops at 12.
+  EXPECT_EQ(tree.cached_length(early), 12u);
+  EXPECT_EQ(match(early), 12u);
+
+  // The early request recomputes blocks 3 and 4: whole again, they replace the tree's.
+  std::vector<int> recomputed;
+  tree.match(early, recomputed);
+  recomputed.push_back(pool.allocate());
+  recomputed.push_back(pool.allocate());
+  tree.insert(early, recomputed);
+  EXPECT_EQ(tree.cached_blocks(), 8u);
+  EXPECT_EQ(pool.refs(seq[3]), 0);  // given back: nobody held it
+  for (int b : recomputed) pool.release(b);
+  EXPECT_EQ(match(early), 20u);
+  EXPECT_EQ(match(follow_up), 32u);
+  for (int b : others) pool.release(b);
+}
+
 TEST(PrefixTree, SharedSystemPromptKeepsOneCopy) {
   BlockPool pool(1, 4, 4, 16);
   PrefixTree tree(pool);
