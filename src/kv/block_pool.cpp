@@ -91,8 +91,9 @@ BlockPool::BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block
     owner_of_.assign(n_blocks, -1);
     whole_.assign(n_blocks, 0);
     tier_.assign(n_blocks, kUnused);
+    stamp_.assign(n_blocks, 0);
     left_behind_.assign(n_blocks, false);
-    for (std::size_t s = n_blocks; s-- > 0;) spare_[kUnused].push_back(static_cast<int>(s));
+    for (std::size_t s = n_blocks; s-- > 0;) spare_[kUnused].push_back({static_cast<int>(s), 0});
   }
 }
 
@@ -117,40 +118,31 @@ std::vector<std::span<const std::uint8_t>> BlockPool::block_parts(int block) con
 
 void BlockPool::offer_segment(int segment, Tier tier) {
   const std::size_t seg = static_cast<std::size_t>(segment);
-  if (tier_[seg] == tier) return;
+  if (tier_[seg] == tier) return;  // queued there already
   tier_[seg] = tier;
-  std::vector<int>& stack = spare_[tier];
-  stack.push_back(segment);
-  if (stack.size() > 2 * n_blocks()) {  // mostly stale entries: keep the valid ones, in order
-    std::erase_if(stack, [&](int s) { return tier_[static_cast<std::size_t>(s)] != tier; });
-    // A segment may still appear twice (given up, taken back, given up again): keep its last entry.
-    std::vector<bool> seen(n_blocks(), false);
-    std::vector<int> kept;
-    for (std::size_t i = stack.size(); i-- > 0;) {
-      if (!seen[static_cast<std::size_t>(stack[i])]) kept.push_back(stack[i]);
-      seen[static_cast<std::size_t>(stack[i])] = true;
-    }
-    stack.assign(kept.rbegin(), kept.rend());
-  }
+  std::deque<SpareEntry>& queue = spare_[tier];
+  queue.push_back({segment, ++stamp_[seg]});
+  // Mostly stale entries: keep the valid ones, in order.
+  if (queue.size() > 2 * n_blocks()) std::erase_if(queue, [&](const SpareEntry& e) { return !is_valid(e, tier); });
 }
 
 int BlockPool::take_segment() {
   // Never runs dry while a block is free: fewer blocks than segments are read whole, and every other
   // segment has a valid entry.
   for (const Tier tier : {kBehind, kUnused, kFrontier}) {
-    std::vector<int>& stack = spare_[tier];
-    while (!stack.empty()) {
-      const int segment = stack.back();
-      stack.pop_back();
-      const std::size_t seg = static_cast<std::size_t>(segment);
-      if (tier_[seg] != tier) continue;  // its valid entry is in another tier
-      tier_[seg] = kNone;
-      const int owner = owner_of_[seg];
-      if (owner >= 0) {
-        if (whole_[static_cast<std::size_t>(owner)] > 0) continue;  // taken back by its block since
-        local_of_[static_cast<std::size_t>(owner)] = -1;
+    std::deque<SpareEntry>& queue = spare_[tier];
+    while (!queue.empty()) {
+      // Unused segments: the most recently freed first (warm in cache, and the rest stay untouched).
+      const SpareEntry e = tier == kUnused ? queue.back() : queue.front();
+      if (tier == kUnused) {
+        queue.pop_back();
+      } else {
+        queue.pop_front();
       }
-      return segment;
+      if (!is_valid(e, tier)) continue;
+      tier_[static_cast<std::size_t>(e.segment)] = kNone;
+      if (const int owner = owner_of_[static_cast<std::size_t>(e.segment)]; owner >= 0) local_of_[static_cast<std::size_t>(owner)] = -1;
+      return e.segment;
     }
   }
   throw Error("internal: no local KV segment left for a free block");
@@ -158,7 +150,10 @@ int BlockPool::take_segment() {
 
 void BlockPool::add_whole(int block) {
   const std::size_t b = static_cast<std::size_t>(block);
-  if (whole_[b]++ == 0 && local_of_[b] >= 0) ++held_segments_;
+  if (whole_[b]++ == 0 && local_of_[b] >= 0) {
+    ++held_segments_;
+    tier_[static_cast<std::size_t>(local_of_[b])] = kNone;  // taken back: given up again later, it queues anew
+  }
 }
 
 void BlockPool::drop_whole(int block, Tier tier) {

@@ -5,6 +5,7 @@
 // and so become resident, only as blocks fill), backed by huge pages (see util/huge_pages.h).
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <string>
 #include <utility>
@@ -42,9 +43,11 @@ std::size_t kv_row_bytes(std::size_t kv_dim, KvType t);
 // other layers. Once no holder reads it whole, its local segment is given up: it stays with the
 // block (a prefix match can still use it, and takes it back) until another block needs a segment.
 // Which one that block takes, in order: one given up behind some sequence's window (its KV matters
-// only to a request that branches off right there), most recently given up first (so the segments
-// resident stay few); else an unused one; else one of a block no sequence ever left behind (the
-// last window of a finished conversation: what its follow-up needs). Each tier is a stack.
+// only to a request that branches off there: a shared system prompt, a follow-up whose history
+// tokenizes differently near its end), so that the segments resident stay few; else an unused one;
+// else one of a block no sequence ever left behind (the last window of a finished conversation:
+// what its follow-up needs). Within a tier, the one given up longest ago (a system prompt that new
+// conversations keep passing is given up again each time, so it stays).
 // The spool reads and writes a block in the layout of a pool that keeps every layer together
 // (block_parts), so its files are the same either way.
 class BlockPool {
@@ -167,12 +170,20 @@ class BlockPool {
   HugePageBuffer local_storage_;
   std::vector<int> local_of_, owner_of_, whole_;
   std::size_t held_segments_ = 0;  // with a block that has Whole holders
-  // The segments another block may take, in three tiers (see above): stacks, with each segment's
-  // one valid entry marked by tier_ (an entry of another tier, or of a segment its block took back,
-  // is skipped when reached).
+  // The segments another block may take, in three tiers (see above): queues, oldest first. A
+  // segment's one valid entry is the one with its tier_ and stamp_ (an older entry, of a segment
+  // taken back or queued again since, is skipped when reached).
   enum Tier : std::uint8_t { kBehind, kUnused, kFrontier, kNone };
-  std::vector<int> spare_[3];
+  struct SpareEntry {
+    int segment;
+    std::uint32_t stamp;
+  };
+  std::deque<SpareEntry> spare_[3];
   std::vector<std::uint8_t> tier_;
+  std::vector<std::uint32_t> stamp_;
+  bool is_valid(const SpareEntry& e, Tier tier) const {
+    return tier_[static_cast<std::size_t>(e.segment)] == tier && stamp_[static_cast<std::size_t>(e.segment)] == e.stamp;
+  }
   std::vector<bool> left_behind_;  // per block: some sequence's window has left it
   void add_whole(int block);
   void drop_whole(int block, Tier tier);

@@ -254,10 +254,9 @@ TEST(Engine, FollowUpTurnComputesOnlyItsNewTokens) {
 
 // Sliding windows (tiny-gemma3: five local layers with a 40-position window, then a global one):
 // a conversation long past the window gives up its local layers' KV behind it, yet every request
-// gets the tokens of an engine that keeps everything, a follow-up still finds its whole history in
-// the prefix cache, and a request sharing only the conversation's first blocks still finds those
-// (given-up segments stay with their blocks until reused). The KV spool (on by default in serve)
-// writes and reads back blocks whose layers lie apart, for a restarted engine.
+// gets the tokens of an engine that keeps everything, and a follow-up still finds its whole
+// history in the prefix cache. The KV spool (on by default in serve) writes and reads back blocks
+// whose layers lie apart, for a restarted engine.
 struct WindowModel {
   test::TempDir dir;
   std::shared_ptr<const gguf::File> file;
@@ -333,8 +332,10 @@ TEST(EngineWindow, LongConversationsGiveUpLocalKvBehindTheWindowAndKeepTheirToke
   // Turn 1's K/V covers 209 positions (its last token was never fed back): the follow-up reuses all.
   EXPECT_EQ(kept.r2.end.usage.cached_tokens, 209u);
   EXPECT_EQ(released.r2.end.usage.cached_tokens, 209u);
-  EXPECT_EQ(released.r_other.end.usage.cached_tokens, kept.r_other.end.usage.cached_tokens);
-  EXPECT_EQ(released.r_other.end.usage.cached_tokens, 64u);
+  // The request branching off at 64 needs the local KV of positions 24-63, given up first and
+  // taken since by newer blocks: it recomputes (the prefix tree's unit tests pin down the rule).
+  EXPECT_EQ(kept.r_other.end.usage.cached_tokens, 64u);
+  EXPECT_EQ(released.r_other.end.usage.cached_tokens, 0u);
   // 14 blocks cached after turn 1: the global layer's KV of all, the local layers' of the last few.
   const std::size_t layer_bytes = 2 * 16 * kv_row_bytes(m.model->config().kv_dim(), KvType::F32);
   EXPECT_EQ(kept.bytes_after_turn1, 14 * 6 * layer_bytes);

@@ -68,13 +68,22 @@ TEST(PrefixTree, MatchesStopBeforeBlocksTheirQueriesWouldSeeWithoutLocalKv) {
     return n;
   };
   // Given up, not taken: everything is still there.
-  EXPECT_EQ(match(follow_up), 32u);
-  EXPECT_EQ(match(early), 20u);
+  EXPECT_EQ(tree.cached_length(follow_up), 32u);
+  EXPECT_EQ(tree.cached_length(early), 20u);
 
-  // Three new blocks take the segments given up last: blocks 5, 4 and 3 lose their local KV.
-  std::vector<int> others = {pool.allocate(), pool.allocate(), pool.allocate()};
-  for (std::size_t i = 0; i < 8; ++i) EXPECT_EQ(pool.has_local(seq[i]), i < 3 || i > 5) << i;
-  // The follow-up's first query (at 32) sees (26, 32]: blocks 3-5 (up to position 23) are behind it.
+  // A request through blocks 0-2 takes their segments back and gives them up again: now the most
+  // recently given up. Two new blocks take the ones given up longest ago: blocks 3 and 4.
+  auto branch = std::vector<std::int32_t>(conversation.begin(), conversation.begin() + 12);
+  branch.push_back(7);
+  std::vector<int> through;
+  EXPECT_EQ(tree.match(branch, through), 12u);
+  for (int b : through) {
+    EXPECT_TRUE(pool.unpin_local(b));
+    pool.release(b, BlockPool::Hold::Cached);
+  }
+  std::vector<int> others = {pool.allocate(), pool.allocate()};
+  for (std::size_t i = 0; i < 8; ++i) EXPECT_EQ(pool.has_local(seq[i]), i < 3 || i > 4) << i;
+  // The follow-up's first query (at 32) sees (26, 32]: blocks 3 and 4 (up to position 19) are behind it.
   EXPECT_EQ(tree.cached_length(follow_up), 32u);
   EXPECT_EQ(match(follow_up), 32u);
   // A query at 20 would see block 4 (positions 16-19), at 16 block 3: the match stops at 12.
