@@ -62,6 +62,9 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
                 "' is not supported (supported: none, linear, llama3, longrope)");
   }
   c.rope_attn_factor = static_cast<float>(f.get_double(p + "rope.scaling.attn_factor").value_or(1.0));
+  const std::int64_t orig_ctx = f.get_int(p + "rope.scaling.original_context_length").value_or(0);
+  if (orig_ctx < 0 || orig_ctx > (std::int64_t{1} << 31)) throw Error("model '" + f.path() + "': rope.scaling.original_context_length is out of range");
+  c.rope_orig_ctx = static_cast<std::uint32_t>(orig_ctx);
   if (!(c.rope_attn_factor > 0.0f)) throw Error("model '" + f.path() + "': rope.scaling.attn_factor must be positive");
   c.rope_neox = d.rope_neox;
 

@@ -24,6 +24,9 @@ struct ModelConfig {
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;  // linear rope scaling: positions are multiplied by this
   float rope_attn_factor = 1.0f;  // LongRoPE (phi3): cos and sin multiplied by this (rope.scaling.attn_factor)
+  // LongRoPE (phi3): rope.scaling.original_context_length; a context longer than this uses the long
+  // frequency factors (0: none given).
+  std::uint32_t rope_orig_ctx = 0;
   std::uint32_t n_rot = 0;       // rotated dimensions per head
   bool rope_neox = false;        // NeoX pairing (x[i], x[i+n_rot/2]) instead of adjacent pairs
 

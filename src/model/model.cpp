@@ -222,11 +222,16 @@ Model::Model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::C
     for (const gguf::TensorInfo& t : file_->tensors()) file_->release_pages(t.data, t.n_bytes);
   }
 
-  // Per-pair frequency divisors: Llama 3's rope_freqs, or LongRoPE's (Phi-3 128k, Phi-3.5) short
-  // factors, those of contexts up to rope.scaling.original_context_length (the long ones, for longer
-  // contexts, are not used: the context a model will serve is not known when it loads).
+  // Per-pair frequency divisors: Llama 3's rope_freqs, or LongRoPE's (Phi-3 128k, Phi-3.5): the
+  // short factors for contexts up to rope.scaling.original_context_length, the long ones past it.
+  // As llama.cpp decides, by the context the cache is sized for (a sequence's whole context is
+  // rotated one way), not by a token's position: see forward.
   const float* freq_factors = load.vector("rope_freqs.weight", c.n_rot / 2, false);
-  if (!freq_factors) freq_factors = load.vector("rope_factors_short.weight", c.n_rot / 2, false);
+  if (!freq_factors) {
+    freq_factors = load.vector("rope_factors_short.weight", c.n_rot / 2, false);
+    const float* long_factors = load.vector("rope_factors_long.weight", c.n_rot / 2, false);
+    if (long_factors && c.rope_orig_ctx > 0) inv_freq_long_ = rope_speeds(c.n_rot, c.rope_freq_base, c.rope_freq_scale, long_factors);
+  }
   inv_freq_ = rope_speeds(c.n_rot, c.rope_freq_base, c.rope_freq_scale, freq_factors);
   if (c.swa_rope_base > 0) inv_freq_local_ = rope_speeds(c.n_rot, c.swa_rope_base, 1.0, nullptr);
 }
@@ -428,6 +433,8 @@ struct Model::ForwardPass {
     }
     if (tree) s.lse.resize(T * c.n_head);
     const std::size_t local_rope = m.inv_freq_local_.empty() ? 0 : T * R;
+    const bool long_context = !m.inv_freq_long_.empty() && cache.max_positions() > c.rope_orig_ctx;
+    const float* inv_freq = long_context ? m.inv_freq_long_.data() : m.inv_freq_.data();
     for (auto [buf, n] : {std::pair{&s.x, T * D}, {&s.xn, T * D}, {&s.q, T * QD}, {&s.k, T * KVD}, {&s.v, T * KVD},
                           {&s.attn, T * QD}, {&s.tmp, T * D}, {&s.gate, c.is_moe() ? 0 : T * F}, {&s.up, c.is_moe() ? 0 : T * F},
                           {&s.rope_cos, T * R}, {&s.rope_sin, T * R}, {&s.rope_cos_local, local_rope}, {&s.rope_sin_local, local_rope}}) {
@@ -435,7 +442,7 @@ struct Model::ForwardPass {
     }
     per_token([&](std::size_t t) {  // each token's rotation, the same for every head and layer (of a kind)
       const auto position = static_cast<float>(batch.positions[t]);
-      kernels::rope_angles(c.n_rot, m.inv_freq_.data(), position, &s.rope_cos[t * R], &s.rope_sin[t * R]);
+      kernels::rope_angles(c.n_rot, inv_freq, position, &s.rope_cos[t * R], &s.rope_sin[t * R]);
       if (c.rope_attn_factor != 1.0f) {
         for (std::size_t i = t * R; i < (t + 1) * R; ++i) s.rope_cos[i] *= c.rope_attn_factor, s.rope_sin[i] *= c.rope_attn_factor;
       }

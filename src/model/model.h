@@ -96,6 +96,9 @@ class Model {
   const float* output_norm_ = nullptr;
   std::vector<LayerWeights> layers_;
   std::vector<float> inv_freq_;  // n_rot / 2 rope speeds, with llama3 frequency factors applied
+  // LongRoPE's speeds with the long factors, for caches of more positions than the original
+  // context (empty: no long factors).
+  std::vector<float> inv_freq_long_;
   std::vector<float> inv_freq_local_;  // local layers' own speeds (gemma3); empty when they share inv_freq_
   HugePageBuffer repacked_;  // weights moved into kernel-friendly layouts
 

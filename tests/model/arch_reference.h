@@ -43,7 +43,15 @@ class ArchReference {
     n_vocab_ = static_cast<int>(f.find_tensor("token_embd.weight")->dims[1]);
     // LongRoPE (phi3): short factors divide the frequencies, attn_factor scales cos and sin.
     if (f.find_tensor("rope_factors_short.weight")) factors_ = vec("rope_factors_short.weight");
+    if (f.find_tensor("rope_factors_long.weight")) long_factors_ = vec("rope_factors_long.weight");
+    orig_ctx_ = static_cast<int>(f.get_int(a + "rope.scaling.original_context_length").value_or(0));
     mscale_ = f.get_double(a + "rope.scaling.attn_factor").value_or(1.0);
+  }
+
+  // LongRoPE: a context longer than rope.scaling.original_context_length rotates with the long
+  // factors (llama.cpp's rule, by the context size).
+  void set_context(int n_ctx) {
+    if (!long_factors_.empty() && orig_ctx_ > 0 && n_ctx > orig_ctx_) factors_ = long_factors_;
   }
 
   int n_vocab() const { return n_vocab_; }
@@ -244,7 +252,8 @@ class ArchReference {
   int n_embd_, n_layer_, n_head_, n_head_kv_, head_dim_, n_rot_, n_vocab_, window_, n_expert_, n_used_;
   double eps_, base_, attn_cap_, final_cap_;
   double pos_scale_ = 1.0, mscale_ = 1.0;
-  Vec factors_;
+  Vec factors_, long_factors_;
+  int orig_ctx_ = 0;
   bool renorm_, gemma_, neox_;
 };
 

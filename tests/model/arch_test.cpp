@@ -34,9 +34,9 @@ std::string make_model(const test::TempDir& dir, const std::string& preset, DTyp
 }
 
 // Logits of every token of `tokens` for one sequence, run as `chunk`-token forward passes.
-std::vector<float> run_chunks(const Model& m, const std::vector<int>& tokens, std::size_t chunk, KvType kv = KvType::F32) {
+std::vector<float> run_chunks(const Model& m, const std::vector<int>& tokens, std::size_t chunk, KvType kv = KvType::F32, std::size_t ctx = 64) {
   ThreadPool pool(2);
-  KvCache cache = m.make_cache(64, kv);
+  KvCache cache = m.make_cache(ctx, kv);
   std::vector<float> all, out;
   for (std::size_t start = 0; start < tokens.size(); start += chunk) {
     Batch b;
@@ -409,9 +409,10 @@ TEST(Arch, PresetsCarryTheirFamilysChat) {
             "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
 }
 
-// Phi-3 128k / Phi-3.5 LongRoPE: the short factors divide the rotation speeds and attn_factor
-// scales cos and sin (so every score by its square); the long factors are present but unused.
-TEST(Arch, Phi3LongRopeShortFactors) {
+// Phi-3 128k / Phi-3.5 LongRoPE: the factors divide the rotation speeds and attn_factor scales cos
+// and sin (so every score by its square): the short factors for caches up to the original context,
+// the long ones past it.
+TEST(Arch, Phi3LongRopeFactors) {
   test::TempDir dir;
   const std::string base = make_model(dir, "tiny-phi3");
   const auto factors = [](float first, float step) {
@@ -443,6 +444,14 @@ TEST(Arch, Phi3LongRopeShortFactors) {
   EXPECT_LT(max_diff(got, test::ArchReference(*f).run(kTokens), V), 1e-3);
   auto plain = gguf::File::open(base);
   EXPECT_GT(max_diff(got, test::ArchReference(*plain).run(kTokens), V), 1e-3);  // the factors matter
+  // A cache for more positions than the original context (tiny-phi3's 4096) rotates with the long factors.
+  ASSERT_EQ(model.config().rope_orig_ctx, 4096u);
+  const auto long_ctx = run_chunks(model, kTokens, 1, KvType::F32, 4097);
+  test::ArchReference long_reference(*f);
+  long_reference.set_context(4097);
+  EXPECT_LT(max_diff(long_ctx, long_reference.run(kTokens), V), 1e-3);
+  EXPECT_GT(max_diff(long_ctx, test::ArchReference(*f).run(kTokens), V), 1e-3);
+  EXPECT_LT(max_diff(run_chunks(model, kTokens, 1, KvType::F32, 4096), test::ArchReference(*f).run(kTokens), V), 1e-3);
 }
 
 TEST(Arch, LoadErrorsNameTheTensor) {
