@@ -268,7 +268,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool sent_role_ = false;
   bool parse_tools_ = false;  // the model was offered tools: its output may hold calls
   // The template writes <think> blocks (Qwen3): the answer's reasoning goes to reasoning_content;
-  // reasoning_opened_: the prompt itself opened the block. (Not with tools: their parser sees all.)
+  // reasoning_opened_: the prompt itself opened the block. With tools, the tool-call parser reads
+  // the answer after it (not where a call is required: its grammar starts the output with the call).
   bool split_reasoning_ = false;
   bool reasoning_opened_ = false;
   // Streaming output: chunks written one at a time, in order.
@@ -516,7 +517,8 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     // Templates usually write the BOS token themselves; never add a second one.
     const bool has_bos = !server_.bos_text.empty() && text.rfind(server_.bos_text, 0) == 0;
-    split_reasoning_ = !offer_tools && ReasoningSplitter::template_thinks(server_.chat_template->source());
+    const bool must_call = offer_tools && (api_.tool_choice.mode == ToolChoice::Mode::Required || api_.tool_choice.mode == ToolChoice::Mode::Function);
+    split_reasoning_ = !must_call && ReasoningSplitter::template_thinks(server_.chat_template->source());
     reasoning_opened_ = split_reasoning_ && ReasoningSplitter::prompt_opens_reasoning(text);
     return server_.tokenizer.encode(text, !has_bos, /*parse_special=*/true);
   }
@@ -664,7 +666,7 @@ class Session : public std::enable_shared_from_this<Session> {
         std::string piece = e.text;
         if (auto marker = server_.tool_marker_tokens.find(e.token); marker != server_.tool_marker_tokens.end()) piece += marker->second;
         c.tool_text += piece;
-        if (api_.stream && !peer_gone_) stream_tool_events(index, c.tool_parser->push(piece), logprob_event);
+        if (api_.stream && !peer_gone_) stream_tool_piece(index, c, piece, logprob_event, /*last=*/false, /*natural_end=*/false);
         return;
       }
       if (c.reasoning) {
@@ -689,9 +691,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (parse_tools_) {
         // An end of its own (EOS, a stop string) may close a call; max_tokens leaves it content.
         const bool natural_end = e.finish_reason == FinishReason::Stop;
-        std::vector<ToolCallEvent> events = c.tool_parser->push(e.text);
-        for (ToolCallEvent& x : c.tool_parser->finish(natural_end)) events.push_back(std::move(x));
-        stream_tool_events(index, events, nullptr);
+        stream_tool_piece(index, c, e.text, nullptr, /*last=*/true, natural_end);
         stream_finish(index, natural_end && c.tool_parser->calls() > 0 ? "tool_calls" : finish_reason_text(e.finish_reason));
       } else if (c.reasoning) {
         stream_reasoning(index, c.reasoning->push(e.text), nullptr);
@@ -799,14 +799,16 @@ class Session : public std::enable_shared_from_this<Session> {
       std::string finish_reason = finish_reason_text(c.end.finish_reason);
       if (api_.chat) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        std::string tool_text = c.tool_text;
         if (split_reasoning_) {
           const ReasoningSplitter::Delta d = ReasoningSplitter::split(c.text, reasoning_opened_);
           choice["message"]["content"] = d.content;
           if (!d.reasoning.empty()) choice["message"]["reasoning_content"] = d.reasoning;
+          if (parse_tools_) tool_text = ReasoningSplitter::split(c.tool_text, reasoning_opened_).content;  // calls follow the reasoning
         }
         if (parse_tools_) {
           const bool natural_end = c.end.finish_reason == FinishReason::Stop;
-          const ParsedToolCalls parsed = parse_tool_calls(c.tool_text, tool_options(), natural_end);
+          const ParsedToolCalls parsed = parse_tool_calls(tool_text, tool_options(), natural_end);
           choice["message"]["content"] = parsed.content ? json(*parsed.content) : json(nullptr);
           if (!parsed.calls.empty()) {
             json calls = json::array();
@@ -941,6 +943,30 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // A thinking model's piece: reasoning as reasoning_content deltas, the answer as content; a token's
   // log-probabilities ride on its first chunk, or on an empty one while a tag is held.
+  // A piece of a tools request's stream: with a thinking template its reasoning streams as
+  // reasoning_content and the rest goes to the tool-call parser; `last` ends both.
+  void stream_tool_piece(std::size_t index, Choice& c, const std::string& piece, const EngineEvent* logprob_event, bool last, bool natural_end) {
+    std::string answer = piece;
+    if (c.reasoning) {
+      ReasoningSplitter::Delta d = c.reasoning->push(piece);
+      if (last) {
+        ReasoningSplitter::Delta rest = c.reasoning->finish();
+        d.reasoning += rest.reasoning;
+        d.content += rest.content;
+      }
+      if (!d.reasoning.empty()) {
+        stream_delta(index, json{{"reasoning_content", d.reasoning}}, logprob_event);
+        logprob_event = nullptr;
+      }
+      answer = std::move(d.content);
+    }
+    std::vector<ToolCallEvent> events = c.tool_parser->push(answer);
+    if (last) {
+      for (ToolCallEvent& x : c.tool_parser->finish(natural_end)) events.push_back(std::move(x));
+    }
+    stream_tool_events(index, events, logprob_event);
+  }
+
   void stream_reasoning(std::size_t index, const ReasoningSplitter::Delta& d, const EngineEvent* logprob_event) {
     bool sent = false;
     if (!d.reasoning.empty()) {
