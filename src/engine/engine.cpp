@@ -91,13 +91,28 @@ KvCache make_engine_cache(const Model& model, const EngineOptions& o, std::size_
     const std::size_t blocks_per_ctx = (ctx + o.block_tokens - 1) / o.block_tokens;
     budget = std::min(8 * blocks_per_ctx * block_bytes, available_memory_bytes() / 2);
   }
-  const std::size_t n_blocks = budget / block_bytes;
+  std::size_t n_blocks = budget / block_bytes;
   if (n_blocks < 2) {
     throw Error("KV memory budget of " + std::to_string(budget) + " bytes holds fewer than 2 blocks of " +
                 std::to_string(o.block_tokens) + " tokens (" + std::to_string(block_bytes) + " bytes each); raise --kv-memory");
   }
-  return KvCache::with_blocks(c.n_layer, c.kv_dim(), n_blocks, ctx, o.kv_type, o.block_tokens, c.head_dim,
-                              o.release_window_kv ? model.local_layers() : LocalLayers{});
+  const LocalLayers local = o.release_window_kv ? model.local_layers() : LocalLayers{};
+  std::size_t n_segments = 0;
+  if (local.window > 0) {
+    // The sliding-window layers' KV is needed only for what running sequences' windows reach (and
+    // a step's new tokens, and guesses): that many segments; the rest of the budget holds more
+    // blocks of the other layers. A budget too small for that keeps one segment per block.
+    const std::size_t n_local = static_cast<std::size_t>(std::count(local.is_local.begin(), local.is_local.end(), true));
+    const std::size_t local_bytes = BlockPool::block_bytes(n_local, c.kv_dim(), o.block_tokens, o.kv_type);
+    const std::size_t global_bytes = block_bytes - local_bytes;
+    const std::size_t per_sequence = (local.window + o.spec_tokens) / o.block_tokens + 3;
+    const std::size_t wanted = o.max_running * per_sequence + (o.max_batch_tokens + o.block_tokens - 1) / o.block_tokens + 1;
+    if (global_bytes > 0 && wanted < n_blocks && wanted * local_bytes < budget) {
+      n_segments = wanted;
+      n_blocks = std::max(n_segments, (budget - wanted * local_bytes) / global_bytes);
+    }
+  }
+  return KvCache::with_blocks(c.n_layer, c.kv_dim(), n_blocks, ctx, o.kv_type, o.block_tokens, c.head_dim, local, n_segments);
 }
 
 std::unique_ptr<KvSpool> make_spool(const Model& model, const EngineOptions& o, const KvCache& cache) {
@@ -671,7 +686,7 @@ void Engine::publish_stats() {
   st.kv_block_tokens = cache_.block_tokens();
   const ModelConfig& c = model_.config();
   st.kv_bytes_per_token = BlockPool::block_bytes(c.n_layer, c.kv_dim(), 1, cache_.type());
-  st.kv_budget_bytes = pool.n_blocks() * BlockPool::block_bytes(c.n_layer, c.kv_dim(), cache_.block_tokens(), cache_.type());
+  st.kv_budget_bytes = pool.capacity_bytes();
   st.kv_bytes_in_use = pool.bytes_in_use();
   st.ctx_size = ctx_;
   const SchedulerCounters& k = scheduler_.counters();

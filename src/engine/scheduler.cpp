@@ -60,13 +60,17 @@ void Scheduler::start_spool_reads(Sequence& s) {
       wait->awaited.push_back(h);
       continue;
     }
-    int block = pool.allocate();
-    if (block < 0 && tree_.evict(1) > 0) {
+    // A block the request's first computed query (at the run's end) sees past takes no local
+    // segment: its sliding-window layers' part of the file is skipped.
+    const bool behind = cache_.window() > 0 && (i + 1) * bt + cache_.window() <= (ram + n) * bt + 1;
+    const auto allocate = [&] { return behind ? pool.allocate_without_local() : pool.allocate(); };
+    int block = allocate();
+    if (block < 0 && !(pool.out_of_segments() && !behind) && tree_.evict(1) > 0) {
       ++counters_.evicted_blocks;
-      block = pool.allocate();
+      block = allocate();
     }
     if (block < 0) break;  // no room now: the rest is recomputed
-    auto read = spool_->read(h, i * bt, tokens.subspan(i * bt, bt), pool.block_parts(block));
+    auto read = spool_->read(h, i * bt, tokens.subspan(i * bt, bt), pool.block_parts(block, /*skip_missing=*/behind));
     reads_.emplace(h, PendingRead{block, std::move(read), 1});
     wait->awaited.push_back(h);
   }
@@ -208,7 +212,9 @@ bool Scheduler::ensure_blocks(Sequence& s, std::size_t n_positions) {
   for (;;) {
     if (cache_.try_reserve(s.seq_id, n_positions)) return true;
     const std::size_t missing = (n_positions + bt - 1) / bt - cache_.blocks(s.seq_id).size();
-    if (const std::size_t freed = tree_.evict(missing)) {
+    // Out of sliding-window segments rather than blocks: cached blocks hold none whole, so evicting
+    // them frees none; only sequences moving on or stepping aside do.
+    if (const std::size_t freed = cache_.pool().out_of_segments() ? 0 : tree_.evict(missing)) {
       counters_.evicted_blocks += freed;
       continue;
     }

@@ -64,7 +64,7 @@ std::size_t pick_segment_dim(std::size_t kv_dim, std::size_t head_dim, KvType ty
 }  // namespace
 
 BlockPool::BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, std::size_t n_blocks, KvType type,
-                     std::size_t head_dim, const std::vector<bool>& local_layers)
+                     std::size_t head_dim, const std::vector<bool>& local_layers, std::size_t n_local_segments)
     : n_layers_(n_layers),
       kv_dim_(kv_dim),
       block_tokens_(block_tokens),
@@ -86,23 +86,28 @@ BlockPool::BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block
     is_local_ = local_layers;
     std::size_t next[2] = {0, 0};
     for (std::size_t l = 0; l < n_layers; ++l) group_index_.push_back(next[is_local_[l] ? 1 : 0]++);
-    local_storage_ = HugePageBuffer(n_blocks * block_bytes(n_local_, kv_dim, block_tokens, type));
+    n_segments_ = n_local_segments == 0 ? n_blocks : std::min(n_local_segments, n_blocks);
+    local_storage_ = HugePageBuffer(n_segments_ * block_bytes(n_local_, kv_dim, block_tokens, type));
     local_of_.assign(n_blocks, -1);
-    owner_of_.assign(n_blocks, -1);
     whole_.assign(n_blocks, 0);
-    tier_.assign(n_blocks, kUnused);
-    stamp_.assign(n_blocks, 0);
     left_behind_.assign(n_blocks, false);
-    for (std::size_t s = n_blocks; s-- > 0;) spare_[kUnused].push_back({static_cast<int>(s), 0});
+    owner_of_.assign(n_segments_, -1);
+    tier_.assign(n_segments_, kUnused);
+    stamp_.assign(n_segments_, 0);
+    for (std::size_t s = n_segments_; s-- > 0;) spare_[kUnused].push_back({static_cast<int>(s), 0});
   }
 }
 
-std::vector<std::span<std::uint8_t>> BlockPool::block_parts(int block) {
+std::vector<std::span<std::uint8_t>> BlockPool::block_parts(int block, bool skip_missing) {
   std::vector<std::span<std::uint8_t>> parts;
   for (std::size_t layer = 0; layer < n_layers_; ++layer) {
     std::uint8_t* k = base(block, layer);
-    if (!k) throw Error("internal: KV block " + std::to_string(block) + " has given up its sliding-window layers' KV");
-    if (!parts.empty() && parts.back().data() + parts.back().size() == k) {
+    if (!k && !skip_missing) throw Error("internal: KV block " + std::to_string(block) + " has given up its sliding-window layers' KV");
+    if (!k && !parts.empty() && parts.back().data() == nullptr) {
+      parts.back() = {static_cast<std::uint8_t*>(nullptr), parts.back().size() + layer_bytes()};
+    } else if (!k) {
+      parts.emplace_back(static_cast<std::uint8_t*>(nullptr), layer_bytes());
+    } else if (!parts.empty() && parts.back().data() && parts.back().data() + parts.back().size() == k) {
       parts.back() = {parts.back().data(), parts.back().size() + layer_bytes()};
     } else {
       parts.emplace_back(k, layer_bytes());
@@ -123,12 +128,11 @@ void BlockPool::offer_segment(int segment, Tier tier) {
   std::deque<SpareEntry>& queue = spare_[tier];
   queue.push_back({segment, ++stamp_[seg]});
   // Mostly stale entries: keep the valid ones, in order.
-  if (queue.size() > 2 * n_blocks()) std::erase_if(queue, [&](const SpareEntry& e) { return !is_valid(e, tier); });
+  if (queue.size() > 2 * n_segments_) std::erase_if(queue, [&](const SpareEntry& e) { return !is_valid(e, tier); });
 }
 
 int BlockPool::take_segment() {
-  // Never runs dry while a block is free: fewer blocks than segments are read whole, and every other
-  // segment has a valid entry.
+  // Never runs dry unless out_of_segments(): every segment not read whole has a valid entry.
   for (const Tier tier : {kBehind, kUnused, kFrontier}) {
     std::deque<SpareEntry>& queue = spare_[tier];
     while (!queue.empty()) {
@@ -177,8 +181,20 @@ std::size_t BlockPool::bytes_in_use() const {
   return (blocks * (n_layers_ - n_local_) + held_segments_ * n_local_) * layer_bytes();
 }
 
-int BlockPool::allocate() {
+int BlockPool::allocate_without_local() {
   if (free_.empty()) return -1;
+  const int b = free_.back();
+  free_.pop_back();
+  refs_[static_cast<std::size_t>(b)] = 1;
+  if (n_local_ > 0) {
+    left_behind_[static_cast<std::size_t>(b)] = true;
+    add_whole(b);  // no segment: counts as a holder only
+  }
+  return b;
+}
+
+int BlockPool::allocate() {
+  if (free_.empty() || out_of_segments()) return -1;
   const int b = free_.back();
   free_.pop_back();
   refs_[static_cast<std::size_t>(b)] = 1;

@@ -37,7 +37,8 @@ std::size_t kv_row_bytes(std::size_t kv_dim, KvType t);
 // (Q8_0 needs multiples of 32) or was not given.
 //
 // Sliding-window layers ("local", flagged in local_layers) can keep their keys and values apart: in
-// a segment of their own that each block takes when allocated. A block's holders say how they use
+// a segment of their own that each block takes when allocated, from a store that may hold fewer
+// segments than there are blocks (what sequences' windows need at once, not every cached block). A block's holders say how they use
 // it (Hold): a sequence whose queries' windows may still reach the block reads it whole; the prefix
 // tree's own reference, or a sequence whose window has left the block (unpin_local), needs only the
 // other layers. Once no holder reads it whole, its local segment is given up: it stays with the
@@ -52,16 +53,24 @@ std::size_t kv_row_bytes(std::size_t kv_dim, KvType t);
 // (block_parts), so its files are the same either way.
 class BlockPool {
  public:
+  // n_local_segments: how many blocks at once may have their local layers' KV (0: all of them).
   BlockPool(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, std::size_t n_blocks, KvType type = KvType::F16,
-            std::size_t head_dim = 0, const std::vector<bool>& local_layers = {});
+            std::size_t head_dim = 0, const std::vector<bool>& local_layers = {}, std::size_t n_local_segments = 0);
 
-  // Bytes one block takes (K and V, all layers).
+  // Bytes one block takes (K and V, all layers; with local layers apart, the part in the block and
+  // the part in its segment).
   static std::size_t block_bytes(std::size_t n_layers, std::size_t kv_dim, std::size_t block_tokens, KvType type);
 
   // How a holder uses a block (see above). Without local layers apart the two are the same.
   enum class Hold { Whole, Cached };
-  // A free block with one reference (Whole), or -1 when every block is in use.
+  // A free block with one reference (Whole), or -1 when every block is in use or every local
+  // segment is read whole (out_of_segments).
   int allocate();
+  // A block without a local segment (its local layers' KV is never needed: behind every window of
+  // whoever will read it), or -1 when none is free.
+  int allocate_without_local();
+  bool out_of_segments() const { return n_local_ > 0 && held_segments_ >= n_segments_; }
+  std::size_t n_local_segments() const { return n_segments_; }
   // Takes one more reference; a Whole one takes back the block's local segment if it is still there.
   void retain(int block, Hold hold = Hold::Whole);
   // Drops one reference of the given kind; the block is free again at zero.
@@ -100,8 +109,9 @@ class BlockPool {
 
   // The whole block (every layer's keys and values, layer by layer) as the runs of memory it lies in,
   // in order: block_bytes() bytes in all, one run unless local layers live apart. What the KV spool
-  // writes and reads back. Throws Error where a local segment is gone (has_local).
-  std::vector<std::span<std::uint8_t>> block_parts(int block);
+  // writes and reads back. Where the local segment is gone (has_local), throws Error, or with
+  // `skip_missing` gives runs with a null data pointer for the bytes that have nowhere to go.
+  std::vector<std::span<std::uint8_t>> block_parts(int block, bool skip_missing = false);
   std::vector<std::span<const std::uint8_t>> block_parts(int block) const;
   std::size_t n_layers() const { return n_layers_; }
 
@@ -111,6 +121,8 @@ class BlockPool {
   bool has_local(int block) const { return local_of_.empty() || local_of_[static_cast<std::size_t>(block)] >= 0; }
   // Bytes of K/V the blocks in use and the local segments held Whole hold.
   std::size_t bytes_in_use() const;
+  // Bytes of K/V the pool can hold: every block, and its local segments.
+  std::size_t capacity_bytes() const { return (n_blocks() * (n_layers_ - n_local_) + n_segments_ * n_local_) * layer_bytes(); }
 
   // The keys (values) of `layer` in `block`: kv_dim / segment_dim() segments, each block_tokens rows
   // of segment_dim() elements of type(). Null for a local layer whose segment was released.
@@ -169,6 +181,7 @@ class BlockPool {
   std::vector<std::size_t> group_index_;
   HugePageBuffer local_storage_;
   std::vector<int> local_of_, owner_of_, whole_;
+  std::size_t n_segments_ = 0;
   std::size_t held_segments_ = 0;  // with a block that has Whole holders
   // The segments another block may take, in three tiers (see above): queues, oldest first. A
   // segment's one valid entry is the one with its tier_ and stamp_ (an older entry, of a segment

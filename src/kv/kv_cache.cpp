@@ -16,14 +16,15 @@ KvCache::KvCache(std::size_t n_layers, std::size_t kv_dim, std::size_t max_posit
       window_(pool_.has_separate_local_layers() ? local.window : 0) {}
 
 KvCache::KvCache(WithBlocks, std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
-                 std::size_t block_tokens, std::size_t head_dim, const LocalLayers& local)
-    : pool_(n_layers, kv_dim, block_tokens, n_blocks, type, head_dim, local.window > 0 ? local.is_local : std::vector<bool>{}),
+                 std::size_t block_tokens, std::size_t head_dim, const LocalLayers& local, std::size_t n_local_segments)
+    : pool_(n_layers, kv_dim, block_tokens, n_blocks, type, head_dim, local.window > 0 ? local.is_local : std::vector<bool>{},
+            n_local_segments),
       max_positions_(max_positions),
       window_(pool_.has_separate_local_layers() ? local.window : 0) {}
 
 KvCache KvCache::with_blocks(std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
-                             std::size_t block_tokens, std::size_t head_dim, const LocalLayers& local) {
-  return KvCache(WithBlocks{}, n_layers, kv_dim, n_blocks, max_positions, type, block_tokens, head_dim, local);
+                             std::size_t block_tokens, std::size_t head_dim, const LocalLayers& local, std::size_t n_local_segments) {
+  return KvCache(WithBlocks{}, n_layers, kv_dim, n_blocks, max_positions, type, block_tokens, head_dim, local, n_local_segments);
 }
 
 KvCache::Sequence& KvCache::get(int seq) {
@@ -58,6 +59,7 @@ void KvCache::adopt(int seq, const std::vector<int>& blocks, std::size_t length)
   s.blocks.insert(s.blocks.end(), blocks.begin(), blocks.end());
   if (length > s.blocks.size() * pool_.block_tokens()) throw Error("internal: adopted KV blocks are shorter than their length");
   s.length = length;
+  release_behind_window(seq, length);
 }
 
 void KvCache::mirror(int seq, std::vector<int> blocks, std::size_t length) {

@@ -30,9 +30,11 @@ class KvCache {
           KvType type = KvType::F16, std::size_t block_tokens = kDefaultBlockTokens, std::size_t head_dim = 0,
           const LocalLayers& local = {});
 
-  // A pool of exactly n_blocks blocks shared by any number of sequences (the engine's budgeted cache).
+  // A pool of exactly n_blocks blocks shared by any number of sequences (the engine's budgeted
+  // cache); with `local` layers apart, n_local_segments of their segments (0: one per block).
   static KvCache with_blocks(std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
-                             std::size_t block_tokens = kDefaultBlockTokens, std::size_t head_dim = 0, const LocalLayers& local = {});
+                             std::size_t block_tokens = kDefaultBlockTokens, std::size_t head_dim = 0, const LocalLayers& local = {},
+                             std::size_t n_local_segments = 0);
 
   // Makes room for positions [0, n_positions) of `seq`; throws Error past max_positions or when the
   // pool has no free block left (with the numbers, so the caller can size the cache).
@@ -40,8 +42,9 @@ class KvCache {
   // Like reserve, but returns false instead of throwing when the pool runs out (blocks taken so far
   // stay with the sequence). Still throws past max_positions.
   bool try_reserve(int seq, std::size_t n_positions);
-  // Appends `blocks` (references already held for it) to the table of `seq`, creating it if needed,
-  // and sets its length: how a sequence takes over cached blocks.
+  // Appends `blocks` (references already held for it, Whole) to the table of `seq`, creating it if
+  // needed, and sets its length: how a sequence takes over cached blocks. Those its next query's
+  // window does not reach are released at once (release_behind_window).
   void adopt(int seq, const std::vector<int>& blocks, std::size_t length);
   // The sequence's block table (empty for an unknown sequence).
   const std::vector<int>& blocks(int seq) const;
@@ -93,7 +96,7 @@ class KvCache {
   Sequence& get(int seq);
   struct WithBlocks {};
   KvCache(WithBlocks, std::size_t n_layers, std::size_t kv_dim, std::size_t n_blocks, std::size_t max_positions, KvType type,
-          std::size_t block_tokens, std::size_t head_dim, const LocalLayers& local);
+          std::size_t block_tokens, std::size_t head_dim, const LocalLayers& local, std::size_t n_local_segments);
 
   BlockPool pool_;
   std::size_t max_positions_;

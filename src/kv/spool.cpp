@@ -459,8 +459,8 @@ bool KvSpool::read_file(const ReadJob& job) {
     why = SpoolReject::Header;
   }
   // One run is read in place; a block in several (local layers apart) through a buffer, scattered
-  // once its checksum holds.
-  const bool in_place = job.dst.size() == 1;
+  // once its checksum holds (runs with no memory, for KV the block does not keep, are skipped).
+  const bool in_place = job.dst.size() == 1 && job.dst[0].data() != nullptr;
   std::uint8_t* data = in_place ? job.dst[0].data() : (read_buffer_.resize(settings_.block_bytes), read_buffer_.data());
   if (ok && !read_all(fd, data, settings_.block_bytes, h.fixed.header_bytes)) {
     ok = false;
@@ -472,7 +472,7 @@ bool KvSpool::read_file(const ReadJob& job) {
   }
   if (ok && !in_place) {
     for (std::span<std::uint8_t> part : job.dst) {
-      std::memcpy(part.data(), data, part.size());
+      if (part.data()) std::memcpy(part.data(), data, part.size());
       data += part.size();
     }
   }

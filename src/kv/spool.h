@@ -120,7 +120,7 @@ class KvSpool {
     double seconds = 0;  // from queued to done
   };
   // Reads the block into `dst` (block_bytes bytes in all, in order, which must stay valid and
-  // untouched until the read is done) on the reader thread. The header must name `tokens` at
+  // untouched until the read is done; a run with a null pointer is skipped) on the reader thread. The header must name `tokens` at
   // `position`; any mismatch, checksum failure or I/O error ends it with ok = false (the file is
   // deleted when it is bad).
   std::shared_ptr<const Read> read(ChainHash hash, std::uint64_t position, std::span<const std::int32_t> tokens,

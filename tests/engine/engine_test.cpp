@@ -353,6 +353,43 @@ TEST(EngineWindow, LongConversationsGiveUpLocalKvBehindTheWindowAndKeepTheirToke
   EXPECT_GE(restarted.end.spool_hit_tokens, 13u * 16);
 }
 
+// Four conversations at once, two running at a time, with the local segments sized for that (the
+// engine's budget: each running sequence's window and guesses, a step's new tokens): every request
+// ends with the tokens of an engine that keeps every layer's KV.
+TEST(EngineWindow, ConcurrentConversationsWithSegmentsForTwoRunningKeepTheirTokens) {
+  const WindowModel m;
+  auto run = [&](bool release) {
+    EngineOptions o;
+    o.threads = 2;
+    o.kv_type = KvType::F32;
+    o.max_running = 2;
+    o.max_batch_tokens = 64;
+    o.release_window_kv = release;
+    Engine engine(*m.model, m.tokenizer.get(), o);
+    Collector c;
+    std::mt19937 rng(5);
+    std::vector<std::uint64_t> ids;
+    for (int i = 0; i < 4; ++i) {
+      Request r = greedy_request(random_prompt(rng, 120 + 20 * static_cast<std::size_t>(i)), 50, c);
+      r.sampling.temperature = 1.0f;
+      r.ignore_eos = true;
+      ids.push_back(engine.submit(std::move(r)));
+    }
+    std::vector<std::vector<std::int32_t>> tokens;
+    for (std::uint64_t id : ids) tokens.push_back(c.wait(id).tokens);
+    expect_all_memory_released(engine);
+    return std::pair{tokens, engine.stats()};
+  };
+  const auto [kept, kept_stats] = run(false);
+  const auto [released, released_stats] = run(true);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(kept[i].size(), 50u);
+    EXPECT_EQ(released[i], kept[i]) << i;
+  }
+  // The same budget holds more blocks once the local layers' KV is not kept for each.
+  EXPECT_GT(released_stats.kv_blocks_total, 2 * kept_stats.kv_blocks_total);
+}
+
 // Requests that share a system prompt and arrive together compute it once: the followers wait for
 // the leader's blocks instead of computing their own copy.
 struct SharedSystemPromptRun {

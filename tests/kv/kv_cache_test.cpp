@@ -248,6 +248,42 @@ TEST(KvCache, SlidingWindowRelease) {
   EXPECT_EQ(cache.pool().bytes_in_use(), 16 * 3 * layer_bytes);
 }
 
+// Fewer local segments than blocks: a block takes one while any is not read whole; past that,
+// allocate fails (out_of_segments) while allocate_without_local still gives blocks (for KV behind
+// every window), whose spool runs skip the local layers' bytes.
+TEST(KvCache, FewerLocalSegmentsThanBlocks) {
+  constexpr std::size_t kDim = 8, kBlock = 4;
+  BlockPool pool(3, kDim, kBlock, 8, KvType::F32, 0, {true, false, true}, 3);
+  EXPECT_EQ(pool.n_local_segments(), 3u);
+  const int a = pool.allocate(), b = pool.allocate(), c = pool.allocate();
+  ASSERT_GE(c, 0);
+  EXPECT_TRUE(pool.out_of_segments());
+  EXPECT_EQ(pool.allocate(), -1);
+  const int d = pool.allocate_without_local();
+  ASSERT_GE(d, 0);
+  EXPECT_FALSE(pool.has_local(d));
+  const std::size_t layer_bytes = 2 * kBlock * kv_row_bytes(kDim, KvType::F32);
+  const auto parts = pool.block_parts(d, /*skip_missing=*/true);
+  ASSERT_EQ(parts.size(), 3u);  // layer 0 (none), layer 1, layer 2 (none)
+  EXPECT_EQ(parts[0].data(), nullptr);
+  EXPECT_NE(parts[1].data(), nullptr);
+  EXPECT_EQ(parts[2].data(), nullptr);
+  for (const auto& p : parts) EXPECT_EQ(p.size(), layer_bytes);
+  EXPECT_THROW(pool.block_parts(d), Error);
+  // A holder leaving `b` behind its window gives its segment up: the next block takes it.
+  EXPECT_TRUE(pool.unpin_local(b));
+  EXPECT_FALSE(pool.out_of_segments());
+  const int e = pool.allocate();
+  ASSERT_GE(e, 0);
+  EXPECT_FALSE(pool.has_local(b));
+  EXPECT_TRUE(pool.has_local(e));
+  EXPECT_EQ(pool.bytes_in_use(), (5 * 1 + 3 * 2) * layer_bytes);
+  for (int x : {a, c, d, e}) pool.release(x);
+  pool.release(b, BlockPool::Hold::Cached);
+  EXPECT_EQ(pool.bytes_in_use(), 0u);
+  EXPECT_EQ(pool.n_free(), 8u);
+}
+
 // Without local layers (or without a window) nothing is apart and nothing is released.
 TEST(KvCache, NoWindowNoRelease) {
   KvCache cache(2, 8, 32, 1, KvType::F32, 4, 0, LocalLayers{{true, false}, 0});
