@@ -120,9 +120,12 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
     result.timings.n_spooled = from_spool;
   }
   std::size_t spooled_blocks = 0;
+  auto spool_new_blocks = [&](bool wait) {
+    if (spool) spooled_blocks = spool_computed_blocks(*spool, history, cache, kSeq, chain, spooled_blocks, wait);
+  };
   // Full blocks go to the spool before the window's release may let their local layers' KV go.
   auto release_behind_window = [&] {
-    if (spool) spooled_blocks = spool_computed_blocks(*spool, history, cache, kSeq, chain, spooled_blocks, /*wait=*/false);
+    spool_new_blocks(/*wait=*/false);
     cache.release_behind_window(kSeq);
   };
   const std::size_t chunk = std::max<std::size_t>(1, options.prefill_chunk);
@@ -137,7 +140,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
   }
   // The prompt's blocks go to the spool now (written behind the generation), so that a run stopped
   // midway still leaves them.
-  if (spool) spooled_blocks = spool_computed_blocks(*spool, prompt, cache, kSeq, chain, spooled_blocks, /*wait=*/false);
+  spool_new_blocks(/*wait=*/false);
   result.timings.n_prompt = prompt.size();
   result.timings.prompt_ms = seconds_since(t0) * 1000.0;
 
@@ -223,7 +226,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
       if (constraint) mask_worker.request(*constraint);
     }
   }
-  if (spool) spool_computed_blocks(*spool, history, cache, kSeq, chain, spooled_blocks, /*wait=*/true);
+  spool_new_blocks(/*wait=*/true);
   result.timings.kv_bytes = cache.pool().bytes_in_use();
   const std::string tail = detok.flush();
   result.text += tail;

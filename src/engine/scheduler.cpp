@@ -65,7 +65,7 @@ void Scheduler::start_spool_reads(Sequence& s) {
     const bool behind = cache_.window() > 0 && (i + 1) * bt + cache_.window() <= (ram + n) * bt + 1;
     const auto allocate = [&] { return behind ? pool.allocate_without_local() : pool.allocate(); };
     int block = allocate();
-    if (block < 0 && !(pool.out_of_segments() && !behind) && tree_.evict(1) > 0) {
+    if (block < 0 && pool.n_free() == 0 && tree_.evict(1) > 0) {  // evicting helps only where blocks ran out
       ++counters_.evicted_blocks;
       block = allocate();
     }

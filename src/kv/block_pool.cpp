@@ -186,10 +186,7 @@ int BlockPool::allocate_without_local() {
   const int b = free_.back();
   free_.pop_back();
   refs_[static_cast<std::size_t>(b)] = 1;
-  if (n_local_ > 0) {
-    left_behind_[static_cast<std::size_t>(b)] = true;
-    add_whole(b);  // no segment: counts as a holder only
-  }
+  if (n_local_ > 0) add_whole(b);  // no segment: counts as a holder only, so that release is the same
   return b;
 }
 

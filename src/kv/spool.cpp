@@ -461,7 +461,8 @@ bool KvSpool::read_file(const ReadJob& job) {
   // One run is read in place; a block in several (local layers apart) through a buffer, scattered
   // once its checksum holds (runs with no memory, for KV the block does not keep, are skipped).
   const bool in_place = job.dst.size() == 1 && job.dst[0].data() != nullptr;
-  std::uint8_t* data = in_place ? job.dst[0].data() : (read_buffer_.resize(settings_.block_bytes), read_buffer_.data());
+  if (!in_place) read_buffer_.resize(settings_.block_bytes);
+  std::uint8_t* data = in_place ? job.dst[0].data() : read_buffer_.data();
   if (ok && !read_all(fd, data, settings_.block_bytes, h.fixed.header_bytes)) {
     ok = false;
     why = SpoolReject::Truncated;

@@ -517,8 +517,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     // Templates usually write the BOS token themselves; never add a second one.
     const bool has_bos = !server_.bos_text.empty() && text.rfind(server_.bos_text, 0) == 0;
-    const bool must_call = offer_tools && (api_.tool_choice.mode == ToolChoice::Mode::Required || api_.tool_choice.mode == ToolChoice::Mode::Function);
-    split_reasoning_ = !must_call && ReasoningSplitter::template_thinks(server_.chat_template->source());
+    split_reasoning_ = !(offer_tools && tool_call_required()) && ReasoningSplitter::template_thinks(server_.chat_template->source());
     reasoning_opened_ = split_reasoning_ && ReasoningSplitter::prompt_opens_reasoning(text);
     return server_.tokenizer.encode(text, !has_bos, /*parse_special=*/true);
   }
@@ -799,12 +798,16 @@ class Session : public std::enable_shared_from_this<Session> {
       std::string finish_reason = finish_reason_text(c.end.finish_reason);
       if (api_.chat) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        // With tools, the text their parser reads (markers written back); calls follow the reasoning.
         std::string tool_text = c.tool_text;
         if (split_reasoning_) {
-          const ReasoningSplitter::Delta d = ReasoningSplitter::split(c.text, reasoning_opened_);
-          choice["message"]["content"] = d.content;
+          ReasoningSplitter::Delta d = ReasoningSplitter::split(parse_tools_ ? c.tool_text : c.text, reasoning_opened_);
           if (!d.reasoning.empty()) choice["message"]["reasoning_content"] = d.reasoning;
-          if (parse_tools_) tool_text = ReasoningSplitter::split(c.tool_text, reasoning_opened_).content;  // calls follow the reasoning
+          if (parse_tools_) {
+            tool_text = std::move(d.content);
+          } else {
+            choice["message"]["content"] = d.content;
+          }
         }
         if (parse_tools_) {
           const bool natural_end = c.end.finish_reason == FinishReason::Stop;
@@ -873,10 +876,14 @@ class Session : public std::enable_shared_from_this<Session> {
     pump();
   }
 
+  bool tool_call_required() const {
+    return api_.tool_choice.mode == ToolChoice::Mode::Required || api_.tool_choice.mode == ToolChoice::Mode::Function;
+  }
+
   // The grammar the output must match: a valid call of the offered tools where tool_choice requires
   // one, else response_format's or the `grammar` extension's; null when unconstrained.
   std::shared_ptr<const grammar::GrammarIndex> output_grammar() {
-    const bool must_call = parse_tools_ && (api_.tool_choice.mode == ToolChoice::Mode::Required || api_.tool_choice.mode == ToolChoice::Mode::Function);
+    const bool must_call = parse_tools_ && tool_call_required();
     if (!must_call && api_.grammar.empty()) return nullptr;
     std::call_once(server_.grammar_vocab_once, [this] {
       server_.grammar_vocab = grammar::token_bytes_of(server_.tokenizer);
@@ -941,8 +948,6 @@ class Session : public std::enable_shared_from_this<Session> {
     push_event(j);
   }
 
-  // A thinking model's piece: reasoning as reasoning_content deltas, the answer as content; a token's
-  // log-probabilities ride on its first chunk, or on an empty one while a tag is held.
   // A piece of a tools request's stream: with a thinking template its reasoning streams as
   // reasoning_content and the rest goes to the tool-call parser; `last` ends both.
   void stream_tool_piece(std::size_t index, Choice& c, const std::string& piece, const EngineEvent* logprob_event, bool last, bool natural_end) {
@@ -967,6 +972,8 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_tool_events(index, events, logprob_event);
   }
 
+  // A thinking model's piece: reasoning as reasoning_content deltas, the answer as content; a token's
+  // log-probabilities ride on its first chunk, or on an empty one while a tag is held.
   void stream_reasoning(std::size_t index, const ReasoningSplitter::Delta& d, const EngineEvent* logprob_event) {
     bool sent = false;
     if (!d.reasoning.empty()) {
