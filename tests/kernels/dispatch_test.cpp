@@ -347,13 +347,17 @@ TEST(Dispatch, InterleavedResultsDoNotDependOnTheBatch) {
   }
 }
 
-// Weights read in place in F16 or F32: tiles of 4 rows x 4 tokens, and on AVX-512 a tail of k % 16.
+// Weights read in place in F16 or F32: tiles of 4 rows x 4 tokens, and on AVX-512 a tail of k % 16;
+// a lone F16 token there goes row by row up to 2048 columns (200, with a tail) and through the
+// 4-row tiles beyond (2056).
 TEST(Dispatch, FloatWeightResultsDoNotDependOnTheBatch) {
   IsaGuard guard;
   std::mt19937 rng(13);
   for (DType type : {DType::F16, DType::F32}) {
-    const RandomMatrix m(type, 19, 200, rng);
-    expect_batch_independent(m.plain, {2, 5, 9}, rng);
+    for (std::size_t cols : {200u, 2056u}) {
+      const RandomMatrix m(type, 19, cols, rng);
+      expect_batch_independent(m.plain, {2, 5, 9}, rng);
+    }
   }
 }
 
