@@ -45,7 +45,7 @@ std::vector<std::string> cut_prompts(const std::string& text, std::size_t count,
 }
 
 struct ModeRun {
-  double gen_ms = 0;
+  double gen_ms = 0, propose_ms = 0, target_ms = 0;
   std::size_t tokens = 0, passes = 0, drafted = 0, accepted = 0;
   std::vector<std::vector<std::int32_t>> outputs;
   double tps() const { return gen_ms > 0 ? static_cast<double>(tokens) * 1000.0 / gen_ms : 0; }
@@ -120,6 +120,8 @@ int bench_spec(const BenchSpecOptions& o) {
       for (const auto& p : prompts) {
         const GenerateResult res = generate(model, tokenizer, p, g, pool);
         r.gen_ms += res.timings.gen_ms;
+        r.propose_ms += res.timings.spec_propose_ms;
+        r.target_ms += res.timings.target_ms;
         r.tokens += res.timings.n_gen - 1;
         r.passes += res.timings.spec_passes;
         r.drafted += res.timings.spec_drafted;
@@ -136,8 +138,9 @@ int bench_spec(const BenchSpecOptions& o) {
   std::vector<double> base_tps;
   for (const auto& r : runs.front().rounds) base_tps.push_back(r.tps());
   if (!o.json) {
-    std::printf("| mode | spec tokens | accept rate | tokens / target pass | decode t/s (median of %d) | speed-up | same tokens as none |\n", o.repetitions);
-    std::printf("|---|---:|---:|---:|---:|---:|---|\n");
+    std::printf("| mode | spec tokens | accept rate | tokens / target pass | decode t/s (median of %d) | speed-up | ms a pass: propose / target / rest | same tokens as none |\n",
+                o.repetitions);
+    std::printf("|---|---:|---:|---:|---:|---:|---|---|\n");
   }
   for (const auto& mode : runs) {
     std::vector<double> tps, speedup;
@@ -149,13 +152,23 @@ int bench_spec(const BenchSpecOptions& o) {
     const bool same = last.outputs == runs.front().rounds.back().outputs;
     const double accept = last.drafted ? static_cast<double>(last.accepted) / static_cast<double>(last.drafted) : 0.0;
     const double per_pass = last.passes ? static_cast<double>(last.tokens) / static_cast<double>(last.passes) : 1.0;
+    // A pass's time split (the median round's): the proposer, the target's forward pass, the rest
+    // (verification, sampling, KV moves). Profiling at a glance: which part a change should shrink.
+    std::vector<std::size_t> order(mode.rounds.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return tps[a] < tps[b]; });
+    const ModeRun& mid = mode.rounds[order[order.size() / 2]];
+    const double passes = static_cast<double>(std::max<std::size_t>(1, mid.passes));
+    const double propose_ms = mid.propose_ms / passes, target_ms = mid.target_ms / passes,
+                 rest_ms = std::max(0.0, mid.gen_ms - mid.propose_ms - mid.target_ms) / passes;
     out["modes"][mode.name] = {{"spec_tokens", mode.spec_tokens}, {"accept_rate", accept},    {"tokens_per_pass", per_pass},
                                {"decode_tps", stats(tps).median},      {"decode_tps_rounds", tps}, {"speedup", stats(speedup).median},
                                {"same_tokens_as_none", same},    {"drafted", last.drafted},  {"accepted", last.accepted},
-                               {"passes", last.passes}};
+                               {"passes", last.passes},
+                               {"ms_per_pass", {{"propose", propose_ms}, {"target", target_ms}, {"rest", rest_ms}}}};
     if (!o.json) {
-      std::printf("| %s | %zu | %.1f%% | %.2f | %.1f | %.2fx | %s |\n", mode.name.c_str(), mode.spec_tokens, 100.0 * accept, per_pass, stats(tps).median,
-                  stats(speedup).median, same ? "yes" : "NO");
+      std::printf("| %s | %zu | %.1f%% | %.2f | %.1f | %.2fx | %.3f / %.3f / %.3f | %s |\n", mode.name.c_str(), mode.spec_tokens, 100.0 * accept,
+                  per_pass, stats(tps).median, stats(speedup).median, propose_ms, target_ms, rest_ms, same ? "yes" : "NO");
     }
   }
   if (o.json) std::printf("%s\n", out.dump(2).c_str());

@@ -22,6 +22,7 @@ struct SpecFlags {
   long tree_width = -1;      // --spec-tree-width: children per tree node (-1: default)
   long tree_nodes = -1;      // --spec-tree-nodes: most nodes of a tree (-1: default)
   float tree_min_p = -1;     // --spec-tree-min-p: least cumulative draft probability of a tree node (<0: default)
+  std::string draft_weights = "Q8_0";  // --draft-weights: the type the draft's float matrices run in, or "stored"
 };
 // The proposer the flags ask for (null for none); `draft_model` keeps the draft model alive.
 std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Vocab& target_vocab, std::size_t ctx,

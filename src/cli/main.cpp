@@ -39,6 +39,10 @@ int main(int argc, char** argv) {
     cmd->add_option("--spec-tree-min-p", f.tree_min_p, "A tree node's cumulative draft probability must be at least this (default 0.1)");
     cmd->add_option("--spec-ngram", f.ngram, "Longest n-gram prompt lookup matches (it falls back to shorter)")->capture_default_str();
     cmd->add_option("--spec-draft-min-p", f.draft_min_p, "Greedy drafting stops once the draft's top probability is below this (default 0.2)");
+    cmd->add_option("--draft-weights", f.draft_weights,
+                    "Type the draft's F16/BF16/F32 matrices run in: Q8_0, Q4_0, Q4_K, Q6_K (converted at load; the output stays "
+                    "exactly the target's) or stored (as in the file)")
+        ->capture_default_str();
   };
   CLI::App app{"Promptly: low-latency LLM inference for GGUF models"};
   app.require_subcommand(1);

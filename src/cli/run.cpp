@@ -87,6 +87,8 @@ int run(const RunOptions& o) {
       j["timings"]["spec_accepted"] = t.spec_accepted;
       j["timings"]["accept_rate"] = t.accept_rate();
       j["timings"]["tokens_per_pass"] = t.tokens_per_pass();
+      j["timings"]["spec_propose_ms"] = t.spec_propose_ms;
+      j["timings"]["target_ms"] = t.target_ms;
     }
     // Invalid UTF-8 cannot occur in text (the detokenizer holds partial sequences), but replace rather than throw.
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());

@@ -1,4 +1,6 @@
 // Turns the speculative decoding flags into a proposer, with the errors a user needs.
+#include <algorithm>
+#include <cctype>
 #include <string>
 
 #include "cli/commands.h"
@@ -57,9 +59,19 @@ ResolvedSpec resolve(const SpecFlags& flags, const Vocab& target_vocab, std::uni
   if (flags.draft.empty()) {
     throw Error("--spec " + r.mode + " needs a draft model: --draft FILE (a small model with the target's vocabulary)");
   }
+  ModelLoadOptions load;
+  if (flags.draft_weights != "stored") {
+    std::string name = flags.draft_weights;
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+    const std::optional<DType> type = dtype_from_name(name);
+    if (!type || (*type != DType::Q8_0 && *type != DType::Q4_0 && *type != DType::Q4_K && *type != DType::Q6_K)) {
+      throw Error("--draft-weights '" + flags.draft_weights + "' is not one of Q8_0, Q4_0, Q4_K, Q6_K or stored");
+    }
+    load.float_matrices_as = type;
+  }
   std::shared_ptr<const gguf::File> file = open_model_file(flags.draft);
   try {
-    draft_model = std::make_unique<Model>(file);
+    draft_model = std::make_unique<Model>(file, nullptr, load);
     spec::check_same_vocabulary(target_vocab, Vocab::from_gguf(*file));
   } catch (const Error& e) {
     throw Error("draft model '" + flags.draft + "': " + e.what());

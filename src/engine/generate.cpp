@@ -166,7 +166,9 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
       proposal.clear();
       if (options.proposer && options.spec_tokens > 0 && !constraint) {
         const std::size_t room = std::min(budget - n, ctx - history.size()) - 1;
+        const auto t_propose = SteadyClock::now();
         options.proposer->propose(history, std::min(options.spec_tokens, room), proposal);
+        result.timings.spec_propose_ms += seconds_since(t_propose) * 1000.0;
         result.timings.spec_drafted += proposal.tokens.size();
       }
       ++result.timings.spec_passes;
@@ -184,7 +186,9 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
       // node's position is past the root's, its window starts no earlier, and its ancestors lie in the
       // tree's own slots past the context.
       release_behind_window();
+      const auto t_target = SteadyClock::now();
       model.forward(batch, cache, pool, logits);
+      result.timings.target_ms += seconds_since(t_target) * 1000.0;
       if (proposal.is_tree()) {
         spec::verify_tree(logits.data(), cfg.n_vocab, proposal, history, sampler, p, committed, accepted_path,
                           keep_logits ? &result.logits : nullptr);

@@ -54,6 +54,10 @@ struct GenerateTimings {
   std::size_t spec_passes = 0;    // target passes after the first token
   std::size_t spec_drafted = 0;   // proposed tokens the target checked
   std::size_t spec_accepted = 0;  // of those, the ones it kept
+  // Where decode's time went (after the first token): proposing guesses, and the target's passes
+  // (every pass, speculating or not); the rest of gen_ms is verification, sampling and bookkeeping.
+  double spec_propose_ms = 0;
+  double target_ms = 0;
   std::size_t kv_bytes = 0;       // K/V the cache held at the end
   double prompt_tps() const { return prompt_ms > 0 ? n_prompt * 1000.0 / prompt_ms : 0; }
   // The first token's time belongs to the prompt, so generation speed counts the n_gen - 1 after it.

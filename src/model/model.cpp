@@ -170,7 +170,7 @@ std::vector<float> rope_speeds(std::uint32_t n_rot, double base, double scale, c
 
 }  // namespace
 
-Model::Model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::Communicator> tp)
+Model::Model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::Communicator> tp, const ModelLoadOptions& options)
     : file_(std::move(file)), full_config_(ModelConfig::from_gguf(*file_)), tp_(std::move(tp)) {
   if (tp_ && tp_->size() == 1) tp_.reset();
   ModelConfig& c = full_config_;
@@ -206,7 +206,15 @@ Model::Model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::C
     config_ = tensor_parallel::local_config(c, ranks);
   }
 
+  if (options.float_matrices_as) convert_float_matrices(*options.float_matrices_as);
   repack_for_kernels();
+  if (converted_.data()) {  // the repacking may have copied every converted matrix away
+    const std::uint8_t *lo = converted_.data(), *hi = lo + converted_.size();
+    const auto matrices = layer_and_output_matrices();
+    if (std::none_of(matrices.begin(), matrices.end(), [&](const kernels::WeightMatrix* m) { return m->data >= lo && m->data < hi; })) {
+      converted_ = HugePageBuffer();
+    }
+  }
   if (!owned_slices_.empty()) {  // the column slices that moved into the repacked buffer are copies no longer read
     std::vector<const std::uint8_t*> in_use;
     for (const LayerWeights& l : layers_) {
@@ -236,10 +244,7 @@ Model::Model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::C
   if (c.swa_rope_base > 0) inv_freq_local_ = rope_speeds(c.n_rot, c.swa_rope_base, 1.0, nullptr);
 }
 
-void Model::repack_for_kernels() {
-  // Only the AVX-512 paths (and AMX, built on them) have kernels for the interleaved layout; others
-  // read ggml's as stored.
-  if (kernels::active_isa() < kernels::Isa::Avx512) return;
+std::vector<kernels::WeightMatrix*> Model::layer_and_output_matrices() {
   std::vector<kernels::WeightMatrix*> matrices;
   for (LayerWeights& l : layers_) {
     for (kernels::WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
@@ -250,10 +255,47 @@ void Model::repack_for_kernels() {
     }
   }
   // A tied output is the embedding table: the embedding goes on reading its rows where they are
-  // stored, and the output gets a repacked copy of its own. Without one a Q6_K table (what every
-  // quantized mix but Q8_0 gives a tied embedding) runs through the generic dequantizing path, which
-  // at 8192 x 512 made the code model's whole Q4_0 decode 4x slower than its Q8_0.
+  // stored, and the output gets a (repacked or converted) copy of its own. Without one a Q6_K table
+  // (what every quantized mix but Q8_0 gives a tied embedding) runs through the generic
+  // dequantizing path, which at 8192 x 512 made the code model's whole Q4_0 decode 4x slower than
+  // its Q8_0.
   matrices.push_back(&output_);
+  return matrices;
+}
+
+void Model::convert_float_matrices(DType to) {
+  if (!can_quantize_to(to) || to == DType::F32 || to == DType::F16 || to == DType::BF16) {
+    throw Error("model '" + file_->path() + "': matrices convert to quantized types only, not " + std::string(dtype_name(to)));
+  }
+  std::vector<kernels::WeightMatrix*> matrices = layer_and_output_matrices();
+  std::erase_if(matrices, [&](const kernels::WeightMatrix* m) {
+    const bool is_float = m->type == DType::F32 || m->type == DType::F16 || m->type == DType::BF16;
+    return !is_float || m->layout != kernels::Layout::Plain || m->cols % dtype_info(to).block_size != 0;
+  });
+  std::size_t total = 0;
+  for (const kernels::WeightMatrix* m : matrices) total += m->rows * row_bytes(to, m->cols);
+  if (total == 0) return;
+  converted_ = HugePageBuffer(total);
+  std::uint8_t* next = converted_.data();
+  std::vector<float> row;
+  for (kernels::WeightMatrix* m : matrices) {
+    row.resize(m->cols);
+    const std::size_t stride = row_bytes(to, m->cols);
+    for (std::size_t r = 0; r < m->rows; ++r) {
+      dequantize_row(m->type, m->row(r), row.data(), m->cols);
+      quantize_row(to, row.data(), next + r * stride, m->cols);
+    }
+    m->data = next;
+    m->type = to;
+    next += m->rows * stride;
+  }
+}
+
+void Model::repack_for_kernels() {
+  // Only the AVX-512 paths (and AMX, built on them) have kernels for the interleaved layout; others
+  // read ggml's as stored.
+  if (kernels::active_isa() < kernels::Isa::Avx512) return;
+  std::vector<kernels::WeightMatrix*> matrices = layer_and_output_matrices();
   std::erase_if(matrices, [](const kernels::WeightMatrix* m) { return !kernels::can_repack_x16(*m); });
   // One buffer on huge pages for all of them. Decode streams every weight once per token: on 4 KiB
   // pages that is a TLB miss every 4 KiB and a hardware prefetcher that stops at each page boundary.

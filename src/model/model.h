@@ -41,6 +41,14 @@ struct LayerWeights {
   bool local = false;  // sliding-window attention (see ModelConfig::layer_is_local)
 };
 
+struct ModelLoadOptions {
+  // Converts the float matrices (F32, F16, BF16; the token embedding table and norms stay) to this
+  // type as they load, into memory of the model's own. For a draft model, whose numbers only steer
+  // which tokens are guessed: a Q8_0 draft streams half an F16 one's bytes at the same guesses
+  // (README, Speculative decoding).
+  std::optional<DType> float_matrices_as;
+};
+
 class Model {
  public:
   // Loads and validates every tensor; throws Error naming the tensor and what is wrong.
@@ -48,7 +56,8 @@ class Model {
   // With a tensor-parallel group (`tp`, see model/tensor_parallel.h) this process keeps only its
   // rank's slices, config() describes those (its share of the heads and FFN columns), and rank 0's
   // forward passes run on every rank: the other ranks call follow_steps.
-  explicit Model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::Communicator> tp = nullptr);
+  explicit Model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::Communicator> tp = nullptr,
+                 const ModelLoadOptions& options = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -101,6 +110,7 @@ class Model {
   std::vector<float> inv_freq_long_;
   std::vector<float> inv_freq_local_;  // local layers' own speeds (gemma3); empty when they share inv_freq_
   HugePageBuffer repacked_;  // weights moved into kernel-friendly layouts
+  HugePageBuffer converted_;  // matrices converted at load (ModelLoadOptions::float_matrices_as) and not repacked
 
   struct ForwardPass;  // one call's steps (model.cpp)
   bool run_pass(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
@@ -108,6 +118,8 @@ class Model {
   void send_step(const Batch& batch, KvCache& cache) const;  // rank 0, tensor-parallel
   void gather_logits(const std::vector<float>& rank_logits, std::size_t n_out, std::vector<float>& logits) const;
   void repack_for_kernels();
+  void convert_float_matrices(DType to);
+  std::vector<kernels::WeightMatrix*> layer_and_output_matrices();
   // out[t] = the layer's expert mixture for each of the T rows of xn (n_embd each).
   void moe_ffn(const LayerWeights& L, const float* xn, std::size_t T, float* out, ThreadPool& pool) const;
 };

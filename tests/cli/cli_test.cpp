@@ -146,10 +146,16 @@ TEST(Cli, RunWithADraftModelReportsSpeculationAndKeepsTheTokens) {
   EXPECT_GT(b["timings"]["spec_accepted"].get<int>(), 0);
   EXPECT_LT(b["timings"]["spec_passes"].get<int>(), 39);
   EXPECT_GT(b["timings"]["accept_rate"].get<double>(), 0.0);
+  EXPECT_GT(b["timings"]["spec_propose_ms"].get<double>(), 0.0);
+  EXPECT_GT(b["timings"]["target_ms"].get<double>(), 0.0);
+  EXPECT_LT(b["timings"]["spec_propose_ms"].get<double>() + b["timings"]["target_ms"].get<double>(), b["timings"]["gen_ms"].get<double>());
   EXPECT_FALSE(a["timings"].contains("spec_passes"));
   const Result ngram = promptly(args + " --spec ngram --spec-ngram 2");
   ASSERT_EQ(ngram.status, 0) << ngram.out;
   EXPECT_EQ(nlohmann::json::parse(ngram.out)["ids"], a["ids"]);
+  const Result stored = promptly(args + " --draft " + code + "code-draft-f16.gguf --draft-weights stored");
+  ASSERT_EQ(stored.status, 0) << stored.out;
+  EXPECT_EQ(nlohmann::json::parse(stored.out)["ids"], a["ids"]);
   const Result tree = promptly(args + " --draft " + code + "code-draft-f16.gguf --spec tree --spec-tokens 5 --spec-tree-width 3 --spec-tree-nodes 10");
   ASSERT_EQ(tree.status, 0) << tree.out;
   const auto t = nlohmann::json::parse(tree.out);
@@ -175,6 +181,8 @@ TEST(Cli, BadSpeculationFlagsAreClearErrors) {
       {"--spec ngram --spec-tokens 0", "out of range: 1 to 64"},
       {"--spec ngram --spec-ngram 0", "--spec-ngram must be between 1 and 64"},
       {"--spec none --draft " + test::shared_model("code/code-draft-f16.gguf"), "turns speculation off"},
+      {"--draft " + test::shared_model("code/code-draft-f16.gguf") + " --draft-weights F16", "is not one of Q8_0, Q4_0, Q4_K, Q6_K or stored"},
+      {"--draft " + test::shared_model("code/code-draft-f16.gguf") + " --draft-weights int3", "is not one of Q8_0"},
   };
   for (const auto& [flags, message] : cases) {
     const Result r = promptly(target + flags, true);

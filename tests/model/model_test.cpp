@@ -11,6 +11,7 @@
 #include "engine/generate.h"
 #include "gguf/writer.h"
 #include "reference_forward.h"
+#include "tensor/quant.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
@@ -231,6 +232,40 @@ TEST(Model, TiedEmbeddingsWhenOutputIsAbsent) {
   const auto got = logits_of(model, cache, pool, {1, 2, 3}, 0, 0);
   const auto want = ref.run({1, 2, 3});
   for (std::size_t v = 0; v < model.config().n_vocab; ++v) ASSERT_NEAR(got[2 * model.config().n_vocab + v], want[2][v], 1e-3);
+}
+
+// ModelLoadOptions::float_matrices_as: the same logits as a file whose matrices were stored in that
+// type (the token embedding table stays as stored).
+TEST(Model, FloatMatricesConvertAtLoadExactlyAsStoredInTheType) {
+  test::TempDir dir;
+  const std::string base = make_synthetic(dir, "tiny");
+  ASSERT_NE(gguf::File::open(base)->find_tensor("output.weight"), nullptr);
+  const std::string stored = rewrite(base, dir.file("q8.gguf"), {{}, [](const gguf::TensorInfo& t, gguf::Writer& w) {
+                                       if (t.dims.size() != 2 || t.name == "token_embd.weight") return false;
+                                       const gguf::TensorInfo* src = &t;
+                                       w.add_tensor(t.name, t.dims, DType::Q8_0, [src](std::uint8_t* o) {
+                                         const std::size_t cols = src->dims[0], stride = row_bytes(DType::Q8_0, cols);
+                                         const float* rows = reinterpret_cast<const float*>(src->data);
+                                         for (std::size_t r = 0; r < src->dims[1]; ++r) quantize_row(DType::Q8_0, rows + r * cols, o + r * stride, cols);
+                                       });
+                                       return true;
+                                     }});
+  ThreadPool pool(2);
+  Model f32(gguf::File::open(base)), want(gguf::File::open(stored));
+  ModelLoadOptions as_q8;
+  as_q8.float_matrices_as = DType::Q8_0;
+  Model converted(gguf::File::open(base), nullptr, as_q8);
+  const std::vector<std::int32_t> tokens = {1, 7, 300, 42, 5};
+  auto logits = [&](const Model& m) {
+    KvCache cache = m.make_cache(8, KvType::F32);
+    return logits_of(m, cache, pool, tokens, 0, 0);
+  };
+  const auto got = logits(converted);
+  EXPECT_EQ(got, logits(want));
+  EXPECT_NE(got, logits(f32));  // it did convert
+  ModelLoadOptions as_f16;
+  as_f16.float_matrices_as = DType::F16;
+  EXPECT_THROW(Model(gguf::File::open(base), nullptr, as_f16), Error);
 }
 
 TEST(Model, ContextOverflowIsAnError) {

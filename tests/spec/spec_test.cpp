@@ -123,6 +123,34 @@ TEST(Spec, GreedyDraftAndNgramEqualPlainDecodingOnTheCodePair) {
   EXPECT_EQ(fast.ids, plain.ids);
 }
 
+// The draft's F16 matrices converted to Q8_0 at load (serve's and run's default, --draft-weights):
+// the target's tokens all the same, and guesses nearly as good as the F16 draft's.
+TEST(Spec, DraftConvertedToQ8_0AtLoadKeepsTheTokensAndItsGuesses) {
+  Loaded target(test::shared_model("code/code-target-f16.gguf"));
+  Loaded draft(test::shared_model("code/code-draft-f16.gguf"));
+  ModelLoadOptions as_q8;
+  as_q8.float_matrices_as = DType::Q8_0;
+  const Model converted(draft.file, nullptr, as_q8);
+  ThreadPool pool(2);
+  const std::string code = test::read_file(test::shared_model("code/val.txt")).substr(12000, 900);
+  const auto prompt = target.tokenizer->encode(code, true, false);
+  spec::DraftOptions d;
+  d.sampling.temperature = 0;
+  d.min_confidence = spec::kDefaultDraftMinP;
+  spec::DraftModelProposer f16_proposer(*draft.model, d, pool), q8_proposer(converted, d, pool);
+  const auto [plain, with_f16] = both(target, prompt, greedy(128), &f16_proposer, 3, pool);
+  const GenerateResult with_q8 = generate(*target.model, *target.tokenizer, prompt, [&] {
+    GenerateOptions g = greedy(128);
+    g.proposer = &q8_proposer;
+    g.spec_tokens = 3;
+    return g;
+  }(), pool);
+  EXPECT_EQ(with_q8.ids, plain.ids);
+  EXPECT_EQ(with_f16.ids, plain.ids);
+  EXPECT_GE(with_q8.timings.spec_accepted + 6, with_f16.timings.spec_accepted);
+  EXPECT_GT(with_q8.timings.spec_accepted, 40u);
+}
+
 TEST(Spec, GreedyEqualsPlainOnStoriesAndRandomModelsOnEveryKernelPath) {
   test::TempDir dir;
   ThreadPool pool(2);
