@@ -94,7 +94,7 @@ void BM_MatmulStreaming(benchmark::State& state, DType type) {
 }
 #define PROMPTLY_STREAMING_BENCH(TYPE)                  \
   BENCHMARK_CAPTURE(BM_MatmulStreaming, TYPE, DType::TYPE) \
-      ->ArgsProduct({{1, 8}, {1, 2}, {5632, 2048, 768, 512}})       \
+      ->ArgsProduct({{1, 4, 8}, {1, 2}, {5632, 2048, 768, 512}})       \
       ->ArgNames({"tokens", "threads", "cols"})            \
       ->Unit(benchmark::kMicrosecond)                      \
       ->UseRealTime();

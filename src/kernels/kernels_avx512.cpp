@@ -110,14 +110,23 @@ struct F16Tile512 {
 };
 void gemm_f16_512(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
                   std::size_t n_tokens, float* y, std::size_t ldy) {
-  // Decode over rows of up to 2048 weights: one row after another, a single stream the hardware
-  // prefetcher follows, where the 4-row tile reads four short streams at once and each tile starts
-  // them cold (BM_MatmulStreaming, F16, one token, 1 / 2 threads: 9.4 -> 20.3 / 16.2 -> 29.3 GB/s
-  // at cols:512, 15.4 -> 22.6 / 28.4 -> 28.0 at cols:2048; at cols:5632 the tile is faster, 16.7
-  // against 12.5 GB/s on one thread). The sums are the same either way (see tile_f16).
-  constexpr std::size_t kRowByRowMaxCols = 2048;
-  if (n_tokens == 1 && k <= kRowByRowMaxCols) {
-    for (std::size_t r = r0; r < r1; ++r) tile_f16<1, 1>(w, w_stride, r, x, k, 0, y, ldy);
+  // Up to 4 tokens (decode, a few speculative guesses) over rows of up to 2048 weights: one row
+  // after another, a single stream the hardware prefetcher follows, where the 4-row tile reads four
+  // short streams at once and each tile starts them cold. BM_MatmulStreaming, F16, 2 threads
+  // (1 thread): one token at cols:512 16.2 -> 29.3 GB/s (9.4 -> 20.3), at cols:2048 28.4 -> 28.0
+  // (15.4 -> 22.6); 4 tokens at cols:512 15.0-16.9 -> 23.8-24.9. Not for longer rows (cols:5632,
+  // one token: 16.7 against 12.5 GB/s on one thread) nor more tokens (8: the tiles' arithmetic
+  // bounds them, and row by row was no faster). The sums are the same either way (see tile_f16).
+  constexpr std::size_t kRowByRowMaxCols = 2048, kRowByRowMaxTokens = 4;
+  if (n_tokens <= kRowByRowMaxTokens && k <= kRowByRowMaxCols) {
+    for (std::size_t r = r0; r < r1; ++r) {
+      switch (n_tokens) {
+        case 4: tile_f16<1, 4>(w, w_stride, r, x, k, 0, y, ldy); break;
+        case 3: tile_f16<1, 3>(w, w_stride, r, x, k, 0, y, ldy); break;
+        case 2: tile_f16<1, 2>(w, w_stride, r, x, k, 0, y, ldy); break;
+        default: tile_f16<1, 1>(w, w_stride, r, x, k, 0, y, ldy); break;
+      }
+    }
     return;
   }
   tiled<F16Tile512>(r0, r1, n_tokens, w, w_stride, x, k, y, ldy);

@@ -348,8 +348,8 @@ TEST(Dispatch, InterleavedResultsDoNotDependOnTheBatch) {
 }
 
 // Weights read in place in F16 or F32: tiles of 4 rows x 4 tokens, and on AVX-512 a tail of k % 16;
-// a lone F16 token there goes row by row up to 2048 columns (200, with a tail) and through the
-// 4-row tiles beyond (2056).
+// F16 batches of up to 4 tokens there go row by row up to 2048 columns (200, with a tail) and
+// through the 4-row tiles beyond (2056), as larger batches do.
 TEST(Dispatch, FloatWeightResultsDoNotDependOnTheBatch) {
   IsaGuard guard;
   std::mt19937 rng(13);
