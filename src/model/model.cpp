@@ -285,6 +285,7 @@ void Model::convert_float_matrices(DType to) {
       dequantize_row(m->type, m->row(r), row.data(), m->cols);
       quantize_row(to, row.data(), next + r * stride, m->cols);
     }
+    file_->release_pages(m->data, m->rows * m->row_stride());  // a tied embedding faults back the rows it reads
     m->data = next;
     m->type = to;
     next += m->rows * stride;
