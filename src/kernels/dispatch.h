@@ -128,6 +128,9 @@ struct KernelTable {
                         std::size_t n_tokens, float* y, std::size_t ldy);
   void (*gemm_q6_k_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                         std::size_t n_tokens, float* y, std::size_t ldy);
+  // F16x4 layout against F32 activations (cols values per token); r0 and r1 are multiples of 4.
+  void (*gemm_f16_x4)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x, std::size_t n_tokens,
+                      float* y, std::size_t ldy);
   // Any other supported type: dequantize each row, then F32 dots.
   void (*gemm_dequant)(DType type, const std::uint8_t* w, std::size_t w_stride, std::size_t cols, std::size_t r0, std::size_t r1,
                        const float* x, std::size_t n_tokens, float* y, std::size_t ldy);
@@ -194,6 +197,8 @@ void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
                              std::size_t n_tokens, float* y, std::size_t ldy);
 void gemm_q8_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                              std::size_t n_tokens, float* y, std::size_t ldy);
+void gemm_f16_x4_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x,
+                           std::size_t n_tokens, float* y, std::size_t ldy);
 
 const KernelTable& kernel_table(Isa isa);
 const KernelTable& scalar_kernels();

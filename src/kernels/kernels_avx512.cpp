@@ -110,26 +110,49 @@ struct F16Tile512 {
 };
 void gemm_f16_512(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
                   std::size_t n_tokens, float* y, std::size_t ldy) {
-  // Up to 4 tokens (decode, a few speculative guesses) over rows of up to 2048 weights: one row
-  // after another, a single stream the hardware prefetcher follows, where the 4-row tile reads four
-  // short streams at once and each tile starts them cold. BM_MatmulStreaming, F16, 2 threads
-  // (1 thread): one token at cols:512 16.2 -> 29.3 GB/s (9.4 -> 20.3), at cols:2048 28.4 -> 28.0
-  // (15.4 -> 22.6); 4 tokens at cols:512 15.0-16.9 -> 23.8-24.9. Not for longer rows (cols:5632,
-  // one token: 16.7 against 12.5 GB/s on one thread) nor more tokens (8: the tiles' arithmetic
-  // bounds them, and row by row was no faster). The sums are the same either way (see tile_f16).
-  constexpr std::size_t kRowByRowMaxCols = 2048, kRowByRowMaxTokens = 4;
-  if (n_tokens <= kRowByRowMaxTokens && k <= kRowByRowMaxCols) {
-    for (std::size_t r = r0; r < r1; ++r) {
-      switch (n_tokens) {
-        case 4: tile_f16<1, 4>(w, w_stride, r, x, k, 0, y, ldy); break;
-        case 3: tile_f16<1, 3>(w, w_stride, r, x, k, 0, y, ldy); break;
-        case 2: tile_f16<1, 2>(w, w_stride, r, x, k, 0, y, ldy); break;
-        default: tile_f16<1, 1>(w, w_stride, r, x, k, 0, y, ldy); break;
-      }
-    }
-    return;
-  }
   tiled<F16Tile512>(r0, r1, n_tokens, w, w_stride, x, k, y, ldy);
+}
+
+// C tokens against one 4-row group of the F16x4 layout (see repack_x16): tile_f16<4, C>'s arithmetic
+// in the same order, so the same sums bit for bit, read as one sequential stream.
+template <int C>
+void tile_f16x4(const std::uint16_t* group, const float* x, std::size_t k, std::size_t t, float* y, std::size_t ldy, std::size_t r) {
+  __m512 acc[4][C];
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < C; ++j) acc[i][j] = _mm512_setzero_ps();
+  const std::uint16_t* step = group;
+  // The stream is sequential, but with several tokens the activations crowd L1 and the hardware
+  // prefetchers fill L2 only: 4 tokens over 2048 columns (BM_MatmulStreaming, 2 threads) streamed
+  // 17-21 GB/s without this and 33-37 with it (2 KiB ahead: 28-33; 16 KiB: 29-32).
+  constexpr std::size_t kPrefetchBytesAhead = 4096;
+  for (std::size_t e = 0; e < k; e += 16, step += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(step) + kPrefetchBytesAhead, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(step) + kPrefetchBytesAhead + 64, _MM_HINT_T0);
+    __m512 wv[4];
+    for (int i = 0; i < 4; ++i) wv[i] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(step + 16 * i)));
+    for (int j = 0; j < C; ++j) {
+      const __m512 xv = _mm512_loadu_ps(x + (t + j) * k + e);
+      for (int i = 0; i < 4; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+  }
+  for (int j = 0; j < C; ++j) {
+    for (int i = 0; i < 4; ++i) y[(t + j) * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+  }
+}
+
+void gemm_f16_x4(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x, std::size_t n_tokens, float* y,
+                 std::size_t ldy) {
+  for (std::size_t r = r0; r < r1; r += 4) {
+    const std::uint16_t* group = reinterpret_cast<const std::uint16_t*>(w) + r * cols;
+    std::size_t t = 0;
+    for (; t + 4 <= n_tokens; t += 4) tile_f16x4<4>(group, x, cols, t, y, ldy, r);
+    switch (n_tokens - t) {
+      case 3: tile_f16x4<3>(group, x, cols, t, y, ldy, r); break;
+      case 2: tile_f16x4<2>(group, x, cols, t, y, ldy, r); break;
+      case 1: tile_f16x4<1>(group, x, cols, t, y, ldy, r); break;
+      default: break;
+    }
+  }
 }
 
 // acc += w (unsigned bytes) times the 4 signed bytes at p repeated in every lane: one VNNI
@@ -1041,7 +1064,7 @@ const KernelTable& avx512_kernels() {
                                  avx512::x16_driver<kQ4_0GroupBytes, 32, 12, avx512::GroupTiles<false>::Single, 8, avx512::GroupTiles<false>::Pair>,
                                  avx512::x16_driver<kQ8_0GroupBytes, 32, 12, avx512::GroupTiles<true>::Single, 8, avx512::GroupTiles<true>::Pair>,
                                  avx512::x16_driver<kQ4KGroupBytes, kQK_K, 12, avx512::Q4_KTile>,
-                                 avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Q6_KTile>, avx512::gemm_dequant,
+                                 avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Q6_KTile>, avx512::gemm_f16_x4, avx512::gemm_dequant,
                                  avx512::attention_tile, false, true, avx512::silu_mul, avx512::gelu_tanh_mul,
                                  avx512::int8_throughput_probe};
   return table;

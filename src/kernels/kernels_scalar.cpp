@@ -95,6 +95,21 @@ void gemm_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::
   }
 }
 
+}  // namespace
+
+void gemm_f16_x4_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x,
+                           std::size_t n_tokens, float* y, std::size_t ldy) {
+  const auto* halves = reinterpret_cast<const std::uint16_t*>(w);
+  std::vector<float> row(cols);
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::uint16_t* group = halves + r / 4 * 4 * cols;
+    for (std::size_t c = 0; c < cols; ++c) row[c] = fp16_to_fp32(group[(c / 16 * 4 + r % 4) * 16 + c % 16]);
+    for (std::size_t t = 0; t < n_tokens; ++t) y[t * ldy + r] = dot_f32(row.data(), x + t * cols, cols);
+  }
+}
+
+namespace {
+
 template <DType T>
 float kv_at(const void* block, std::size_t i) {
   if constexpr (T == DType::F32) {
@@ -287,7 +302,7 @@ void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
 const KernelTable& scalar_kernels() {
   static const KernelTable table{"scalar", quantize_activations, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32, attention,
                                  gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
-                                 gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, gemm_dequant,
+                                 gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, gemm_f16_x4_reference, gemm_dequant,
                                  attention_tile_each<attention>, false, false, silu_mul_reference,
                                  gelu_tanh_mul_reference, nullptr};
   return table;

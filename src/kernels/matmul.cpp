@@ -16,7 +16,7 @@ namespace {
 
 // Whether a matmul with w reads its input quantized rather than as floats.
 bool reads_quantized_input(const WeightMatrix& w) {
-  return w.layout != Layout::Plain || w.type == DType::Q8_0 || w.type == DType::Q4_0;
+  return (w.layout != Layout::Plain && w.layout != Layout::F16x4) || w.type == DType::Q8_0 || w.type == DType::Q4_0;
 }
 
 // Whether the ActivationBlocks alone serve every one of `readers` (on the active kernel path).
@@ -102,6 +102,10 @@ namespace {
 // if the matrix reads it so; for the x16 layouts b and e are multiples of 16.
 void matmul_rows(const KernelTable& kt, const WeightMatrix& w, const Activations& x, float* y, std::size_t b, std::size_t e) {
   const std::size_t n_tokens = x.n_tokens(), stride = w.row_stride(), ldy = w.rows;
+  if (w.layout == Layout::F16x4) {
+    kt.gemm_f16_x4(w.data, w.cols, b, e, x.data(), n_tokens, y, ldy);
+    return;
+  }
   if (w.layout != Layout::Plain) {
     const auto gemm = w.layout == Layout::Q4_0x16   ? kt.gemm_q4_0_x16
                       : w.layout == Layout::Q8_0x16 ? kt.gemm_q8_0_x16
@@ -170,9 +174,9 @@ void matmul_fused(std::span<const WeightMatrix* const> ws, Activations& x, std::
 }
 
 bool can_repack_x16(const WeightMatrix& w) {
-  return (w.type == DType::Q4_0 || w.type == DType::Q8_0 || w.type == DType::Q4_K || w.type == DType::Q6_K) &&
-         w.layout == Layout::Plain &&
-         w.rows % 16 == 0 && w.rows > 0;
+  if (w.layout != Layout::Plain || w.rows == 0) return false;
+  if (w.type == DType::F16) return w.rows % 4 == 0 && w.cols % 16 == 0 && w.cols > 0;
+  return (w.type == DType::Q4_0 || w.type == DType::Q8_0 || w.type == DType::Q4_K || w.type == DType::Q6_K) && w.rows % 16 == 0;
 }
 
 std::size_t repacked_bytes(const WeightMatrix& w) {
@@ -235,6 +239,17 @@ void repack_q6_k_x16(const WeightMatrix& w, std::uint8_t* out) {
 }  // namespace
 
 Layout repack_x16(const WeightMatrix& w, std::uint8_t* out) {
+  if (w.type == DType::F16) {
+    constexpr std::size_t kStepBytes = 16 * 2;
+    for (std::size_t g = 0; g < w.rows / 4; ++g) {
+      for (std::size_t step = 0; step < w.cols / 16; ++step) {
+        for (std::size_t lane = 0; lane < 4; ++lane) {
+          std::memcpy(out + ((g * (w.cols / 16) + step) * 4 + lane) * kStepBytes, w.row(g * 4 + lane) + step * kStepBytes, kStepBytes);
+        }
+      }
+    }
+    return Layout::F16x4;
+  }
   if (w.type == DType::Q4_K) {
     repack_q4_k_x16(w, out);
     return Layout::Q4_Kx16;

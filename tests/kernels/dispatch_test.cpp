@@ -283,7 +283,10 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
     }
   }
   EXPECT_FALSE(can_repack_x16({DType::Q4_0, nullptr, 17, 32}));
-  EXPECT_FALSE(can_repack_x16({DType::F16, nullptr, 16, 32}));
+  EXPECT_FALSE(can_repack_x16({DType::F16, nullptr, 18, 32}));   // rows not a multiple of 4
+  EXPECT_FALSE(can_repack_x16({DType::F16, nullptr, 16, 200}));  // columns not a multiple of 16
+  EXPECT_FALSE(can_repack_x16({DType::F32, nullptr, 16, 32}));
+  EXPECT_TRUE(can_repack_x16({DType::F16, nullptr, 4, 16}));
 }
 
 // A random (normal) matrix stored as `type`.
@@ -347,9 +350,8 @@ TEST(Dispatch, InterleavedResultsDoNotDependOnTheBatch) {
   }
 }
 
-// Weights read in place in F16 or F32: tiles of 4 rows x 4 tokens, and on AVX-512 a tail of k % 16;
-// F16 batches of up to 4 tokens there go row by row up to 2048 columns (200, with a tail) and
-// through the 4-row tiles beyond (2056), as larger batches do.
+// Weights read in place in F16 or F32: tiles of 4 rows x 4 tokens, and on AVX-512 a tail of k % 16
+// (200 and 2056 columns).
 TEST(Dispatch, FloatWeightResultsDoNotDependOnTheBatch) {
   IsaGuard guard;
   std::mt19937 rng(13);
@@ -357,6 +359,47 @@ TEST(Dispatch, FloatWeightResultsDoNotDependOnTheBatch) {
     for (std::size_t cols : {200u, 2056u}) {
       const RandomMatrix m(type, 19, cols, rng);
       expect_batch_independent(m.plain, {2, 5, 9}, rng);
+    }
+  }
+}
+
+// F16 interleaved by 4 rows (what the model repacks F16 matrices into on AVX-512) gives the plain
+// layout's sums: on AVX-512 bit for bit (the same tile arithmetic), on the other paths through the
+// scalar reference of the layout, to rounding. Awkward sizes: one group, odd group counts, one
+// 16-column step, rows of 2048 (the prefetch runs past a group's end), token counts on both sides of
+// the 4-token tile; the rows split over two threads.
+TEST(Dispatch, F16InterleavedGivesThePlainLayoutsSums) {
+  IsaGuard guard;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> dist;
+  ThreadPool pool(2);
+  for (std::size_t rows : {4u, 12u, 20u, 64u}) {
+    for (std::size_t cols : {16u, 48u, 512u, 2048u}) {
+      const RandomInterleaved m(DType::F16, rows, cols, rng);
+      ASSERT_EQ(m.inter.layout, Layout::F16x4);
+      for (std::size_t tokens : {1u, 2u, 3u, 4u, 5u, 7u, 9u, 23u}) {
+        std::vector<float> x(tokens * cols);
+        for (float& v : x) v = dist(rng);
+        std::vector<float> plain(tokens * rows), inter(tokens * rows);
+        set_isa(Isa::Scalar);
+        matmul(m.plain, x.data(), tokens, plain.data(), pool);
+        matmul(m.inter, x.data(), tokens, inter.data(), pool);
+        for (std::size_t i = 0; i < plain.size(); ++i) ASSERT_EQ(inter[i], plain[i]) << "scalar rows " << rows << " cols " << cols << " i " << i;
+        for (Isa isa : fast_paths()) {
+          set_isa(isa);
+          std::fill(inter.begin(), inter.end(), std::nanf(""));
+          matmul(m.plain, x.data(), tokens, plain.data(), pool);
+          matmul(m.inter, x.data(), tokens, inter.data(), pool);
+          for (std::size_t i = 0; i < plain.size(); ++i) {
+            if (isa == Isa::Avx2) {
+              ASSERT_NEAR(inter[i], plain[i], 1e-5f * (std::fabs(plain[i]) + std::sqrt(static_cast<float>(cols))));
+            } else {
+              ASSERT_EQ(inter[i], plain[i]) << isa_name(isa) << " rows " << rows << " cols " << cols << " tokens " << tokens << " i " << i;
+            }
+          }
+        }
+      }
+      if (rows == 20 && cols == 512) expect_batch_independent(m.inter, {2, 3, 5, 8, 11}, rng);
     }
   }
 }
