@@ -63,11 +63,8 @@ ResolvedSpec resolve(const SpecFlags& flags, const Vocab& target_vocab, std::uni
   if (flags.draft_weights != "stored") {
     std::string name = flags.draft_weights;
     std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
-    const std::optional<DType> type = dtype_from_name(name);
-    if (!type || (*type != DType::Q8_0 && *type != DType::Q4_0 && *type != DType::Q4_K && *type != DType::Q6_K)) {
-      throw Error("--draft-weights '" + flags.draft_weights + "' is not one of Q8_0, Q4_0, Q4_K, Q6_K or stored");
-    }
-    load.float_matrices_as = type;
+    load.float_matrices_as = dtype_from_name(name);  // which types a model converts to, Model checks
+    if (!load.float_matrices_as) throw Error("--draft-weights '" + flags.draft_weights + "' is not a type: Q8_0, Q4_0, Q4_K, Q6_K or stored");
   }
   std::shared_ptr<const gguf::File> file = open_model_file(flags.draft);
   try {

@@ -265,7 +265,7 @@ std::vector<kernels::WeightMatrix*> Model::layer_and_output_matrices() {
 
 void Model::convert_float_matrices(DType to) {
   if (!can_quantize_to(to) || to == DType::F32 || to == DType::F16 || to == DType::BF16) {
-    throw Error("model '" + file_->path() + "': matrices convert to quantized types only, not " + std::string(dtype_name(to)));
+    throw Error("model '" + file_->path() + "': float matrices convert at load to Q8_0, Q4_0, Q4_K or Q6_K, not " + std::string(dtype_name(to)));
   }
   std::vector<kernels::WeightMatrix*> matrices = layer_and_output_matrices();
   std::erase_if(matrices, [&](const kernels::WeightMatrix* m) {

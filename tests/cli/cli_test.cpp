@@ -181,8 +181,8 @@ TEST(Cli, BadSpeculationFlagsAreClearErrors) {
       {"--spec ngram --spec-tokens 0", "out of range: 1 to 64"},
       {"--spec ngram --spec-ngram 0", "--spec-ngram must be between 1 and 64"},
       {"--spec none --draft " + test::shared_model("code/code-draft-f16.gguf"), "turns speculation off"},
-      {"--draft " + test::shared_model("code/code-draft-f16.gguf") + " --draft-weights F16", "is not one of Q8_0, Q4_0, Q4_K, Q6_K or stored"},
-      {"--draft " + test::shared_model("code/code-draft-f16.gguf") + " --draft-weights int3", "is not one of Q8_0"},
+      {"--draft " + test::shared_model("code/code-draft-f16.gguf") + " --draft-weights F16", "convert at load to Q8_0, Q4_0, Q4_K or Q6_K, not F16"},
+      {"--draft " + test::shared_model("code/code-draft-f16.gguf") + " --draft-weights int3", "is not a type: Q8_0, Q4_0, Q4_K, Q6_K or stored"},
   };
   for (const auto& [flags, message] : cases) {
     const Result r = promptly(target + flags, true);
