@@ -142,15 +142,24 @@ void tile_f16x4(const std::uint16_t* group, const float* x, std::size_t k, std::
 
 void gemm_f16_x4(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x, std::size_t n_tokens, float* y,
                  std::size_t ldy) {
+  // Up to 6 tokens a pass over a group (24 sums + 4 weight vectors + 1 activation: 29 of the 32
+  // registers), the batch split evenly: 5 guesses of n-gram lookup verified in one pass rather than
+  // 4 + 1 (code target, the target's pass 1.50-1.63 -> 1.41-1.46 ms; prefill unchanged, 64 tokens
+  // 287-294 -> 302-303 GFLOP/s).
+  constexpr std::size_t kMaxTokens = 6;
   for (std::size_t r = r0; r < r1; r += 4) {
     const std::uint16_t* group = reinterpret_cast<const std::uint16_t*>(w) + r * cols;
-    std::size_t t = 0;
-    for (; t + 4 <= n_tokens; t += 4) tile_f16x4<4>(group, x, cols, t, y, ldy, r);
-    switch (n_tokens - t) {
-      case 3: tile_f16x4<3>(group, x, cols, t, y, ldy, r); break;
-      case 2: tile_f16x4<2>(group, x, cols, t, y, ldy, r); break;
-      case 1: tile_f16x4<1>(group, x, cols, t, y, ldy, r); break;
-      default: break;
+    for (std::size_t t = 0; t < n_tokens;) {
+      const std::size_t left = n_tokens - t, passes = (left + kMaxTokens - 1) / kMaxTokens, c = (left + passes - 1) / passes;
+      switch (c) {
+        case 6: tile_f16x4<6>(group, x, cols, t, y, ldy, r); break;
+        case 5: tile_f16x4<5>(group, x, cols, t, y, ldy, r); break;
+        case 4: tile_f16x4<4>(group, x, cols, t, y, ldy, r); break;
+        case 3: tile_f16x4<3>(group, x, cols, t, y, ldy, r); break;
+        case 2: tile_f16x4<2>(group, x, cols, t, y, ldy, r); break;
+        default: tile_f16x4<1>(group, x, cols, t, y, ldy, r); break;
+      }
+      t += c;
     }
   }
 }

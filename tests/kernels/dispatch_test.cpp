@@ -366,8 +366,8 @@ TEST(Dispatch, FloatWeightResultsDoNotDependOnTheBatch) {
 // F16 interleaved by 4 rows (what the model repacks F16 matrices into on AVX-512) gives the plain
 // layout's sums: on AVX-512 bit for bit (the same tile arithmetic), on the other paths through the
 // scalar reference of the layout, to rounding. Awkward sizes: one group, odd group counts, one
-// 16-column step, rows of 2048 (the prefetch runs past a group's end), token counts on both sides of
-// the 4-token tile; the rows split over two threads.
+// 16-column step, rows of 2048 (the prefetch runs past a group's end), token counts that take one
+// pass of up to 6 tokens and several (7: 4 + 3; 23: 6 + 6 + 6 + 5); the rows split over two threads.
 TEST(Dispatch, F16InterleavedGivesThePlainLayoutsSums) {
   IsaGuard guard;
   std::mt19937 rng(31);
