@@ -70,25 +70,44 @@ float Isa::dot_f32(const float* a, const float* b, std::size_t n) {
 // `bench model -p 128`, four alternations: 897 -> 1156 t/s; decode +3%). Masked loads only for the
 // tail: with them in every step the streaming GEMV lost ~20%. Each (row, token) sum takes the same
 // operations in the same order whatever R and C, so a token's result does not depend on its batch.
-template <int R, int C>
+// Interleaved4: the F16x4 layout (see repack_x16; R = 4, k a multiple of 16), one group at row r,
+// read as one sequential stream with the same arithmetic, so the same sums bit for bit.
+template <int R, int C, bool Interleaved4 = false>
 void tile_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r, const float* x, std::size_t k, std::size_t t, float* y,
               std::size_t ldy) {
+  static_assert(!Interleaved4 || R == 4);
   __m512 acc[R][C];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < C; ++j) acc[i][j] = _mm512_setzero_ps();
+  // Element e of row i is at wr[i] + e, or interleaved at wr[i] + 4e (e a multiple of 16).
+  constexpr std::size_t kElementStride = Interleaved4 ? 4 : 1;
   const std::uint16_t* wr[R];
-  for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const std::uint16_t*>(w + (r + i) * w_stride);
+  for (int i = 0; i < R; ++i) {
+    wr[i] = reinterpret_cast<const std::uint16_t*>(w + r * w_stride) + (Interleaved4 ? 16 * i : i * w_stride / 2);
+  }
   std::size_t e = 0;
   for (; e + 16 <= k; e += 16) {
-    prefetch_next_rows<R, 32>(w + r * w_stride, w_stride, e / 16);
+    if constexpr (Interleaved4) {
+      // The stream is sequential, but with several tokens the activations crowd L1 and the hardware
+      // prefetchers fill L2 only: 4 tokens over 2048 columns (BM_MatmulStreaming, 2 threads)
+      // streamed 17-21 GB/s without this and 33-37 with it (2 KiB ahead: 28-33; 16 KiB: 29-32).
+      constexpr std::size_t kPrefetchBytesAhead = 4096;
+      const char* step = reinterpret_cast<const char*>(wr[0] + 4 * e);
+      _mm_prefetch(step + kPrefetchBytesAhead, _MM_HINT_T0);
+      _mm_prefetch(step + kPrefetchBytesAhead + 64, _MM_HINT_T0);
+    } else {
+      prefetch_next_rows<R, 32>(w + r * w_stride, w_stride, e / 16);
+    }
     __m512 wv[R];
-    for (int i = 0; i < R; ++i) wv[i] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + e)));
+    for (int i = 0; i < R; ++i) {
+      wv[i] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + kElementStride * e)));
+    }
     for (int j = 0; j < C; ++j) {
       const __m512 xv = _mm512_loadu_ps(x + (t + j) * k + e);
       for (int i = 0; i < R; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
     }
   }
-  if (e < k) {
+  if (!Interleaved4 && e < k) {
     const __mmask16 m = static_cast<__mmask16>((1u << (k - e)) - 1);
     __m512 wv[R];
     for (int i = 0; i < R; ++i) wv[i] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, wr[i] + e));
@@ -113,33 +132,6 @@ void gemm_f16_512(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, s
   tiled<F16Tile512>(r0, r1, n_tokens, w, w_stride, x, k, y, ldy);
 }
 
-// C tokens against one 4-row group of the F16x4 layout (see repack_x16): tile_f16<4, C>'s arithmetic
-// in the same order, so the same sums bit for bit, read as one sequential stream.
-template <int C>
-void tile_f16x4(const std::uint16_t* group, const float* x, std::size_t k, std::size_t t, float* y, std::size_t ldy, std::size_t r) {
-  __m512 acc[4][C];
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < C; ++j) acc[i][j] = _mm512_setzero_ps();
-  const std::uint16_t* step = group;
-  // The stream is sequential, but with several tokens the activations crowd L1 and the hardware
-  // prefetchers fill L2 only: 4 tokens over 2048 columns (BM_MatmulStreaming, 2 threads) streamed
-  // 17-21 GB/s without this and 33-37 with it (2 KiB ahead: 28-33; 16 KiB: 29-32).
-  constexpr std::size_t kPrefetchBytesAhead = 4096;
-  for (std::size_t e = 0; e < k; e += 16, step += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(step) + kPrefetchBytesAhead, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(step) + kPrefetchBytesAhead + 64, _MM_HINT_T0);
-    __m512 wv[4];
-    for (int i = 0; i < 4; ++i) wv[i] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(step + 16 * i)));
-    for (int j = 0; j < C; ++j) {
-      const __m512 xv = _mm512_loadu_ps(x + (t + j) * k + e);
-      for (int i = 0; i < 4; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
-    }
-  }
-  for (int j = 0; j < C; ++j) {
-    for (int i = 0; i < 4; ++i) y[(t + j) * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
-  }
-}
-
 void gemm_f16_x4(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x, std::size_t n_tokens, float* y,
                  std::size_t ldy) {
   // Up to 6 tokens a pass over a group (24 sums + 4 weight vectors + 1 activation: 29 of the 32
@@ -147,17 +139,17 @@ void gemm_f16_x4(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::s
   // 4 + 1 (code target, the target's pass 1.50-1.63 -> 1.41-1.46 ms; prefill unchanged, 64 tokens
   // 287-294 -> 302-303 GFLOP/s).
   constexpr std::size_t kMaxTokens = 6;
+  const std::size_t stride = 2 * cols;
   for (std::size_t r = r0; r < r1; r += 4) {
-    const std::uint16_t* group = reinterpret_cast<const std::uint16_t*>(w) + r * cols;
     for (std::size_t t = 0; t < n_tokens;) {
       const std::size_t left = n_tokens - t, passes = (left + kMaxTokens - 1) / kMaxTokens, c = (left + passes - 1) / passes;
       switch (c) {
-        case 6: tile_f16x4<6>(group, x, cols, t, y, ldy, r); break;
-        case 5: tile_f16x4<5>(group, x, cols, t, y, ldy, r); break;
-        case 4: tile_f16x4<4>(group, x, cols, t, y, ldy, r); break;
-        case 3: tile_f16x4<3>(group, x, cols, t, y, ldy, r); break;
-        case 2: tile_f16x4<2>(group, x, cols, t, y, ldy, r); break;
-        default: tile_f16x4<1>(group, x, cols, t, y, ldy, r); break;
+        case 6: tile_f16<4, 6, true>(w, stride, r, x, cols, t, y, ldy); break;
+        case 5: tile_f16<4, 5, true>(w, stride, r, x, cols, t, y, ldy); break;
+        case 4: tile_f16<4, 4, true>(w, stride, r, x, cols, t, y, ldy); break;
+        case 3: tile_f16<4, 3, true>(w, stride, r, x, cols, t, y, ldy); break;
+        case 2: tile_f16<4, 2, true>(w, stride, r, x, cols, t, y, ldy); break;
+        default: tile_f16<4, 1, true>(w, stride, r, x, cols, t, y, ldy); break;
       }
       t += c;
     }
