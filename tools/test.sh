@@ -47,7 +47,7 @@ fuzz_seconds=${FUZZ_SECONDS:-60}
 if [ "$fuzz_seconds" -gt 0 ]; then
   echo "== fuzzing the GGUF reader for ${fuzz_seconds}s"
   CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DPROMPTLY_BUILD_FUZZERS=ON -DPROMPTLY_SANITIZE=ON -DPROMPTLY_BUILD_TESTS=OFF
+    -DPROMPTLY_BUILD_FUZZERS=ON -DPROMPTLY_SANITIZE=ON -DPROMPTLY_BUILD_TESTS=OFF -DPROMPTLY_CUDA=OFF
   cmake --build build/fuzz --target gguf_fuzzer jinja_fuzzer api_fuzzer -j "$jobs"
   corpus=$(mktemp -d)
   trap 'rm -rf "$corpus" "$log"' EXIT

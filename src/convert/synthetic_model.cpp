@@ -129,7 +129,7 @@ void write_family_tokenizer(gguf::Writer& w, const SyntheticModelSpec& s) {
 
 std::vector<std::string> synthetic_preset_names() {
   return {"tiny",          "tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-gemma2", "tiny-gemma3", "tiny-phi3",
-          "tiny-mixtral",  "125m",       "tinyllama-1.1b", "qwen3-0.6b", "qwen3-4b",  "gemma3-1b",  "gemma2-2b",
+          "tiny-mixtral",  "125m",       "tinyllama-1.1b", "llama3-8b", "qwen3-0.6b", "qwen3-4b",  "gemma3-1b",  "gemma2-2b",
           "phi3-mini",     "qwen3-30b-a3b", "mixtral-8x7b"};
 }
 
@@ -200,6 +200,9 @@ SyntheticModelSpec synthetic_preset(const std::string& name) {
     s.n_layer = 12; s.n_embd = 768; s.n_head = 12; s.n_head_kv = 12; s.n_ff = 2048; s.n_vocab = 32000; s.n_ctx = 2048;
   } else if (name == "tinyllama-1.1b") {
     s.n_layer = 22; s.n_embd = 2048; s.n_head = 32; s.n_head_kv = 4; s.n_ff = 5632; s.n_vocab = 32000; s.n_ctx = 8192;
+  } else if (name == "llama3-8b") {  // Llama-3-8B's shape: the GPU targets are stated at it (issue 30)
+    s.n_layer = 32; s.n_embd = 4096; s.n_head = 32; s.n_head_kv = 8; s.n_ff = 14336; s.n_vocab = 128256; s.n_ctx = 8192;
+    s.rope_freq_base = 500000.0f;
   } else {
     std::string names;
     for (const auto& n : synthetic_preset_names()) names += (names.empty() ? "" : ", ") + n;

@@ -33,7 +33,7 @@ struct SyntheticModelSpec {
 };
 
 // Presets: tiny, tiny-qwen2, tiny-qwen3, tiny-qwen3moe, tiny-gemma2, tiny-gemma3, tiny-phi3,
-// tiny-mixtral (test shapes), 125m, tinyllama-1.1b, qwen3-0.6b, qwen3-4b, gemma3-1b, gemma2-2b,
+// tiny-mixtral (test shapes), 125m, tinyllama-1.1b, llama3-8b, qwen3-0.6b, qwen3-4b, gemma3-1b, gemma2-2b,
 // phi3-mini, qwen3-30b-a3b, mixtral-8x7b (real shapes). Throws Error listing them for an unknown name.
 SyntheticModelSpec synthetic_preset(const std::string& name);
 std::vector<std::string> synthetic_preset_names();

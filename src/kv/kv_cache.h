@@ -5,6 +5,7 @@
 // scheduler".)
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -85,6 +86,14 @@ class KvCache {
   std::size_t max_positions() const { return max_positions_; }
   const BlockPool& pool() const { return pool_; }
   BlockPool& pool() { return pool_; }
+
+  // Where a device backend keeps this cache's blocks (backend/device.h): the host keeps the block
+  // tables, lengths and reference counts, the device the keys and values, block ids the same.
+  struct DeviceState {
+    virtual ~DeviceState() = default;
+  };
+  DeviceState* device_state() const { return device_state_.get(); }
+  void set_device_state(std::unique_ptr<DeviceState> state) { device_state_ = std::move(state); }
   std::size_t n_sequences() const { return seqs_.size(); }
 
  private:
@@ -102,6 +111,7 @@ class KvCache {
   std::size_t max_positions_;
   std::size_t window_ = 0;  // of the local layers, when their KV lives apart
   std::unordered_map<int, Sequence> seqs_;
+  std::unique_ptr<DeviceState> device_state_;
 };
 
 }  // namespace promptly

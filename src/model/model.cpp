@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <string>
 
+#include "backend/device.h"
 #include "kernels/cpu.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
@@ -207,7 +208,7 @@ Model::Model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::C
   }
 
   if (options.float_matrices_as) convert_float_matrices(*options.float_matrices_as);
-  repack_for_kernels();
+  if (!options.keep_file_layout) repack_for_kernels();
   if (converted_.data()) {  // the repacking may have copied every converted matrix away
     const std::uint8_t *lo = converted_.data(), *hi = lo + converted_.size();
     const auto matrices = layer_and_output_matrices();
@@ -717,6 +718,11 @@ struct Model::ForwardPass {
 bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
                     const std::function<bool(std::size_t layer)>& stop_before) const {
   if (tp_ && tp_->rank() != 0) throw Error("internal: a tensor-parallel rank other than 0 runs the passes rank 0 sends (follow_steps)");
+  if (device_) {
+    logits.clear();
+    if (batch.size() == 0) return true;
+    return device_->forward(batch, cache, logits, stop_before);
+  }
   return run_pass(batch, cache, pool, logits, tp_ ? nullptr : stop_before);
 }
 
@@ -734,6 +740,11 @@ bool Model::run_pass(const Batch& batch, KvCache& cache, ThreadPool& pool, std::
   }
   pass.finish(logits);
   return true;
+}
+
+void Model::attach_device(std::unique_ptr<backend::DeviceForward> device) {
+  if (tp_) throw Error("--device with --tp: tensor parallelism runs on CPU ranks only");
+  device_ = std::move(device);
 }
 
 Model::~Model() {

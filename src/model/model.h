@@ -21,6 +21,9 @@
 #include "util/thread_pool.h"
 
 namespace promptly {
+namespace backend {
+class DeviceForward;
+}
 
 struct LayerWeights {
   // Fused files (phi3's attn_qkv, ffn_up with gate and up) are bound as views of their row ranges.
@@ -47,6 +50,10 @@ struct ModelLoadOptions {
   // which tokens are guessed: a Q8_0 draft streams half an F16 one's bytes at the same guesses
   // (README, Speculative decoding).
   std::optional<DType> float_matrices_as;
+  // Leaves every matrix as the file stores it (no repacking into the CPU kernels' layouts): for a
+  // device backend that uploads the file's blocks (backend::place_on_device). The CPU forward pass
+  // still runs, on the plain layouts.
+  bool keep_file_layout = false;
 };
 
 class Model {
@@ -89,6 +96,23 @@ class Model {
   // up behind the window (KvCache::release_behind_window); none without a window, or under tensor
   // parallelism (the other ranks would have to follow each release: not done yet).
   LocalLayers local_layers() const;
+
+  // Hands every later forward pass to `device` (see backend/device.h); the model's host weights stay
+  // mapped (a device may read them again), but no CPU kernel runs them.
+  void attach_device(std::unique_ptr<backend::DeviceForward> device);
+  backend::DeviceForward* device() const { return device_.get(); }
+
+  // The weights as loaded, for a device backend to upload.
+  const std::vector<LayerWeights>& layers() const { return layers_; }
+  const kernels::WeightMatrix& token_embedding() const { return token_embd_; }
+  const kernels::WeightMatrix& output() const { return output_; }
+  const float* output_norm() const { return output_norm_; }
+  // RoPE speeds (n_rot / 2): the global ones for a cache of max_positions (LongRoPE's long factors
+  // past the original context), and the local layers' own (empty: they share the global ones).
+  const std::vector<float>& rope_speeds_for(std::size_t max_positions) const {
+    return !inv_freq_long_.empty() && max_positions > config_.rope_orig_ctx ? inv_freq_long_ : inv_freq_;
+  }
+  const std::vector<float>& local_rope_speeds() const { return inv_freq_local_; }
   // release_local: with local_layers() apart.
   KvCache make_cache(std::size_t max_positions, KvType type = KvType::F16, std::size_t max_sequences = 1,
                      bool release_local = false) const;
@@ -111,6 +135,7 @@ class Model {
   std::vector<float> inv_freq_local_;  // local layers' own speeds (gemma3); empty when they share inv_freq_
   HugePageBuffer repacked_;  // weights moved into kernel-friendly layouts
   HugePageBuffer converted_;  // matrices converted at load (ModelLoadOptions::float_matrices_as) and not repacked
+  std::unique_ptr<backend::DeviceForward> device_;  // set: passes run there (attach_device)
 
   struct ForwardPass;  // one call's steps (model.cpp)
   bool run_pass(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,

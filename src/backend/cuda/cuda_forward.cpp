@@ -1,0 +1,496 @@
+// The model's forward pass on a GPU: the same steps as Model::ForwardPass (model.cpp), each one a
+// kernel (kernels.cuh), over weights uploaded as the file stores them and a paged KV store whose
+// block ids are the host pool's.
+//
+// A step: the host writes the batch's tokens, positions, slots and block tables into one pinned
+// buffer, which goes up on the copy stream; the compute stream waits for it (an event), runs the
+// layers and brings back only the rows of logits that are wanted. Decode-sized batches (at most
+// kGemvMaxTokens tokens) run as a CUDA graph captured once per shape (tokens, logit rows, attention
+// chunk), since their hundreds of small launches would otherwise cost more than the work.
+// Larger batches (prefill) run their matmuls through cuBLAS on halves.
+#include "backend/cuda/cuda_forward.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/cublas_loader.h"
+#include "backend/cuda/kernels.cuh"
+#include "kv/kv_cache.h"
+#include "model/batch.h"
+#include "model/model.h"
+
+namespace promptly::backend::cuda {
+namespace {
+
+WeightFormat format_of(DType type, const std::string& what) {
+  switch (type) {
+    case DType::F32: return WeightFormat::F32;
+    case DType::F16: return WeightFormat::F16;
+    case DType::BF16: return WeightFormat::BF16;
+    case DType::Q8_0: return WeightFormat::Q8_0;
+    case DType::Q4_0: return WeightFormat::Q4_0;
+    case DType::Q4_K: return WeightFormat::Q4_K;
+    case DType::Q6_K: return WeightFormat::Q6_K;
+    default: break;
+  }
+  throw Error("--device cuda: " + what + " is stored as " + std::string(dtype_name(type)) + ", which the GPU kernels do not read");
+}
+
+// Device memory that frees itself.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t n) { resize(n); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p_, o.p_), std::swap(n_, o.n_);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (p_) cudaFree(p_);
+  }
+  // Grows (contents lost) to hold at least n; returns whether it moved.
+  bool reserve(std::size_t n) {
+    if (n <= n_) return false;
+    resize(n);
+    return true;
+  }
+  T* get() const { return p_; }
+  std::size_t size() const { return n_; }
+
+ private:
+  void resize(std::size_t n) {
+    if (p_) cudaFree(std::exchange(p_, nullptr));
+    n_ = 0;
+    if (n == 0) return;
+    void* p = nullptr;
+    const cudaError_t status = cudaMalloc(&p, n * sizeof(T));
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      std::size_t free_bytes = 0, total = 0;
+      cudaMemGetInfo(&free_bytes, &total);
+      throw Error("CUDA: could not allocate " + std::to_string(n * sizeof(T) >> 20) + " MiB on the GPU (" +
+                  std::to_string(free_bytes >> 20) + " MiB free of " + std::to_string(total >> 20) + "): " + cudaGetErrorString(status));
+    }
+    p_ = static_cast<T*>(p);
+    n_ = n;
+  }
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+struct DeviceMatrix {
+  DeviceBuffer<std::uint8_t> bytes;
+  WeightFormat format = WeightFormat::F32;
+  int rows = 0, cols = 0;
+  const std::uint8_t* data() const { return bytes.get(); }
+};
+
+struct DeviceLayer {
+  DeviceMatrix wq, wk, wv, wo, gate, up, down;
+  DeviceBuffer<float> attn_norm, ffn_norm, post_attn_norm, post_ffn_norm, q_norm, k_norm, bq, bk, bv;
+  bool local = false;
+};
+
+// The cache's keys and values on the device, block for block with the host pool.
+struct KvState : KvCache::DeviceState {
+  DeviceBuffer<__half> data;
+  DeviceKv desc{};
+  int device = 0;
+};
+
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() {
+    if (p_) cudaFreeHost(p_);
+  }
+  void reserve(std::size_t bytes) {
+    if (bytes <= n_) return;
+    if (p_) cudaFreeHost(std::exchange(p_, nullptr));
+    PROMPTLY_CUDA_CHECK(cudaMallocHost(&p_, bytes));
+    n_ = bytes;
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+class CudaForward final : public DeviceForward {
+ public:
+  CudaForward(const Model& model, int index) : model_(model), c_(model.config()), device_(index) {
+    if (c_.is_moe()) throw Error("--device cuda: mixture-of-experts layers run on the CPU only for now (run this model without --device)");
+    if (c_.head_dim > static_cast<std::uint32_t>(kMaxHeadDim) || c_.head_dim % 2) {
+      throw Error("--device cuda: heads of " + std::to_string(c_.head_dim) + " elements; the GPU attention takes even sizes up to " +
+                  std::to_string(kMaxHeadDim));
+    }
+    PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
+    cudaDeviceProp props{};
+    PROMPTLY_CUDA_CHECK(cudaGetDeviceProperties(&props, device_));
+    name_ = "cuda:" + std::to_string(device_) + " (" + props.name + ")";
+    multiprocessors_ = props.multiProcessorCount;
+    PROMPTLY_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+    PROMPTLY_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+    PROMPTLY_CUDA_CHECK(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
+    upload_weights();
+  }
+
+  ~CudaForward() override {
+    cudaSetDevice(device_);
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    if (cublas_handle_) cublas().destroy(cublas_handle_);
+    cudaEventDestroy(uploaded_);
+    cudaStreamDestroy(copy_);
+    cudaStreamDestroy(compute_);
+  }
+
+  std::string name() const override { return name_; }
+  std::size_t weight_bytes() const override { return weight_bytes_; }
+
+  bool forward(const Batch& batch, KvCache& cache, std::vector<float>& logits,
+               const std::function<bool(std::size_t layer)>& stop_before) override {
+    PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
+    const int T = static_cast<int>(batch.size());
+    check_batch(batch, cache);
+    KvState& kv = kv_state(cache);
+    for (const BlockPool::RowCopy& copy : cache.pool().take_copies()) {  // prefix sharing's copy-on-write, in order
+      copy_kv_rows(kv.desc, copy.from, static_cast<int>(copy.from_slot), copy.to, static_cast<int>(copy.to_slot),
+                   static_cast<int>(copy.n_rows), compute_);
+    }
+    const AttentionShape shape = attention_shape(batch, T);
+    const int n_out = upload_step(batch, cache, T, shape.n_splits);
+    const bool long_rope = &model_.rope_speeds_for(cache.max_positions()) != &model_.rope_speeds_for(0);
+    const float* inv_freq = long_rope ? inv_freq_long_.get() : inv_freq_.get();
+    bool finished = true;
+    if (T <= kGemvMaxTokens) {
+      // stop_before is not asked here: a graph runs whole, and a decode step is short on a GPU.
+      run_graph(T, n_out, shape, kv, inv_freq);
+    } else {
+      finished = run_layers(T, n_out, shape, kv, inv_freq, stop_before);
+    }
+    if (!finished) {
+      PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(compute_));
+      return false;
+    }
+    const std::size_t n_logits = static_cast<std::size_t>(n_out) * c_.n_vocab;
+    host_logits_.reserve(n_logits * sizeof(float));
+    if (n_logits) {
+      PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(host_logits_.as<float>(), logits_.get(), n_logits * sizeof(float), cudaMemcpyDeviceToHost, compute_));
+    }
+    PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    PROMPTLY_CUDA_CHECK(cudaGetLastError());
+    logits.assign(host_logits_.as<float>(), host_logits_.as<float>() + n_logits);
+    for (int t = 0; t < T; ++t) {  // as Model::ForwardPass::finish
+      const std::size_t len = static_cast<std::size_t>(batch.kv_slots[t]) + 1;
+      if (len > cache.length(batch.seq_ids[t])) cache.set_length(batch.seq_ids[t], len);
+    }
+    return true;
+  }
+
+ private:
+  // ---- loading -------------------------------------------------------------------------------
+  void upload(const kernels::WeightMatrix& m, DeviceMatrix& out, const std::string& what) {
+    if (!m.data) return;
+    if (m.layout != kernels::Layout::Plain) throw Error("internal: " + what + " was repacked for the CPU before its upload");
+    out.format = format_of(m.type, what);
+    out.rows = static_cast<int>(m.rows);
+    out.cols = static_cast<int>(m.cols);
+    if (m.cols % 32) throw Error("--device cuda: " + what + " has rows of " + std::to_string(m.cols) + " elements, not whole 32-element chunks");
+    const std::size_t bytes = m.rows * m.row_stride();
+    out.bytes = DeviceBuffer<std::uint8_t>(bytes);
+    PROMPTLY_CUDA_CHECK(cudaMemcpy(out.bytes.get(), m.data, bytes, cudaMemcpyHostToDevice));
+    weight_bytes_ += bytes;
+    largest_matrix_ = std::max(largest_matrix_, m.rows * m.cols);
+  }
+  void upload(const float* v, std::size_t n, DeviceBuffer<float>& out) {
+    if (!v) return;
+    out = DeviceBuffer<float>(n);
+    PROMPTLY_CUDA_CHECK(cudaMemcpy(out.get(), v, n * sizeof(float), cudaMemcpyHostToDevice));
+    weight_bytes_ += n * sizeof(float);
+  }
+
+  void upload_weights() {
+    const std::size_t D = c_.n_embd, QD = c_.q_dim(), KVD = c_.kv_dim(), HD = c_.head_dim;
+    layers_.resize(c_.n_layer);
+    for (std::size_t il = 0; il < c_.n_layer; ++il) {
+      const LayerWeights& L = model_.layers()[il];
+      DeviceLayer& d = layers_[il];
+      const std::string blk = "blk." + std::to_string(il) + ".";
+      upload(L.wq, d.wq, blk + "attn_q"), upload(L.wk, d.wk, blk + "attn_k"), upload(L.wv, d.wv, blk + "attn_v");
+      upload(L.wo, d.wo, blk + "attn_output");
+      upload(L.w_gate, d.gate, blk + "ffn_gate"), upload(L.w_up, d.up, blk + "ffn_up"), upload(L.w_down, d.down, blk + "ffn_down");
+      upload(L.attn_norm, D, d.attn_norm), upload(L.ffn_norm, D, d.ffn_norm);
+      upload(L.post_attn_norm, D, d.post_attn_norm), upload(L.post_ffn_norm, D, d.post_ffn_norm);
+      upload(L.q_norm, HD, d.q_norm), upload(L.k_norm, HD, d.k_norm);
+      upload(L.bq, QD, d.bq), upload(L.bk, KVD, d.bk), upload(L.bv, KVD, d.bv);
+      d.local = L.local;
+    }
+    upload(model_.token_embedding(), token_embd_, "token_embd");
+    upload(model_.output(), output_, "output");
+    upload(model_.output_norm(), D, output_norm_);
+    const auto& short_freq = model_.rope_speeds_for(0);
+    upload(short_freq.data(), short_freq.size(), inv_freq_);
+    // LongRoPE's long speeds, for caches past the original context (rope_speeds_for chooses by size).
+    const auto& long_freq = model_.rope_speeds_for(std::size_t{1} << 40);
+    upload(long_freq.data(), long_freq.size(), inv_freq_long_);
+    if (!model_.local_rope_speeds().empty()) upload(model_.local_rope_speeds().data(), model_.local_rope_speeds().size(), inv_freq_local_);
+  }
+
+  // ---- one step ------------------------------------------------------------------------------
+  void check_batch(const Batch& batch, KvCache& cache) const {
+    if (batch.has_tree()) throw Error("--device cuda: token trees run on the CPU only (use --spec draft or ngram)");
+    for (std::size_t t = 0; t < batch.size(); ++t) {
+      if (batch.tokens[t] < 0 || static_cast<std::uint32_t>(batch.tokens[t]) >= c_.n_vocab) {
+        throw Error("token id " + std::to_string(batch.tokens[t]) + " is outside the vocabulary of " + std::to_string(c_.n_vocab));
+      }
+      if (batch.positions[t] < 0) throw Error("negative position in batch");
+      if (batch.kv_slots[t] != batch.positions[t]) throw Error("internal: an ordinary batch token stored off its position");
+      cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.kv_slots[t]) + 1);
+    }
+  }
+
+  KvState& kv_state(KvCache& cache) {
+    if (auto* state = dynamic_cast<KvState*>(cache.device_state())) return *state;
+    auto state = std::make_unique<KvState>();
+    state->device = device_;
+    state->desc.n_layer = static_cast<int>(c_.n_layer);
+    state->desc.n_head_kv = static_cast<int>(c_.n_head_kv);
+    state->desc.head_dim = static_cast<int>(c_.head_dim);
+    state->desc.block_tokens = static_cast<int>(cache.block_tokens());
+    const std::size_t n_blocks = cache.pool().n_blocks();
+    state->data = DeviceBuffer<__half>(n_blocks * c_.n_layer * 2 * state->desc.part_elems());
+    state->desc.data = state->data.get();
+    // From here on the pool logs its copies (a prefix's last partial block copied before a
+    // sequence writes into it), and each pass repeats them here first.
+    cache.pool().take_copies();
+    cache.pool().log_copies(true);
+    KvState& ref = *state;
+    cache.set_device_state(std::move(state));
+    graphs_clear();  // the graphs hold the previous cache's pointer
+    return ref;
+  }
+
+  // Packs the step's per-token facts into one pinned buffer and sends it up; returns the number of
+  // rows that want logits.
+  int upload_step(const Batch& batch, KvCache& cache, int T, int n_splits) {
+    std::vector<std::int32_t>& h = step_host_;
+    h.assign(static_cast<std::size_t>(5 * T), 0);
+    std::int32_t *tokens = h.data(), *positions = tokens + T, *slots = positions + T, *table_start = slots + T, *out_rows = table_start + T;
+    std::vector<std::int32_t> tables;
+    std::unordered_map<int, std::int32_t> start_of;
+    int n_out = 0;
+    for (int t = 0; t < T; ++t) {
+      tokens[t] = batch.tokens[t];
+      positions[t] = batch.positions[t];
+      slots[t] = batch.kv_slots[t];
+      auto [it, fresh] = start_of.try_emplace(batch.seq_ids[t], static_cast<std::int32_t>(tables.size()));
+      if (fresh) {
+        const std::vector<int>& blocks = cache.blocks(batch.seq_ids[t]);
+        tables.insert(tables.end(), blocks.begin(), blocks.end());
+      }
+      table_start[t] = it->second;
+      if (batch.want_logits[t]) out_rows[n_out++] = t;
+    }
+    h.insert(h.end(), tables.begin(), tables.end());
+    ensure_capacity(T, n_out, n_splits, tables.size());
+    pinned_step_.reserve(h.size() * sizeof(std::int32_t));
+    // The previous step's upload must have left the pinned buffer before it is rewritten.
+    PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(copy_));
+    std::memcpy(pinned_step_.as<std::int32_t>(), h.data(), h.size() * sizeof(std::int32_t));
+    PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(step_.get(), pinned_step_.as<std::int32_t>(), h.size() * sizeof(std::int32_t),
+                                        cudaMemcpyHostToDevice, copy_));
+    PROMPTLY_CUDA_CHECK(cudaEventRecord(uploaded_, copy_));
+    PROMPTLY_CUDA_CHECK(cudaStreamWaitEvent(compute_, uploaded_, 0));
+    std::int32_t* d = step_.get();
+    meta_ = {d, d + T, d + 2 * T, d + 3 * T, d + 5 * T};
+    out_rows_ = d + 4 * T;
+    return n_out;
+  }
+
+  // How attention splits each query's context (FlashDecoding): enough splits for a pass of this
+  // size to fill the GPU (a number that depends on the token count alone), and chunks of a power
+  // of two positions that cover the batch's longest context, so that few graphs serve every length.
+  struct AttentionShape {
+    int chunk, n_splits;
+  };
+  AttentionShape attention_shape(const Batch& batch, int T) const {
+    const int longest = *std::max_element(batch.positions.begin(), batch.positions.end()) + 1;
+    const int blocks_per_split = T * static_cast<int>(c_.n_head);
+    const int n_splits = std::clamp(4 * multiprocessors_ / std::max(blocks_per_split, 1), 1, kMaxSplits);
+    const int chunk = std::max(64, (longest + n_splits - 1) / n_splits);
+    return {static_cast<int>(std::bit_ceil(static_cast<unsigned>(chunk))), n_splits};
+  }
+
+  void ensure_capacity(int T, int n_out, int n_splits, std::size_t table_entries) {
+    bool moved = false;
+    const std::size_t t = static_cast<std::size_t>(T);
+    moved |= step_.reserve(5 * t + std::max<std::size_t>(table_entries, 64));
+    moved |= x_.reserve(t * c_.n_embd);
+    moved |= xn_.reserve(t * c_.n_embd);
+    moved |= tmp_.reserve(t * c_.n_embd);
+    moved |= q_.reserve(t * c_.q_dim());
+    moved |= attn_.reserve(t * c_.q_dim());
+    moved |= k_.reserve(t * c_.kv_dim());
+    moved |= v_.reserve(t * c_.kv_dim());
+    moved |= gate_.reserve(t * c_.n_ff);
+    moved |= up_.reserve(t * c_.n_ff);
+    moved |= out_x_.reserve(std::max<std::size_t>(static_cast<std::size_t>(n_out), 1) * c_.n_embd);
+    moved |= logits_.reserve(std::max<std::size_t>(static_cast<std::size_t>(n_out), 1) * c_.n_vocab);
+    moved |= partials_.reserve(t * c_.n_head * static_cast<std::size_t>(n_splits) * (c_.head_dim + 2));
+    if (moved) graphs_clear();
+  }
+
+  void graphs_clear() {
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    graphs_.clear();
+  }
+
+  void run_graph(int T, int n_out, AttentionShape shape, KvState& kv, const float* inv_freq) {
+    const auto key = std::make_tuple(T, n_out, shape.chunk, kv.desc.data, inv_freq);
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      cudaGraph_t graph = nullptr;
+      PROMPTLY_CUDA_CHECK(cudaStreamBeginCapture(compute_, cudaStreamCaptureModeThreadLocal));
+      try {
+        run_layers(T, n_out, shape, kv, inv_freq, {});
+      } catch (...) {
+        cudaStreamEndCapture(compute_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      PROMPTLY_CUDA_CHECK(cudaStreamEndCapture(compute_, &graph));
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      PROMPTLY_CUDA_CHECK(status);
+      it = graphs_.emplace(key, exec).first;
+    }
+    PROMPTLY_CUDA_CHECK(cudaGraphLaunch(it->second, compute_));
+  }
+
+  // y[T x W.rows] = x[T x W.cols] W^T: the matrix-vector kernel for decode-sized batches, else
+  // cuBLAS on halves (the weights decoded a slice of rows at a time).
+  void matmul(const DeviceMatrix& w, const float* x, int T, float* y) {
+    if (T <= kGemvMaxTokens) {
+      gemv(w.data(), w.format, w.rows, w.cols, x, T, y, compute_);
+      return;
+    }
+    const CublasApi& api = cublas();
+    if (!cublas_handle_) {
+      if (api.create(&cublas_handle_) != CUBLAS_STATUS_SUCCESS) throw Error("cuBLAS: could not create a handle");
+      api.set_stream(cublas_handle_, compute_);
+    }
+    const std::size_t n_x = static_cast<std::size_t>(T) * w.cols;
+    x_half_.reserve(n_x);
+    float_to_half(x, n_x, x_half_.get(), compute_);
+    const float alpha = 1.0f, beta = 0.0f;
+    constexpr std::size_t kSliceElems = std::size_t{64} << 20;  // 128 MiB of halves at most
+    const int slice_rows = w.format == WeightFormat::F16 ? w.rows
+                                                          : static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(w.rows, kSliceElems / w.cols)));
+    if (w.format != WeightFormat::F16) w_half_.reserve(static_cast<std::size_t>(slice_rows) * w.cols);
+    for (int r0 = 0; r0 < w.rows; r0 += slice_rows) {
+      const int n = std::min(slice_rows, w.rows - r0);
+      const void* a;
+      if (w.format == WeightFormat::F16) {
+        a = w.data();
+      } else {
+        dequantize_to_half(w.data() + format_row_bytes(w.format, w.cols) * r0, w.format, n, w.cols, w_half_.get(), compute_);
+        a = w_half_.get();
+      }
+      // Column-major view: W^T slice (n x cols) times x^T (cols x T) into y^T's rows r0.. (ld = W.rows).
+      const cublasStatus_t status = api.gemm_ex(cublas_handle_, CUBLAS_OP_T, CUBLAS_OP_N, n, T, w.cols, &alpha, a, CUDA_R_16F, w.cols,
+                                                x_half_.get(), CUDA_R_16F, w.cols, &beta, y + r0, CUDA_R_32F, w.rows, CUBLAS_COMPUTE_32F,
+                                                CUBLAS_GEMM_DEFAULT);
+      if (status != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS: GemmEx failed: ") + api.status_string(status));
+    }
+  }
+
+  bool run_layers(int T, int n_out, AttentionShape shape, KvState& kv, const float* inv_freq,
+                  const std::function<bool(std::size_t)>& stop_before) {
+    const int D = static_cast<int>(c_.n_embd), F = static_cast<int>(c_.n_ff);
+    const float embed_scale = c_.desc->embed_scale ? std::sqrt(static_cast<float>(D)) : 1.0f;
+    embed(token_embd_.data(), token_embd_.format, D, meta_, T, embed_scale, x_.get(), compute_);
+    for (std::size_t il = 0; il < c_.n_layer; ++il) {
+      if (il > 0 && stop_before && stop_before(il)) return false;
+      const DeviceLayer& L = layers_[il];
+      // Attention sublayer (the previous FFN output joins the stream first).
+      const float* prev_post = il > 0 ? layers_[il - 1].post_ffn_norm.get() : nullptr;
+      add_rmsnorm(x_.get(), il > 0 ? tmp_.get() : nullptr, prev_post, L.attn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_);
+      matmul(L.wq, xn_.get(), T, q_.get());
+      matmul(L.wk, xn_.get(), T, k_.get());
+      matmul(L.wv, xn_.get(), T, v_.get());
+      const bool own_rope = L.local && inv_freq_local_.get();
+      QkvPost post{q_.get(), k_.get(), v_.get(), L.bq.get(), L.bk.get(), L.bv.get(), L.q_norm.get(), L.k_norm.get(),
+                   own_rope ? inv_freq_local_.get() : inv_freq, static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv),
+                   static_cast<int>(c_.head_dim), static_cast<int>(c_.n_rot), c_.rope_neox, c_.rope_attn_factor, c_.rms_eps,
+                   static_cast<int>(il)};
+      qkv_post(post, meta_, T, kv.desc, compute_);
+      AttentionArgs args{q_.get(), attn_.get(), partials_.get(), static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv),
+                         static_cast<int>(c_.head_dim), static_cast<int>(il), L.local ? static_cast<int>(c_.sliding_window) : 0,
+                         1.0f / std::sqrt(static_cast<float>(c_.head_dim)), c_.attn_softcap, shape.chunk, shape.n_splits};
+      attention(args, meta_, T, kv.desc, compute_);
+      matmul(L.wo, attn_.get(), T, tmp_.get());
+      // FFN sublayer.
+      add_rmsnorm(x_.get(), tmp_.get(), L.post_attn_norm.get(), L.ffn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_);
+      matmul(L.gate, xn_.get(), T, gate_.get());
+      matmul(L.up, xn_.get(), T, up_.get());
+      gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(T) * F, c_.desc->activation == arch::Activation::GeluTanh, compute_);
+      matmul(L.down, gate_.get(), T, tmp_.get());
+    }
+    add_rmsnorm(x_.get(), tmp_.get(), layers_.back().post_ffn_norm.get(), output_norm_.get(), D, T, c_.rms_eps, xn_.get(), compute_);
+    gather_rows(xn_.get(), out_rows_, n_out, D, out_x_.get(), compute_);
+    if (n_out > 0) matmul(output_, out_x_.get(), n_out, logits_.get());
+    if (c_.final_softcap > 0.0f) softcap(logits_.get(), static_cast<std::size_t>(n_out) * c_.n_vocab, c_.final_softcap, compute_);
+    PROMPTLY_CUDA_CHECK(cudaGetLastError());
+    return true;
+  }
+
+  static constexpr int kMaxSplits = 256;
+
+  const Model& model_;
+  const ModelConfig& c_;
+  int device_;
+  std::string name_;
+  int multiprocessors_ = 0;
+  std::size_t weight_bytes_ = 0, largest_matrix_ = 0;
+  cudaStream_t compute_ = nullptr, copy_ = nullptr;
+  cudaEvent_t uploaded_ = nullptr;
+  cublasHandle_t cublas_handle_ = nullptr;
+
+  std::vector<DeviceLayer> layers_;
+  DeviceMatrix token_embd_, output_;
+  DeviceBuffer<float> output_norm_, inv_freq_, inv_freq_long_, inv_freq_local_;
+
+  DeviceBuffer<std::int32_t> step_;
+  StepMeta meta_{};
+  const std::int32_t* out_rows_ = nullptr;
+  std::vector<std::int32_t> step_host_;
+  PinnedBuffer pinned_step_, host_logits_;
+  DeviceBuffer<float> x_, xn_, tmp_, q_, attn_, k_, v_, gate_, up_, out_x_, logits_, partials_;
+  DeviceBuffer<__half> x_half_, w_half_;
+  std::map<std::tuple<int, int, int, const __half*, const float*>, cudaGraphExec_t> graphs_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceForward> make_forward(const Model& model, int index) { return std::make_unique<CudaForward>(model, index); }
+
+}  // namespace promptly::backend::cuda

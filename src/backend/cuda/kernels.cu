@@ -1,0 +1,383 @@
+// The CUDA backend's kernels (see kernels.cuh). Written for clarity first: one warp per matrix row
+// or cached position, 32-element chunks decoded by blocks.h's decoders, float accumulation.
+#include <cfloat>
+
+#include "backend/cuda/kernels.cuh"
+
+namespace promptly::backend::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, n_warps = blockDim.x / kWarp;
+  v = warp_sum(v);
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? partial[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+__device__ __forceinline__ const __half* kv_part(const DeviceKv& kv, int block, int layer, int which) {
+  return kv.data + ((static_cast<std::size_t>(block) * kv.n_layer + layer) * 2 + which) * kv.part_elems();
+}
+
+__global__ void embed_kernel(const std::uint8_t* table, WeightFormat format, int d, StepMeta meta, float scale, float* x) {
+  const int t = blockIdx.x;
+  const std::uint8_t* row = table + format_row_bytes(format, d) * static_cast<std::size_t>(meta.tokens[t]);
+  float chunk[32];
+  for (int c = threadIdx.x; c < d / 32; c += blockDim.x) {
+    decode_chunk(format, row, c, chunk);
+    for (int l = 0; l < 32; ++l) x[static_cast<std::size_t>(t) * d + c * 32 + l] = chunk[l] * scale;
+  }
+}
+
+__global__ void add_rmsnorm_kernel(float* x, const float* delta, const float* delta_norm, const float* weight, int d, float eps,
+                                   float* out) {
+  float* xt = x + static_cast<std::size_t>(blockIdx.x) * d;
+  if (delta) {
+    const float* dt = delta + static_cast<std::size_t>(blockIdx.x) * d;
+    float delta_scale = 1.0f;
+    if (delta_norm) {
+      float ss = 0.0f;
+      for (int i = threadIdx.x; i < d; i += blockDim.x) ss += dt[i] * dt[i];
+      delta_scale = rsqrtf(block_sum(ss) / d + eps);
+    }
+    for (int i = threadIdx.x; i < d; i += blockDim.x) xt[i] += delta_norm ? dt[i] * delta_scale * delta_norm[i] : dt[i];
+  }
+  __syncthreads();
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xt[i] * xt[i];
+  const float scale = rsqrtf(block_sum(ss) / d + eps);
+  float* ot = out + static_cast<std::size_t>(blockIdx.x) * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ot[i] = xt[i] * scale * weight[i];
+}
+
+// One warp per row; each lane decodes 32-element chunks lane, lane + 32, ... and dots them with
+// every token's x.
+constexpr int kGemvWarps = 4;
+template <WeightFormat F>
+__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const std::uint8_t* w, int rows, int cols, const float* x, int T,
+                                                                  float* y) {
+  const int lane = threadIdx.x % kWarp;
+  const int row = blockIdx.x * kGemvWarps + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const std::uint8_t* wr = w + format_row_bytes(F, cols) * static_cast<std::size_t>(row);
+  float acc[kGemvMaxTokens] = {};
+  float wc[32];
+  for (int c = lane; c < cols / 32; c += kWarp) {
+    decode_chunk<F>(wr, c, wc);
+#pragma unroll
+    for (int t = 0; t < kGemvMaxTokens; ++t) {
+      if (t < T) {
+        const float4* xc = reinterpret_cast<const float4*>(x + static_cast<std::size_t>(t) * cols + c * 32);
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float4 v = __ldg(xc + i);
+          s += wc[4 * i] * v.x + wc[4 * i + 1] * v.y + wc[4 * i + 2] * v.z + wc[4 * i + 3] * v.w;
+        }
+        acc[t] += s;
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kGemvMaxTokens; ++t) {
+    if (t < T) {
+      const float s = warp_sum(acc[t]);
+      if (lane == 0) y[static_cast<std::size_t>(t) * rows + row] = s;
+    }
+  }
+}
+
+__global__ void dequantize_kernel(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out) {
+  const std::size_t chunks_per_row = cols / 32;
+  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= chunks_per_row * rows) return;
+  const std::size_t row = i / chunks_per_row;
+  const int c = static_cast<int>(i % chunks_per_row);
+  float chunk[32];
+  decode_chunk(format, w + format_row_bytes(format, cols) * row, c, chunk);
+  __half* o = out + row * cols + c * 32;
+  for (int l = 0; l < 32; ++l) o[l] = __float2half(chunk[l]);
+}
+
+__global__ void float_to_half_kernel(const float* x, std::size_t n, __half* out) {
+  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __float2half(x[i]);
+}
+
+// One block per (token, head); q heads first, then the KV heads (keys and values together).
+__global__ void qkv_post_kernel(QkvPost p, StepMeta meta, DeviceKv kv) {
+  extern __shared__ float head[];  // head_dim
+  const int t = blockIdx.x, h = blockIdx.y, hd = p.head_dim;
+  const bool is_q = h < p.n_head;
+  const int kh = h - p.n_head;
+  const float* src = is_q ? p.q + (static_cast<std::size_t>(t) * p.n_head + h) * hd : p.k + (static_cast<std::size_t>(t) * p.n_head_kv + kh) * hd;
+  const float* bias = is_q ? (p.bq ? p.bq + h * hd : nullptr) : (p.bk ? p.bk + kh * hd : nullptr);
+  const float* norm = is_q ? p.q_norm : p.k_norm;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = src[i] + (bias ? bias[i] : 0.0f);
+  __syncthreads();
+  if (norm) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += head[i] * head[i];
+    const float scale = rsqrtf(block_sum(ss) / hd + p.eps);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = head[i] * scale * norm[i];
+    __syncthreads();
+  }
+  const int half = p.n_rot / 2;
+  const float position = static_cast<float>(meta.positions[t]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const int a = p.neox ? i : 2 * i, b = p.neox ? i + half : 2 * i + 1;
+    const float theta = position * p.inv_freq[i];
+    // Accurate sine and cosine (not the fast intrinsics): angles reach tens of thousands of radians.
+    float s, c;
+    sincosf(theta, &s, &c);
+    c *= p.attn_factor, s *= p.attn_factor;
+    const float x0 = head[a], x1 = head[b];
+    head[a] = x0 * c - x1 * s;
+    head[b] = x0 * s + x1 * c;
+  }
+  __syncthreads();
+  if (is_q) {
+    float* dst = p.q + (static_cast<std::size_t>(t) * p.n_head + h) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = head[i];
+    return;
+  }
+  const int slot = meta.slots[t];
+  const int block = meta.tables[meta.table_start[t] + slot / kv.block_tokens];
+  const std::size_t row = (static_cast<std::size_t>(kh) * kv.block_tokens + slot % kv.block_tokens) * hd;
+  __half* key = const_cast<__half*>(kv_part(kv, block, p.layer, 0)) + row;
+  __half* value = const_cast<__half*>(kv_part(kv, block, p.layer, 1)) + row;
+  const float* v = p.v + (static_cast<std::size_t>(t) * p.n_head_kv + kh) * hd;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    key[i] = __float2half(head[i]);
+    value[i] = __float2half(v[i] + (p.bv ? p.bv[kh * hd + i] : 0.0f));
+  }
+}
+
+// One block (4 warps) per (token, head, split); each warp walks every 4th position of the split
+// with its own running softmax, and the warps' states merge at the end.
+constexpr int kAttentionWarps = 4;
+constexpr int kPerLane = kMaxHeadDim / kWarp;
+__global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(AttentionArgs a, StepMeta meta, DeviceKv kv) {
+  const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, hd = a.head_dim;
+  const int kh = h / (a.n_head / a.n_head_kv);
+  const int end = meta.positions[t] + 1;
+  const int first = a.window > 0 && end > a.window ? end - a.window : 0;
+  const int begin = max(first, split * a.chunk), stop = min(end, (split + 1) * a.chunk);
+  float q[kPerLane], acc[kPerLane];
+  const float* qh = a.q + (static_cast<std::size_t>(t) * a.n_head + h) * hd;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int d = lane + j * kWarp;
+    q[j] = d < hd ? qh[d] : 0.0f;
+    acc[j] = 0.0f;
+  }
+  float m = -FLT_MAX, l = 0.0f;
+  const std::int32_t* table = meta.tables + meta.table_start[t];
+  for (int pos = begin + warp; pos < stop; pos += kAttentionWarps) {
+    const int block = table[pos / kv.block_tokens];
+    const std::size_t row = (static_cast<std::size_t>(kh) * kv.block_tokens + pos % kv.block_tokens) * hd;
+    const __half* key = kv_part(kv, block, a.layer, 0) + row;
+    const __half* value = kv_part(kv, block, a.layer, 1) + row;
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int d = lane + j * kWarp;
+      if (d < hd) dot += q[j] * __half2float(key[d]);
+    }
+    float score = warp_sum(dot) * a.scale;
+    if (a.softcap > 0.0f) score = a.softcap * tanhf(score / a.softcap);
+    const float m_new = fmaxf(m, score);
+    const float correction = __expf(m - m_new), w = __expf(score - m_new);
+    l = l * correction + w;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int d = lane + j * kWarp;
+      acc[j] = acc[j] * correction + (d < hd ? w * __half2float(value[d]) : 0.0f);
+    }
+    m = m_new;
+  }
+  __shared__ float warp_m[kAttentionWarps], warp_l[kAttentionWarps];
+  __shared__ float warp_acc[kAttentionWarps][kMaxHeadDim];
+  if (lane == 0) warp_m[warp] = m, warp_l[warp] = l;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int d = lane + j * kWarp;
+    if (d < hd) warp_acc[warp][d] = acc[j];
+  }
+  __syncthreads();
+  float* out = a.partials + ((static_cast<std::size_t>(t) * a.n_head + h) * a.n_splits + split) * (hd + 2);
+  float top = -FLT_MAX;
+  for (int w = 0; w < kAttentionWarps; ++w) top = fmaxf(top, warp_m[w]);
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < kAttentionWarps; ++w) sum += warp_l[w] > 0.0f ? warp_acc[w][d] * __expf(warp_m[w] - top) : 0.0f;
+    out[d] = sum;
+  }
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int w = 0; w < kAttentionWarps; ++w) sum += warp_l[w] > 0.0f ? warp_l[w] * __expf(warp_m[w] - top) : 0.0f;
+    out[hd] = top;
+    out[hd + 1] = sum;
+  }
+}
+
+__global__ void attention_combine_kernel(AttentionArgs a) {
+  const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
+  const float* parts = a.partials + (static_cast<std::size_t>(t) * a.n_head + h) * a.n_splits * (hd + 2);
+  float top = -FLT_MAX;
+  for (int s = 0; s < a.n_splits; ++s) {
+    if (parts[s * (hd + 2) + hd + 1] > 0.0f) top = fmaxf(top, parts[s * (hd + 2) + hd]);
+  }
+  float total = 0.0f;
+  for (int s = 0; s < a.n_splits; ++s) {
+    const float l = parts[s * (hd + 2) + hd + 1];
+    if (l > 0.0f) total += l * __expf(parts[s * (hd + 2) + hd] - top);
+  }
+  float* out = a.out + (static_cast<std::size_t>(t) * a.n_head + h) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int s = 0; s < a.n_splits; ++s) {
+      if (parts[s * (hd + 2) + hd + 1] > 0.0f) sum += parts[s * (hd + 2) + d] * __expf(parts[s * (hd + 2) + hd] - top);
+    }
+    out[d] = total > 0.0f ? sum / total : 0.0f;
+  }
+}
+
+__global__ void gated_activation_kernel(float* gate, const float* up, std::size_t n, bool gelu) {
+  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float g = gate[i];
+  float act;
+  if (gelu) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    act = 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
+  } else {
+    act = g / (1.0f + expf(-g));
+  }
+  gate[i] = act * up[i];
+}
+
+__global__ void gather_rows_kernel(const float* src, const std::int32_t* rows, int d, float* dst) {
+  const float* s = src + static_cast<std::size_t>(rows[blockIdx.x]) * d;
+  float* o = dst + static_cast<std::size_t>(blockIdx.x) * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = s[i];
+}
+
+__global__ void softcap_kernel(float* x, std::size_t n, float cap) {
+  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = cap * tanhf(x[i] / cap);
+}
+
+// blockIdx.x: (layer, K or V, head); the threads walk the rows' halves.
+__global__ void copy_kv_rows_kernel(DeviceKv kv, int from, int from_slot, int to, int to_slot, int n_rows) {
+  const int layer = blockIdx.x / (2 * kv.n_head_kv), which = blockIdx.x / kv.n_head_kv % 2, head = blockIdx.x % kv.n_head_kv;
+  const std::size_t head_rows = static_cast<std::size_t>(head) * kv.block_tokens;
+  const __half* src = kv_part(kv, from, layer, which) + (head_rows + from_slot) * kv.head_dim;
+  __half* dst = const_cast<__half*>(kv_part(kv, to, layer, which)) + (head_rows + to_slot) * kv.head_dim;
+  const int n = n_rows * kv.head_dim;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
+__global__ void argmax_kernel(const float* logits, int n, std::int32_t* out) {
+  const float* row = logits + static_cast<std::size_t>(blockIdx.x) * n;
+  float best = -FLT_MAX;
+  int best_i = n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    if (row[i] > best) best = row[i], best_i = i;  // strided: a thread's first maximum is its lowest index
+  }
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+    if (ob > best || (ob == best && oi < best_i)) best = ob, best_i = oi;
+  }
+  __shared__ float wb[32];
+  __shared__ int wi[32];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (lane == 0) wb[warp] = best, wi[warp] = best_i;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w) {
+      if (wb[w] > best || (wb[w] == best && wi[w] < best_i)) best = wb[w], best_i = wi[w];
+    }
+    out[blockIdx.x] = best_i < n ? best_i : 0;
+  }
+}
+
+unsigned blocks_for(std::size_t n, unsigned threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+}  // namespace
+
+void embed(const std::uint8_t* table, WeightFormat format, int d, const StepMeta& meta, int T, float scale, float* x, cudaStream_t stream) {
+  embed_kernel<<<T, 128, 0, stream>>>(table, format, d, meta, scale, x);
+}
+
+void add_rmsnorm(float* x, const float* delta, const float* delta_norm, const float* weight, int d, int T, float eps, float* out,
+                 cudaStream_t stream) {
+  add_rmsnorm_kernel<<<T, 256, 0, stream>>>(x, delta, delta_norm, weight, d, eps, out);
+}
+
+void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const float* x, int T, float* y, cudaStream_t stream) {
+  const dim3 grid(blocks_for(static_cast<std::size_t>(rows), kGemvWarps)), block(kGemvWarps * kWarp);
+  switch (format) {
+    case WeightFormat::F32: gemv_kernel<WeightFormat::F32><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
+    case WeightFormat::F16: gemv_kernel<WeightFormat::F16><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
+    case WeightFormat::BF16: gemv_kernel<WeightFormat::BF16><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
+    case WeightFormat::Q8_0: gemv_kernel<WeightFormat::Q8_0><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
+    case WeightFormat::Q4_0: gemv_kernel<WeightFormat::Q4_0><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
+    case WeightFormat::Q4_K: gemv_kernel<WeightFormat::Q4_K><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
+    case WeightFormat::Q6_K: gemv_kernel<WeightFormat::Q6_K><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
+  }
+}
+
+void dequantize_to_half(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out, cudaStream_t stream) {
+  const std::size_t n = static_cast<std::size_t>(rows) * (cols / 32);
+  dequantize_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(w, format, rows, cols, out);
+}
+
+void float_to_half(const float* x, std::size_t n, __half* out, cudaStream_t stream) {
+  float_to_half_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, n, out);
+}
+
+void qkv_post(const QkvPost& p, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream) {
+  const dim3 grid(T, p.n_head + p.n_head_kv);
+  qkv_post_kernel<<<grid, 128, p.head_dim * sizeof(float), stream>>>(p, meta, kv);
+}
+
+void attention(const AttentionArgs& a, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream) {
+  attention_kernel<<<dim3(T, a.n_head, a.n_splits), kAttentionWarps * kWarp, 0, stream>>>(a, meta, kv);
+  attention_combine_kernel<<<dim3(T, a.n_head), 128, 0, stream>>>(a);
+}
+
+void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cudaStream_t stream) {
+  gated_activation_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n, gelu);
+}
+
+void gather_rows(const float* src, const std::int32_t* rows, int n, int d, float* dst, cudaStream_t stream) {
+  if (n > 0) gather_rows_kernel<<<n, 256, 0, stream>>>(src, rows, d, dst);
+}
+
+void softcap(float* x, std::size_t n, float cap, cudaStream_t stream) {
+  if (n > 0) softcap_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, n, cap);
+}
+
+void copy_kv_rows(const DeviceKv& kv, int from, int from_slot, int to, int to_slot, int n_rows, cudaStream_t stream) {
+  copy_kv_rows_kernel<<<kv.n_layer * 2 * kv.n_head_kv, 256, 0, stream>>>(kv, from, from_slot, to, to_slot, n_rows);
+}
+
+void argmax_rows(const float* logits, int T, int n, std::int32_t* out, cudaStream_t stream) {
+  if (T > 0) argmax_kernel<<<T, 1024, 0, stream>>>(logits, n, out);
+}
+
+}  // namespace promptly::backend::cuda

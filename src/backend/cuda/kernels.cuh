@@ -1,0 +1,101 @@
+#pragma once
+// The CUDA backend's kernels, as host functions that launch them on a stream. Shapes and pointers
+// that stay the same across decode steps are arguments; what changes every step (tokens,
+// positions, block tables, context lengths) is read from device memory, so that a step's launches
+// can be captured once in a CUDA graph and replayed (cuda_forward.cpp).
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/blocks.h"
+
+namespace promptly::backend::cuda {
+
+// Most tokens the matrix-vector kernels take at once; larger batches go through cuBLAS.
+constexpr int kGemvMaxTokens = 8;
+// Most head_dim attention takes (8 elements a lane of a warp).
+constexpr int kMaxHeadDim = 256;
+
+// Per-token facts of one pass, in device memory (written by the host before each step).
+struct StepMeta {
+  const std::int32_t* tokens;       // [T]
+  const std::int32_t* positions;    // [T] what RoPE rotates by; the query sees positions [0, position]
+  const std::int32_t* slots;        // [T] where its K/V go (its position)
+  const std::int32_t* table_start;  // [T] where its sequence's block table starts in `tables`
+  const std::int32_t* tables;       // block ids, sequence after sequence
+};
+
+// The paged KV store on the device: for block b and layer l, keys then values, each n_head_kv runs
+// of block_tokens rows of head_dim halves (the host pool's head-by-head order).
+struct DeviceKv {
+  __half* data;
+  int n_layer;
+  int n_head_kv;
+  int head_dim;
+  int block_tokens;
+  // Halves from one block's (layer, K or V) part to the next.
+  PROMPTLY_HD std::size_t part_elems() const { return static_cast<std::size_t>(block_tokens) * n_head_kv * head_dim; }
+};
+
+// x[t] = row tokens[t] of the embedding table (decoded) times scale.
+void embed(const std::uint8_t* table, WeightFormat format, int d, const StepMeta& meta, int T, float scale, float* x,
+           cudaStream_t stream);
+
+// Per token: if delta: x += (delta_norm ? rmsnorm(delta) * delta_norm : delta); then out = rmsnorm(x) * weight.
+void add_rmsnorm(float* x, const float* delta, const float* delta_norm, const float* weight, int d, int T, float eps, float* out,
+                 cudaStream_t stream);
+
+// y[t][r] = W[r] . x[t] for T <= kGemvMaxTokens tokens (W rows of `cols` elements in `format`).
+void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const float* x, int T, float* y, cudaStream_t stream);
+
+// W decoded to halves (rows x cols, row-major), for cuBLAS.
+void dequantize_to_half(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out, cudaStream_t stream);
+void float_to_half(const float* x, std::size_t n, __half* out, cudaStream_t stream);
+
+// After the q/k/v matmuls: biases, per-head norms, RoPE (angles from the positions and inv_freq),
+// keys and values stored into the paged cache at their slots; q rotated in place.
+struct QkvPost {
+  float* q;
+  const float* k;
+  const float* v;
+  const float *bq, *bk, *bv;          // null: none
+  const float *q_norm, *k_norm;       // null: none
+  const float* inv_freq;              // n_rot / 2 speeds
+  int n_head, n_head_kv, head_dim, n_rot;
+  bool neox;
+  float attn_factor, eps;
+  int layer;
+};
+void qkv_post(const QkvPost& p, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream);
+
+// Causal attention over the paged cache, split over the context in chunks of `chunk` positions
+// (FlashDecoding): partials [T][n_head][n_splits][head_dim + 2], then combined into out [T][n_head * head_dim].
+struct AttentionArgs {
+  const float* q;
+  float* out;
+  float* partials;
+  int n_head, n_head_kv, head_dim, layer;
+  int window;  // 0: none
+  float scale, softcap;
+  int chunk, n_splits;
+};
+void attention(const AttentionArgs& a, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream);
+
+// gate = act(gate) * up over n values (SwiGLU, or GeGLU with tanh when gelu).
+void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cudaStream_t stream);
+
+// dst[i] = src[rows[i]] (d floats each), for the rows that want logits.
+void gather_rows(const float* src, const std::int32_t* rows, int n, int d, float* dst, cudaStream_t stream);
+// x = cap * tanh(x / cap).
+void softcap(float* x, std::size_t n, float cap, cudaStream_t stream);
+
+// One host pool copy (BlockPool::RowCopy) repeated on the device: n_rows positions of every layer,
+// keys and values, from (from, from_slot) on to (to, to_slot) on.
+void copy_kv_rows(const DeviceKv& kv, int from, int from_slot, int to, int to_slot, int n_rows, cudaStream_t stream);
+
+// out[t] = argmax over n of logits[t] (ties: the lowest index), for greedy sampling on the device.
+void argmax_rows(const float* logits, int T, int n, std::int32_t* out, cudaStream_t stream);
+
+}  // namespace promptly::backend::cuda

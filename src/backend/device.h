@@ -1,0 +1,57 @@
+#pragma once
+// The device seam: where a model's forward pass runs. The CPU path is Model's own (kernels/);
+// `--device cuda[:N]` moves weights, KV blocks and activations to an NVIDIA GPU (backend/cuda/)
+// when the binary was built with CUDA and the machine has one. Everything above the forward pass
+// (scheduler, prefix tree, sampling, server) is the same code on either.
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace promptly {
+class KvCache;
+class Model;
+struct Batch;
+}  // namespace promptly
+
+namespace promptly::backend {
+
+struct DeviceSpec {
+  enum class Kind { Cpu, Cuda };
+  Kind kind = Kind::Cpu;
+  int index = 0;  // cuda:N
+  bool is_cuda() const { return kind == Kind::Cuda; }
+};
+
+// "cpu", "cuda" (device 0) or "cuda:N"; throws Error naming what is accepted otherwise.
+DeviceSpec parse_device(std::string_view text);
+std::string to_string(const DeviceSpec& spec);
+
+// Whether this binary can run on `spec` here; when not, `why` says what is missing in words a user
+// can act on (built without CUDA, no driver, no such device).
+bool device_usable(const DeviceSpec& spec, std::string& why);
+
+// One line per CUDA device this process sees ("cuda:0 NVIDIA H200, 139.8 GiB, compute 9.0"), or
+// one line saying why there are none.
+std::vector<std::string> describe_devices();
+
+// A model's forward pass on a device. Model::forward hands its batches here once one is attached
+// (see place_on_device); the KvCache keeps its block tables and lengths on the host as always, and
+// the device keeps the blocks' contents (KvCache::device_state).
+class DeviceForward {
+ public:
+  virtual ~DeviceForward() = default;
+  // Model::forward's contract, on the device.
+  virtual bool forward(const Batch& batch, KvCache& cache, std::vector<float>& logits,
+                       const std::function<bool(std::size_t layer)>& stop_before) = 0;
+  virtual std::string name() const = 0;  // "cuda:0 (NVIDIA H200)"
+  // Bytes of device memory the weights take.
+  virtual std::size_t weight_bytes() const = 0;
+};
+
+// Attaches a device forward pass to `model` (loaded with ModelLoadOptions::keep_file_layout). Throws
+// Error when the model has a part the device does not run yet (named), or the device cannot be used.
+void place_on_device(Model& model, const DeviceSpec& spec);
+
+}  // namespace promptly::backend

@@ -1,0 +1,23 @@
+#pragma once
+// A GPU's utilisation and memory, as nvidia-smi shows them, for serve's /metrics. Read through NVML
+// (the driver's management library), opened at run time: the binary neither links nor needs it, and
+// a machine without an NVIDIA driver just has no GPU statistics.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace promptly::backend {
+
+struct GpuStats {
+  double utilization_perc = 0;  // of the last sample period (1/6 s to 1 s, by product), 0 to 100
+  std::uint64_t memory_used_bytes = 0;
+  std::uint64_t memory_total_bytes = 0;
+};
+
+// Statistics of NVML device `device_index` (NVML numbers devices in PCI bus order, as nvidia-smi
+// does; CUDA's cuda:N is the same device when CUDA_DEVICE_ORDER=PCI_BUS_ID and all devices are
+// visible). Thread-safe; NVML is loaded and initialised on the first call only. nullopt, with `why`
+// set when given, when there is no NVML, it fails to initialise, or there is no such device.
+std::optional<GpuStats> read_gpu_stats(int device_index, std::string* why = nullptr);
+
+}  // namespace promptly::backend

@@ -1,0 +1,325 @@
+// The CUDA backend against the CPU: each kernel on random data of awkward sizes, and whole models'
+// greedy output and logits. Every test skips, saying why, where no GPU is usable (CI, and any
+// machine without one); tools/gpu-check.sh runs them on a GPU machine.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cfloat>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/kernels.cuh"
+#include "backend/device.h"
+#include "model/model.h"
+#include "tensor/quant.h"
+#include "util/error.h"
+#include "util/fp16.h"
+
+namespace promptly::backend::cuda {
+namespace {
+
+#define REQUIRE_GPU()                                                                  \
+  do {                                                                                 \
+    std::string why;                                                                   \
+    if (!device_usable(parse_device("cuda"), why)) GTEST_SKIP() << "no GPU: " << why;  \
+  } while (0)
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
+
+template <typename T>
+struct Device {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit Device(std::size_t count) : n(count) {
+    if (cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
+  }
+  Device(const std::vector<T>& v) : Device(v.size()) { cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice); }
+  ~Device() { cudaFree(p); }
+  std::vector<T> read() const {
+    std::vector<T> v(n);
+    cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+  }
+};
+
+double relative_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+struct FormatCase {
+  DType dtype;
+  WeightFormat format;
+  int cols;
+};
+
+class GemvTest : public ::testing::TestWithParam<FormatCase> {};
+
+TEST_P(GemvTest, MatchesTheDequantizedProductForEveryTokenCount) {
+  REQUIRE_GPU();
+  const auto [dtype, format, cols] = GetParam();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  const int rows = 37;  // not a multiple of the warps a block takes
+  std::vector<float> w(static_cast<std::size_t>(rows) * cols);
+  for (float& v : w) v = normal(rng);
+  std::vector<std::uint8_t> packed(row_bytes(dtype, cols) * rows);
+  for (int r = 0; r < rows; ++r) quantize_row(dtype, &w[static_cast<std::size_t>(r) * cols], &packed[row_bytes(dtype, cols) * r], cols);
+  std::vector<float> dequantized(w.size());
+  for (int r = 0; r < rows; ++r) dequantize_row(dtype, &packed[row_bytes(dtype, cols) * r], &dequantized[static_cast<std::size_t>(r) * cols], cols);
+  Device<std::uint8_t> dw(packed);
+  for (int T = 1; T <= kGemvMaxTokens; ++T) {
+    std::vector<float> x(static_cast<std::size_t>(T) * cols);
+    for (float& v : x) v = normal(rng);
+    Device<float> dx(x), dy(static_cast<std::size_t>(T) * rows);
+    CUDA_OK(cudaMemset(dy.p, 0xff, dy.n * sizeof(float)));  // NaN: every output must be written
+    gemv(dw.p, format, rows, cols, dx.p, T, dy.p, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<double> want(static_cast<std::size_t>(T) * rows);
+    for (int t = 0; t < T; ++t) {
+      for (int r = 0; r < rows; ++r) {
+        double s = 0;
+        for (int k = 0; k < cols; ++k) s += static_cast<double>(dequantized[static_cast<std::size_t>(r) * cols + k]) * x[static_cast<std::size_t>(t) * cols + k];
+        want[static_cast<std::size_t>(t) * rows + r] = s;
+      }
+    }
+    EXPECT_LT(relative_error(dy.read(), want), 1e-5) << dtype_name(dtype) << " T " << T;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, GemvTest,
+                         ::testing::Values(FormatCase{DType::F32, WeightFormat::F32, 96}, FormatCase{DType::F16, WeightFormat::F16, 288},
+                                           FormatCase{DType::BF16, WeightFormat::BF16, 96}, FormatCase{DType::Q8_0, WeightFormat::Q8_0, 352},
+                                           FormatCase{DType::Q4_0, WeightFormat::Q4_0, 160}, FormatCase{DType::Q4_K, WeightFormat::Q4_K, 768},
+                                           FormatCase{DType::Q6_K, WeightFormat::Q6_K, 512}),
+                         [](const auto& info) { return std::string(dtype_name(info.param.dtype)); });
+
+TEST(CudaKernels, DequantizeToHalfMatchesTheReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  const int rows = 5, cols = 512;
+  std::vector<float> w(rows * cols);
+  for (float& v : w) v = normal(rng);
+  std::vector<std::uint8_t> packed(row_bytes(DType::Q4_K, cols) * rows);
+  quantize_row(DType::Q4_K, w.data(), packed.data(), w.size());
+  std::vector<float> reference(w.size());
+  dequantize_row(DType::Q4_K, packed.data(), reference.data(), w.size());
+  Device<std::uint8_t> dw(packed);
+  Device<__half> out(w.size());
+  dequantize_to_half(dw.p, WeightFormat::Q4_K, rows, cols, out.p, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<__half> got = out.read();
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    std::uint16_t bits;
+    std::memcpy(&bits, &got[i], 2);
+    ASSERT_NEAR(fp16_to_fp32(bits), reference[i], std::abs(reference[i]) * 1e-3 + 1e-4) << i;
+  }
+}
+
+// Attention over a paged cache whose blocks are scattered, with GQA, a window and a soft cap,
+// against the softmax computed here in double.
+TEST(CudaKernels, PagedAttentionMatchesTheReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  const int n_layer = 2, n_head = 6, n_head_kv = 2, hd = 80, bt = 16, n_blocks = 12, layer = 1;
+  const std::vector<int> table = {7, 2, 9, 0, 11, 4, 5};  // one sequence, 112 positions of room
+  DeviceKv kv{nullptr, n_layer, n_head_kv, hd, bt};
+  std::vector<__half> store(static_cast<std::size_t>(n_blocks) * n_layer * 2 * kv.part_elems());
+  for (auto& h : store) h = __float2half(normal(rng));
+  Device<__half> dstore(store);
+  kv.data = dstore.p;
+  const auto at = [&](int pos, int head, int which) {
+    const int block = table[pos / bt];
+    return ((static_cast<std::size_t>(block) * n_layer + layer) * 2 + which) * kv.part_elems() +
+           (static_cast<std::size_t>(head) * bt + pos % bt) * hd;
+  };
+  for (const int window : {0, 37}) {
+    for (const float cap : {0.0f, 20.0f}) {
+      const std::vector<std::int32_t> positions = {0, 45, 111};
+      const int T = static_cast<int>(positions.size());
+      // StepMeta's layout: tokens, positions, slots, table starts (T each), then the block table.
+      std::vector<std::int32_t> meta_host(static_cast<std::size_t>(4 * T), 0);
+      for (int t = 0; t < T; ++t) meta_host[T + t] = meta_host[2 * T + t] = positions[t];
+      meta_host.insert(meta_host.end(), table.begin(), table.end());
+      Device<std::int32_t> meta_dev(meta_host);
+      const StepMeta meta{meta_dev.p, meta_dev.p + T, meta_dev.p + 2 * T, meta_dev.p + 3 * T, meta_dev.p + 4 * T};
+      std::vector<float> q(static_cast<std::size_t>(T) * n_head * hd);
+      for (float& v : q) v = normal(rng);
+      Device<float> dq(q), out(q.size());
+      for (const int chunk : {64, 16}) {
+        const int n_splits = (112 + chunk - 1) / chunk;
+        Device<float> partials(static_cast<std::size_t>(T) * n_head * n_splits * (hd + 2));
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        AttentionArgs args{dq.p, out.p, partials.p, n_head, n_head_kv, hd, layer, window, scale, cap, chunk, n_splits};
+        attention(args, meta, T, kv, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        std::vector<double> want(q.size());
+        for (int t = 0; t < T; ++t) {
+          const int end = positions[t] + 1, first = window && end > window ? end - window : 0;
+          for (int h = 0; h < n_head; ++h) {
+            const int kh = h / (n_head / n_head_kv);
+            std::vector<double> score;
+            for (int p = first; p < end; ++p) {
+              double s = 0;
+              for (int d = 0; d < hd; ++d) s += q[(static_cast<std::size_t>(t) * n_head + h) * hd + d] * __half2float(store[at(p, kh, 0) + d]);
+              s *= scale;
+              if (cap > 0) s = cap * std::tanh(s / cap);
+              score.push_back(s);
+            }
+            const double top = *std::max_element(score.begin(), score.end());
+            double sum = 0;
+            for (double& s : score) sum += (s = std::exp(s - top));
+            for (int d = 0; d < hd; ++d) {
+              double o = 0;
+              for (int p = first; p < end; ++p) o += score[p - first] * __half2float(store[at(p, kh, 1) + d]);
+              want[(static_cast<std::size_t>(t) * n_head + h) * hd + d] = o / sum;
+            }
+          }
+        }
+        EXPECT_LT(relative_error(out.read(), want), 1e-5) << "window " << window << " cap " << cap << " chunk " << chunk;
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, ArgmaxTakesTheLowestIndexOfTies) {
+  REQUIRE_GPU();
+  const int n = 50000;
+  std::vector<float> logits(2 * n, -1.0f);
+  logits[123] = 5, logits[40000] = 5;       // row 0: a tie
+  logits[n + 49999] = 3;                    // row 1: the last
+  Device<float> d(logits);
+  Device<std::int32_t> out(2);
+  argmax_rows(d.p, 2, n, out.p, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(out.read(), (std::vector<std::int32_t>{123, 49999}));
+}
+
+// ---- whole models ---------------------------------------------------------------------------
+
+// The environment overrides the build's paths: tools/gpu-check.sh runs this binary on another machine.
+std::string path_from(const char* variable, const char* built_in) {
+  const char* v = std::getenv(variable);
+  return v && *v ? v : built_in;
+}
+std::string shared_model(const std::string& name) { return path_from("PROMPTLY_SHARED_MODELS", PROMPTLY_SHARED_MODELS) + "/" + name; }
+
+struct Greedy {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::vector<float>> logits;  // each step's
+};
+
+// A prompt of `prompt` tokens (prefill: through cuBLAS on the GPU past 8 tokens), then `n` greedy steps.
+Greedy run_greedy(const Model& model, const std::vector<std::int32_t>& prompt, int n, ThreadPool& pool) {
+  KvCache cache = model.make_cache(prompt.size() + n + 1, KvType::F16);
+  Greedy g;
+  Batch b;
+  for (std::size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], static_cast<std::int32_t>(i), 0, i + 1 == prompt.size());
+  std::vector<float> logits;
+  auto pos = static_cast<std::int32_t>(prompt.size());
+  for (int step = 0; step < n; ++step) {
+    model.forward(b, cache, pool, logits);
+    const auto next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    g.tokens.push_back(next);
+    g.logits.push_back(logits);
+    b.clear();
+    b.add(next, pos++, 0, true);
+  }
+  return g;
+}
+
+void expect_same_greedy(const std::string& path, int prompt_len) {
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is missing";
+  const auto file = gguf::File::open(path);
+  Model cpu(file);
+  ModelLoadOptions keep;
+  keep.keep_file_layout = true;
+  Model gpu(file, nullptr, keep);
+  place_on_device(gpu, parse_device("cuda"));
+  ThreadPool pool(2);
+  std::mt19937 rng(5);
+  std::vector<std::int32_t> prompt(static_cast<std::size_t>(prompt_len));
+  for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % cpu.config().n_vocab);
+  const Greedy want = run_greedy(cpu, prompt, 24, pool), got = run_greedy(gpu, prompt, 24, pool);
+  EXPECT_EQ(got.tokens, want.tokens) << path;
+  for (std::size_t s = 0; s < want.logits.size(); ++s) {
+    std::vector<double> ref(want.logits[s].begin(), want.logits[s].end());
+    EXPECT_LT(relative_error(got.logits[s], ref), 2e-2) << path << " step " << s;
+  }
+}
+
+TEST(CudaModel, Stories260KDecodesAsOnTheCpu) {
+  REQUIRE_GPU();
+  expect_same_greedy(shared_model("stories260K.gguf"), 5);   // matrix-vector kernels and graphs only
+  expect_same_greedy(shared_model("stories260K.gguf"), 40);  // a prefill through cuBLAS first
+}
+
+TEST(CudaModel, CodeModelsDecodeAsOnTheCpu) {
+  REQUIRE_GPU();
+  expect_same_greedy(shared_model("code/code-draft-f16.gguf"), 6);
+  expect_same_greedy(shared_model("code/code-target-f16.gguf"), 64);
+  expect_same_greedy(path_from("PROMPTLY_SOURCE_DIR", PROMPTLY_SOURCE_DIR) + "/models/promptly-code-23m-q8_0.gguf", 33);
+}
+
+// Two sequences decoding in one batch see only their own blocks.
+TEST(CudaModel, BatchedSequencesMatchTheirSoloRuns) {
+  REQUIRE_GPU();
+  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
+  ModelLoadOptions keep;
+  keep.keep_file_layout = true;
+  Model gpu(file, nullptr, keep);
+  place_on_device(gpu, parse_device("cuda"));
+  ThreadPool pool(1);
+  const std::vector<std::int32_t> a = {1, 50, 60, 70, 80, 90, 100, 110, 120, 130}, b = {1, 7, 8};
+  const Greedy solo_a = run_greedy(gpu, a, 8, pool), solo_b = run_greedy(gpu, b, 8, pool);
+  KvCache cache = gpu.make_cache(64, KvType::F16, 2);
+  Batch batch;
+  for (std::size_t i = 0; i < a.size(); ++i) batch.add(a[i], static_cast<std::int32_t>(i), 0, i + 1 == a.size());
+  for (std::size_t i = 0; i < b.size(); ++i) batch.add(b[i], static_cast<std::int32_t>(i), 1, i + 1 == b.size());
+  std::vector<float> logits;
+  std::vector<std::int32_t> got_a, got_b;
+  auto pa = static_cast<std::int32_t>(a.size()), pb = static_cast<std::int32_t>(b.size());
+  const std::size_t V = gpu.config().n_vocab;
+  for (int step = 0; step < 8; ++step) {
+    gpu.forward(batch, cache, pool, logits);
+    ASSERT_EQ(logits.size(), 2 * V);
+    const auto na = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.begin() + V) - logits.begin());
+    const auto nb = static_cast<std::int32_t>(std::max_element(logits.begin() + V, logits.end()) - logits.begin() - V);
+    got_a.push_back(na), got_b.push_back(nb);
+    batch.clear();
+    batch.add(na, pa++, 0, true);
+    batch.add(nb, pb++, 1, true);
+  }
+  EXPECT_EQ(got_a, solo_a.tokens);
+  EXPECT_EQ(got_b, solo_b.tokens);
+}
+
+TEST(CudaModel, TokenTreesAreAClearError) {
+  REQUIRE_GPU();
+  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
+  ModelLoadOptions keep;
+  keep.keep_file_layout = true;
+  Model gpu(file, nullptr, keep);
+  place_on_device(gpu, parse_device("cuda"));
+  ThreadPool pool(1);
+  KvCache cache = gpu.make_cache(64, KvType::F16);
+  Batch batch;
+  batch.add(1, 0, 0, true);
+  batch.add_tree_node(5, 0, 1, 0, 1, 1, true);
+  std::vector<float> logits;
+  EXPECT_THROW(gpu.forward(batch, cache, pool, logits), Error);
+}
+
+}  // namespace
+}  // namespace promptly::backend::cuda

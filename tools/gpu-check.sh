@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks on a GPU machine, sized to finish in under 8 minutes there.
+#
+#   tools/gpu-check.sh --prepare   here (no GPU needed): builds build/gpu with CUDA, with the small
+#                                  stories260K as the built-in model so that the binary stays small,
+#                                  and packs .gpu/ (binaries, the shared libraries they need beyond
+#                                  libc/libstdc++, two small models), ignored by git.
+#   tools/gpu-check.sh             on the GPU machine (the device tool's run, carry [".gpu"]):
+#                                  the GPU tests, the CLI's greedy output on GPU and CPU, the Llama-3-8B
+#                                  shape benchmarks and a serve smoke test; a summary in $OUT/gpu-summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--prepare" ]; then
+  set -e
+  shared=$(cd ../shared/models && pwd)
+  cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPROMPTLY_CUDA=ON -DPROMPTLY_BUILD_TESTS=ON \
+    -DPROMPTLY_BUILD_BENCHMARKS=OFF -DPROMPTLY_BUILTIN_MODEL="$shared/stories260K.gguf"
+  cmake --build build/gpu -j "$(nproc)" --target promptly promptly_cuda_tests
+  rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib .gpu/models/code
+  for b in promptly promptly_cuda_tests; do strip -o ".gpu/bin/$b" "build/gpu/$b"; done
+  # What the binaries link beyond the C and C++ runtimes (which the GPU machine has, newer).
+  ldd build/gpu/promptly build/gpu/promptly_cuda_tests | awk '$3 ~ /^\// {print $3}' | sort -u |
+    grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' | while read -r lib; do cp -L "$lib" .gpu/lib/; done
+  cp "$shared/stories260K.gguf" .gpu/models/
+  cp "$shared/code/code-draft-f16.gguf" .gpu/models/code/
+  grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
+  du -sh .gpu
+  echo "prepared: run 'tools/gpu-check.sh' on the GPU machine with carry [\".gpu\"]"
+  exit 0
+fi
+
+out=${OUT:-/tmp/gpu-check}
+mkdir -p "$out"
+summary="$out/gpu-summary.txt"
+: > "$summary"
+say() { echo "$*" | tee -a "$summary"; }
+test -x .gpu/bin/promptly || { echo "no .gpu/: run tools/gpu-check.sh --prepare first and carry .gpu"; exit 1; }
+export LD_LIBRARY_PATH="$PWD/.gpu/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+P=.gpu/bin/promptly
+threads=$(nproc)
+
+say "== machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$summary"
+$P devices 2>&1 | tee -a "$summary" || $P info --devices 2>&1 | tee -a "$summary"
+# The ceiling the decode floor is measured against: a device-to-device copy (bytes read + written).
+timeout 60 python3 - <<'PY' 2>&1 | tee -a "$summary"
+import torch
+x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(20): y.copy_(x)
+e.record(); torch.cuda.synchronize()
+print(f"copy bandwidth: {2 * 20 * x.numel() / (s.elapsed_time(e) / 1e3) / 1e12:.2f} TB/s (read + write)")
+PY
+
+say "== GPU tests (kernels against the CPU, greedy output of stories260K and the code models)"
+PROMPTLY_SHARED_MODELS="$PWD/.gpu/models" PROMPTLY_SOURCE_DIR="$PWD" timeout 240 .gpu/bin/promptly_cuda_tests 2>&1 | tee "$out/tests.log" | tail -n 30
+grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/tests.log" | tee -a "$summary"
+grep -E '^\[  FAILED  \]' "$out/tests.log" | tee -a "$summary"
+
+say "== the CLI: greedy text on the GPU and the CPU"
+for m in .gpu/models/stories260K.gguf models/promptly-code-23m-q8_0.gguf; do
+  cpu=$(timeout 60 $P run -m "$m" -p 'Once upon a time' -n 48 --temp 0 2>/dev/null)
+  gpu=$(timeout 60 $P run -m "$m" -p 'Once upon a time' -n 48 --temp 0 --device cuda 2>"$out/run-stderr.txt")
+  if [ -n "$gpu" ] && [ "$cpu" = "$gpu" ]; then say "same text: $m"; else say "DIFFERENT text: $m"; say "cpu: $cpu"; say "gpu: $gpu"; cat "$out/run-stderr.txt" >> "$summary"; fi
+done
+
+say "== Llama-3-8B shape, random weights (targets: Q4_K decode >= 80% of the HBM floor; prefill 512 <= 40 ms; F16 prefill >= 50% of bf16 peak)"
+for dtype in Q4_K F16; do
+  f=/tmp/llama3-8b-$dtype.gguf
+  ( time timeout 200 $P gen-model --preset llama3-8b --dtype $dtype -t "$threads" -o "$f" ) > "$out/gen-$dtype.log" 2>&1 || { say "gen-model $dtype failed"; tail -n 5 "$out/gen-$dtype.log" | tee -a "$summary"; continue; }
+  say "$dtype: $(du -h "$f" | cut -f1) on disk"
+  timeout 240 $P bench model -m "$f" --device cuda -p 512 -n 128 -r 3 2>&1 | tee "$out/bench-$dtype.log" | tail -n 15 | tee -a "$summary"
+  rm -f "$f"
+done
+
+say "== serve --device cuda: a chat completion and the GPU gauges"
+$P serve -m .gpu/models/stories260K.gguf --device cuda --port 18181 > "$out/serve.log" 2>&1 &
+server=$!
+for _ in $(seq 1 60); do curl -sf localhost:18181/health > /dev/null 2>&1 && break; sleep 0.5; done
+curl -s localhost:18181/v1/completions -H 'Content-Type: application/json' \
+  -d '{"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0}' | tee -a "$summary"; echo | tee -a "$summary"
+curl -s localhost:18181/metrics | grep -E '^promptly:gpu_' | tee -a "$summary"
+kill $server 2>/dev/null; wait $server 2>/dev/null
+tail -n 5 "$out/serve.log" >> "$summary"
+say "== done"
