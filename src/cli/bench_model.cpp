@@ -93,9 +93,11 @@ double measure_int8_tops(ThreadPool& pool) {
 
 int bench_model(const BenchModelOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_thread_count();
+  const backend::DeviceSpec device = resolve_device(o.device, o.tp);
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   const auto tp = join_tensor_parallel(o.tp);
-  Model model(file, tp);
+  const std::unique_ptr<Model> loaded = load_model(file, tp, device);
+  Model& model = *loaded;
   if (tp && tp->rank() != 0) return follow_rank0(model, threads, -1);
   ThreadPool pool(threads);
   const ModelConfig& c = model.full_config();
@@ -189,7 +191,7 @@ int bench_model(const BenchModelOptions& o) {
   nlohmann::json j = {
       {"model", o.model}, {"type", type}, {"file_mb", file_mb}, {"params_m", static_cast<double>(params) / 1e6},
       {"active_params_m", static_cast<double>(active_params) / 1e6},
-      {"threads", threads}, {"tp", o.tp}, {"tg_tp_collectives_per_token", tg_tp_collectives},
+      {"threads", threads}, {"tp", o.tp}, {"device", backend::to_string(device)}, {"tg_tp_collectives_per_token", tg_tp_collectives},
       {"tg_tp_collective_share", tg_tp_share.empty() ? 0.0 : stats(tg_tp_share).median}, {"isa", kernels::isa_name(kernels::active_isa())}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"depth", o.depth},
       {"repetitions", o.repetitions}, {"pp_tps", {{"mean", pp.mean}, {"stddev", pp.stddev}, {"median", pp.median}}},
       {"tg_tps", {{"mean", tg.mean}, {"stddev", tg.stddev}, {"median", tg.median}}},

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "backend/device.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "spec/proposer.h"
@@ -33,6 +34,20 @@ std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Voca
 // model, when there is one, is loaded into `draft_model`.
 void apply_spec_flags(const SpecFlags& flags, const Vocab& target_vocab, EngineOptions& engine, std::unique_ptr<Model>& draft_model);
 
+// --device, shared by run, serve, bench model and perplexity (device_flags.cpp). Where the model
+// will run: the flag parsed (Error on a bad value) and refused with --tp R > 1; the CPU, with a
+// warning on stderr, when it names a GPU that this binary or machine cannot use.
+backend::DeviceSpec resolve_device(const std::string& flag, int tp_ranks);
+// Loads the model for `device` (resolve_device's answer). On a GPU: in the file's own layout, which
+// the device uploads, then placed there, saying so on stderr.
+std::unique_ptr<Model> load_model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::Communicator> tp,
+                                  const backend::DeviceSpec& device);
+// Refuses what runs on the CPU only yet, naming the flag to change: token trees (--spec tree) and
+// the KV spool (`kv_spool_on`: the user asked for one).
+void check_runs_on_device(const backend::DeviceSpec& device, const SpecFlags& spec, bool kv_spool_on);
+// `promptly devices`: the GPUs this binary can run on, or why there are none.
+int devices();
+
 // Tensor parallelism (--tp R, under mpirun -n R): joins the MPI world; null for R = 1. Throws Error
 // for R < 1 or a world of another size.
 std::shared_ptr<parallel::Communicator> join_tensor_parallel(int ranks);
@@ -56,6 +71,7 @@ struct RunOptions {
   std::string kv_spool_size = "10%";
   std::string json_schema;  // output constrained to this JSON Schema (a file), or
   std::string grammar;      // to this GBNF grammar (a file)
+  std::string device = "cpu";  // --device: cpu, cuda or cuda:N
 };
 int run(const RunOptions& o);
 
@@ -96,6 +112,7 @@ struct PerplexityOptions {
   std::string kld_base;     // compare against a file written by --save-logits
   std::size_t top_k = 64;
   bool json = false;
+  std::string device = "cpu";  // --device: the model (and the reference) run there
 };
 int perplexity(const PerplexityOptions& o);
 
@@ -147,6 +164,7 @@ struct BenchModelOptions {
   double int8_peak_tops = 1.9;  // this machine's int8 VNNI peak (2 cores), the prefill reference
   int tp = 1;                   // tensor-parallel ranks (started by mpirun -n tp)
   bool json = false;
+  std::string device = "cpu";   // --device: cpu, cuda or cuda:N
 };
 int bench_model(const BenchModelOptions& o);
 
@@ -255,6 +273,7 @@ struct ServeOptions {
   std::size_t spec_max_streams = 2;
   bool no_webui = false;
   int tp = 1;  // tensor-parallel ranks (started by mpirun -n tp)
+  std::string device = "cpu";  // --device: cpu, cuda or cuda:N
 };
 int serve(const ServeOptions& o);
 // serve's KV spool when --kv-spool is not given: $XDG_CACHE_HOME/promptly/kv-spool, else

@@ -44,6 +44,12 @@ int main(int argc, char** argv) {
                     "exactly the target's) or stored (as in the file)")
         ->capture_default_str();
   };
+  auto add_device_flag = [](CLI::App* cmd, std::string& device) {
+    cmd->add_option("--device", device,
+                    "Where the model runs: cpu, cuda (the first GPU) or cuda:N. Without a usable GPU (no NVIDIA driver or device, or a "
+                    "promptly built without CUDA) it warns and runs on the CPU; `promptly devices` lists the GPUs")
+        ->capture_default_str();
+  };
   CLI::App app{"Promptly: low-latency LLM inference for GGUF models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "promptly 0.1.0");
@@ -77,12 +83,15 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--json", run.json, "Print one JSON object with ids, text and timings instead of streaming");
   add_spec_flags(run_cmd, run.spec);
   run_cmd->add_option("--tp", run.tp, "Tensor-parallel ranks: run under mpirun -n R, each rank holding 1/R of every layer")->capture_default_str();
+  add_device_flag(run_cmd, run.device);
 
   cli::InfoOptions info;
   auto* info_cmd = app.add_subcommand("info", "Describe a GGUF model: architecture, shape, tensor types, tokenizer");
   info_cmd->add_option("model", info.model, "GGUF file")->required();
   info_cmd->add_flag("--tensors", info.tensors, "List every tensor");
   info_cmd->add_flag("--metadata", info.metadata, "List every metadata key");
+
+  auto* devices_cmd = app.add_subcommand("devices", "List the GPUs --device can name (cuda:N), or say why there are none");
 
   cli::GenModelOptions gen;
   auto* gen_cmd = app.add_subcommand("gen-model", "Write a random-weight model with a real shape");
@@ -119,6 +128,7 @@ int main(int argc, char** argv) {
   ppl_cmd->add_option("--kld-base", ppl.kld_base, "Compare against a file written by --save-logits instead of loading the reference");
   ppl_cmd->add_option("--top-k", ppl.top_k, "Log-probabilities kept per position by --save-logits")->capture_default_str();
   ppl_cmd->add_flag("--json", ppl.json, "Print one JSON object");
+  add_device_flag(ppl_cmd, ppl.device);
 
   cli::TokenizeOptions tokz;
   auto* tok_cmd = app.add_subcommand("tokenize", "Print the token ids of a text as a JSON array");
@@ -169,6 +179,7 @@ int main(int argc, char** argv) {
   bmod_cmd->add_option("-t,--threads", bmod.threads, "Threads (default: all cores)");
   bmod_cmd->add_option("--int8-peak-tops", bmod.int8_peak_tops, "int8 peak of this machine, for the prefill fraction")->capture_default_str();
   bmod_cmd->add_option("--tp", bmod.tp, "Tensor-parallel ranks: run under mpirun -n R (each rank gets --threads threads)")->capture_default_str();
+  add_device_flag(bmod_cmd, bmod.device);
   bmod_cmd->add_flag("--json", bmod.json, "Print JSON");
 
   cli::BenchSpecOptions bspec;
@@ -266,6 +277,7 @@ int main(int argc, char** argv) {
                         "Tensor-parallel ranks: run under mpirun -n R; rank 0 serves HTTP and schedules, every rank holds 1/R of each layer "
                         "(and of the KV cache)")
       ->capture_default_str();
+  add_device_flag(serve_cmd, srv.device);
   serve_cmd->add_option("-c,--ctx-size", srv.ctx_size, "Context per request (default: the model's)");
   serve_cmd->add_option("--max-running", srv.max_running, "Requests computed at once")->capture_default_str();
   serve_cmd->add_option("--max-queue", srv.max_queue, "Waiting requests beyond this get 429")->capture_default_str();
@@ -294,6 +306,7 @@ int main(int argc, char** argv) {
   try {
     if (*run_cmd) return cli::run(run);
     if (*info_cmd) return cli::info(info);
+    if (*devices_cmd) return cli::devices();
     if (*gen_cmd) return cli::gen_model(gen);
     if (*quant_cmd) return cli::quantize(quant);
     if (*ppl_cmd) return cli::perplexity(ppl);

@@ -23,10 +23,10 @@ struct Loaded {
   std::unique_ptr<Model> model;
 };
 
-Loaded load(const std::string& path) {
+Loaded load(const std::string& path, const backend::DeviceSpec& device) {
   Loaded l;
   l.file = open_model_file(path);
-  l.model = std::make_unique<Model>(l.file);
+  l.model = load_model(l.file, nullptr, device);
   return l;
 }
 
@@ -38,11 +38,12 @@ int perplexity(const PerplexityOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_thread_count();
   ThreadPool pool(threads);
 
-  Loaded cand = load(o.model);
+  const backend::DeviceSpec device = resolve_device(o.device, /*tp_ranks=*/1);
+  Loaded cand = load(o.model, device);
   Tokenizer tokenizer(Vocab::from_gguf(*cand.file));
   Loaded ref;
   if (!o.kld_ref.empty()) {
-    ref = load(o.kld_ref);
+    ref = load(o.kld_ref, device);
     // Same size is checked by evaluate_perplexity; the same tokens here, where the vocabularies are.
     const Vocab ref_vocab = Vocab::from_gguf(*ref.file);
     const Vocab& v = tokenizer.vocab();

@@ -28,12 +28,15 @@ int run(const RunOptions& o) {
     prompt = read_file(o.prompt_file, "prompt file");
   }
 
+  const backend::DeviceSpec device = resolve_device(o.device, o.tp);
+  check_runs_on_device(device, o.spec, !o.kv_spool.empty());
   const auto t_load = SteadyClock::now();
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   const auto tp = join_tensor_parallel(o.tp);
   if (tp && !o.kv_spool.empty()) throw Error("--kv-spool does not work with --tp yet (each rank holds only its heads' KV)");
   const double rss_before_model = rss_mb();
-  Model model(file, tp);
+  const std::unique_ptr<Model> loaded = load_model(file, tp, device);
+  Model& model = *loaded;
   const double model_rss = rss_mb() - rss_before_model;  // what holding the weights (this rank's slices) costs
   if (tp && tp->rank() != 0) return follow_rank0(model, threads, model_rss);
   Tokenizer tokenizer(Vocab::from_gguf(*file));

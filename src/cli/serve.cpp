@@ -29,15 +29,22 @@ constexpr double kTensorParallelShutdownSilenceS = 2;
 }  // namespace
 
 int serve(const ServeOptions& o) {
+  const backend::DeviceSpec device = resolve_device(o.device, o.tp);
+  EngineFlags flags = o.engine;
+  check_runs_on_device(device, o.spec, !flags.kv_spool.empty() && flags.kv_spool != "none");
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   const auto tp = join_tensor_parallel(o.tp);
-  Model model(file, tp);
+  const std::unique_ptr<Model> loaded = load_model(file, tp, device);
+  Model& model = *loaded;
   if (tp && tp->rank() != 0) return follow_rank0(model, o.engine.threads, -1);
   Tokenizer tokenizer(Vocab::from_gguf(*file));
 
-  EngineFlags flags = o.engine;
   // On by default (README, KV spool); not yet under tensor parallelism, where each rank holds only
-  // its heads' part of a block.
+  // its heads' part of a block, nor on a GPU, where the blocks are in device memory.
+  if (flags.kv_spool.empty() && device.is_cuda()) {
+    flags.kv_spool = "none";
+    std::fprintf(stderr, "promptly: KV spool off: not supported with --device cuda yet\n");
+  }
   if (flags.kv_spool.empty() && !tp) flags.kv_spool = default_kv_spool_dir();
   if (tp && !flags.kv_spool.empty() && flags.kv_spool != "none") throw Error("--kv-spool does not work with --tp yet (each rank holds only its heads' KV)");
   EngineOptions eo = flags.to_options();
@@ -58,6 +65,7 @@ int serve(const ServeOptions& o) {
   so.shutdown_grace_s = o.shutdown_grace_s;
   so.drain_delay_s = o.drain_delay_s;
   so.webui = !o.no_webui;
+  if (device.is_cuda()) so.gpu = device.index;
   if (tp) {
     // mpirun signals every rank when one dies: a step waiting on the dead one must fail its
     // requests (their clients get the error) while rank 0 still may, not when mpirun kills it.

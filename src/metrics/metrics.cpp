@@ -64,6 +64,11 @@ void Registry::gauge(const std::string& name, const std::string& help, std::func
   add(name, help, "gauge", "").gauge = std::move(read);
 }
 
+void Registry::gauge_if_known(const std::string& name, const std::string& help, std::function<std::optional<double>()> read) {
+  std::lock_guard lock(mutex_);
+  add(name, help, "gauge", "").gauge_if_known = std::move(read);
+}
+
 void Registry::counter_fn(const std::string& name, const std::string& help, std::function<double()> read, const std::string& labels) {
   std::lock_guard lock(mutex_);
   add(name, help, "counter", labels).gauge = std::move(read);
@@ -84,6 +89,8 @@ std::string Registry::render() const {
   std::string out;
   std::string last_name;
   for (const auto& e : entries_) {
+    const std::optional<double> known = e->gauge_if_known ? e->gauge_if_known() : std::nullopt;
+    if (e->gauge_if_known && !known) continue;  // no value now: no sample, and no HELP/TYPE without one
     if (e->name != last_name) {
       out += "# HELP " + e->name + " " + e->help + "\n# TYPE " + e->name + " " + e->type + "\n";
       last_name = e->name;
@@ -93,6 +100,8 @@ std::string Registry::render() const {
       out += e->name + braces + " " + number(e->counter->value()) + "\n";
     } else if (e->gauge) {
       out += e->name + braces + " " + number(e->gauge()) + "\n";
+    } else if (known) {
+      out += e->name + braces + " " + number(*known) + "\n";
     } else if (e->histogram) {
       const Histogram::Snapshot s = e->histogram->snapshot();
       const std::string sep = e->labels.empty() ? "" : e->labels + ",";

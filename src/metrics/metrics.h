@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,9 @@ class Registry {
   // Gauges (and counters kept elsewhere, e.g. by the engine) are read when rendered, so they never
   // go stale.
   void gauge(const std::string& name, const std::string& help, std::function<double()> read);
+  // A gauge that may have no value (e.g. a GPU statistic while the driver cannot say): left out of
+  // the output, HELP and TYPE included, whenever `read` returns nullopt.
+  void gauge_if_known(const std::string& name, const std::string& help, std::function<std::optional<double>()> read);
   void counter_fn(const std::string& name, const std::string& help, std::function<double()> read, const std::string& labels = "");
 
   std::string render() const;
@@ -64,6 +68,7 @@ class Registry {
     std::unique_ptr<Counter> counter;
     std::unique_ptr<Histogram> histogram;
     std::function<double()> gauge;
+    std::function<std::optional<double>()> gauge_if_known;
   };
   Entry& add(const std::string& name, const std::string& help, const char* type, const std::string& labels);
 

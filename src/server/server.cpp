@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/gpu_stats.h"
 #include "chat/reasoning.h"
 #include "chat/tool_calls.h"
 #include "grammar/compile.h"
@@ -161,6 +162,7 @@ struct Server::Impl {
     registry.gauge("cpu_threads", "Threads that compute an engine step (-t)", [this] { return static_cast<double>(engine.compute_threads()); });
     registry.counter_fn("engine_generated_tokens_total", "Tokens generated, counted at the step that made them",
                         [this] { return static_cast<double>(engine.stats().generation_tokens); });
+    if (options.gpu) register_gpu_metrics(*options.gpu);
     process_registry.counter_fn("process_cpu_seconds_total", "User and system CPU time of this process", [] { return metrics::process_cpu_seconds(); });
     process_registry.gauge("process_resident_memory_bytes", "Resident memory of this process",
                            [] { return static_cast<double>(metrics::process_resident_bytes()); });
@@ -193,6 +195,20 @@ struct Server::Impl {
   void accept();
   void begin_drain();  // SIGINT/SIGTERM: /health 503 for drain_delay_s, then begin_shutdown
   void begin_shutdown();
+
+  // Read from NVML at each scrape; left out while it cannot say (no driver, device gone). NVML's
+  // device N is cuda:N with one GPU, or in PCI order with all visible (gpu_stats.h).
+  void register_gpu_metrics(int device) {
+    registry.gauge_if_known("gpu_utilization_perc", "Fraction of the last sample period the model's GPU was computing (NVML), 0 to 1",
+                            [device]() -> std::optional<double> {
+                              const auto stats = backend::read_gpu_stats(device);
+                              return stats ? std::optional(stats->utilization_perc / 100) : std::nullopt;
+                            });
+    registry.gauge_if_known("gpu_memory_used_bytes", "Memory in use on the model's GPU, by every process (NVML)", [device]() -> std::optional<double> {
+      const auto stats = backend::read_gpu_stats(device);
+      return stats ? std::optional(static_cast<double>(stats->memory_used_bytes)) : std::nullopt;
+    });
+  }
 
   void register_spool_metrics(const KvSpool& spool) {
     registry.gauge("kv_spool_blocks", "KV blocks in the spool on disk", [&spool] { return static_cast<double>(spool.stats().blocks); });

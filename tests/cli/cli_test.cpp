@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "../test_util.h"
+#include "backend/device.h"
 
 namespace promptly {
 namespace {
@@ -208,6 +209,37 @@ TEST(Cli, RunWithoutModelUsesTheBuiltinCodeModel) {
   const Result info = promptly("info promptly-code-23m");
   ASSERT_EQ(info.status, 0);
   EXPECT_NE(info.out.find("Q8_0"), std::string::npos) << info.out;
+}
+
+// --device cuda on a machine without a usable GPU: the same command runs, on the CPU, with a warning.
+TEST(Cli, DeviceCudaWithoutAGpuWarnsAndRunsOnTheCpu) {
+  std::string why;
+  if (backend::device_usable(backend::parse_device("cuda"), why)) GTEST_SKIP() << "this machine has a usable GPU";
+  const std::string args = "run -m " + stories() + " -n 8 --temp 0 -p 'Once upon a time'";
+  const Result cpu = promptly(args), cuda = promptly(args + " --device cuda");
+  ASSERT_EQ(cpu.status, 0);
+  ASSERT_EQ(cuda.status, 0) << cuda.out;
+  EXPECT_EQ(cuda.out, cpu.out);
+  const Result warned = promptly(args + " --device cuda", true);
+  EXPECT_NE(warned.out.find("warning: --device cuda:0: " + why + "; running on the CPU\n"), std::string::npos) << warned.out;
+  EXPECT_EQ(promptly(args, true).out.find("warning"), std::string::npos);
+  // `promptly devices` says why there are none, and succeeds.
+  const Result devices = promptly("devices");
+  EXPECT_EQ(devices.status, 0);
+  EXPECT_FALSE(devices.out.empty());
+}
+
+TEST(Cli, BadDeviceFlagsAreClearErrors) {
+  Result r = promptly("run -m " + stories() + " -n 2 -p x --device tpu", true);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("error: --device 'tpu' is not a device: cpu, cuda or cuda:N"), std::string::npos) << r.out;
+  r = promptly("bench model -m " + stories() + " --device cuda:x", true);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("'cuda:x' is not a device"), std::string::npos) << r.out;
+  // Refused before any MPI or GPU is looked for, on every machine.
+  r = promptly("run -m " + stories() + " -n 2 -p x --device cuda --tp 2", true);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("--device cuda does not work with --tp yet"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -215,5 +215,18 @@ TEST(Metrics, PrometheusTextFormat) {
   EXPECT_NE(text.find("promptly:running 3\n"), std::string::npos);
 }
 
+// A GPU gauge while NVML cannot say: no sample, and no HELP/TYPE lines for a metric without one.
+TEST(Metrics, AGaugeWithoutAValueIsLeftOut) {
+  metrics::Registry reg("promptly:");
+  std::optional<double> reading;
+  reg.gauge_if_known("gpu_memory_used_bytes", "GPU memory", [&] { return reading; });
+  reg.gauge("running", "Running", [] { return 1.0; });
+  EXPECT_EQ(reg.render().find("gpu_memory_used_bytes"), std::string::npos) << reg.render();
+  reading = 2e9;
+  const std::string text = reg.render();
+  EXPECT_NE(text.find("# TYPE promptly:gpu_memory_used_bytes gauge\npromptly:gpu_memory_used_bytes 2000000000\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("promptly:running 1\n"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace promptly::server
