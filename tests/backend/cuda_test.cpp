@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -100,8 +101,10 @@ INSTANTIATE_TEST_SUITE_P(Formats, GemvTest,
                          ::testing::Values(FormatCase{DType::F32, WeightFormat::F32, 96}, FormatCase{DType::F16, WeightFormat::F16, 288},
                                            FormatCase{DType::BF16, WeightFormat::BF16, 96}, FormatCase{DType::Q8_0, WeightFormat::Q8_0, 352},
                                            FormatCase{DType::Q4_0, WeightFormat::Q4_0, 160}, FormatCase{DType::Q4_K, WeightFormat::Q4_K, 768},
-                                           FormatCase{DType::Q6_K, WeightFormat::Q6_K, 512}),
-                         [](const auto& info) { return std::string(dtype_name(info.param.dtype)); });
+                                           FormatCase{DType::Q6_K, WeightFormat::Q6_K, 512},
+                                           // float rows that are not whole 32-element chunks (stories260K's FFN is 172 wide)
+                                           FormatCase{DType::F32, WeightFormat::F32, 172}, FormatCase{DType::F16, WeightFormat::F16, 37}),
+                         [](const auto& info) { return std::string(dtype_name(info.param.dtype)) + "_" + std::to_string(info.param.cols); });
 
 TEST(CudaKernels, DequantizeToHalfMatchesTheReference) {
   REQUIRE_GPU();
@@ -252,10 +255,18 @@ void expect_same_greedy(const std::string& path, int prompt_len) {
   std::vector<std::int32_t> prompt(static_cast<std::size_t>(prompt_len));
   for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % cpu.config().n_vocab);
   const Greedy want = run_greedy(cpu, prompt, 24, pool), got = run_greedy(gpu, prompt, 24, pool);
-  EXPECT_EQ(got.tokens, want.tokens) << path;
-  for (std::size_t s = 0; s < want.logits.size(); ++s) {
+  // Same tokens, step by step. The GPU sums in another order (and prefill's matmuls take halves), so
+  // a step whose two best logits the CPU finds within a hair may go the other way: that is allowed,
+  // and the runs part there (each goes on from its own token).
+  for (std::size_t s = 0; s < want.tokens.size(); ++s) {
     std::vector<double> ref(want.logits[s].begin(), want.logits[s].end());
     EXPECT_LT(relative_error(got.logits[s], ref), 2e-2) << path << " step " << s;
+    if (got.tokens[s] == want.tokens[s]) continue;
+    std::vector<float> sorted = want.logits[s];
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+    EXPECT_LT(sorted[0] - sorted[1], 2e-2f * std::max(1.0f, std::abs(sorted[0])))
+        << path << ": step " << s << " chose " << got.tokens[s] << " where the CPU's " << want.tokens[s] << " led by a clear margin";
+    break;
   }
 }
 

@@ -145,8 +145,26 @@ PROMPTLY_HD void decode_chunk(WeightFormat f, const std::uint8_t* row, int chunk
   }
 }
 
-// Bytes of a row of n elements (n a multiple of the block).
+// Element k of a row of a float format (F32, F16, BF16: rows of any length, not only whole
+// 32-element chunks); 0 for the block formats, which never need it.
+PROMPTLY_HD float decode_element(WeightFormat f, const std::uint8_t* row, int k) {
+  switch (f) {
+    case WeightFormat::F32: {
+      float v;
+      std::memcpy(&v, row + 4 * k, 4);
+      return v;
+    }
+    case WeightFormat::F16: return half_to_float(load_u16(row + 2 * k));
+    case WeightFormat::BF16: return bf16_to_float(load_u16(row + 2 * k));
+    default: return 0.0f;
+  }
+}
+PROMPTLY_HD bool is_float_format(WeightFormat f) { return f == WeightFormat::F32 || f == WeightFormat::F16 || f == WeightFormat::BF16; }
+
+// Bytes of a row of n elements (n a multiple of the block; any n for the float formats).
 PROMPTLY_HD std::size_t format_row_bytes(WeightFormat f, std::size_t n) {
+  if (f == WeightFormat::F32) return 4 * n;
+  if (f == WeightFormat::F16 || f == WeightFormat::BF16) return 2 * n;
   const FormatSize s = format_size(f);
   return n / static_cast<std::size_t>(s.block_elems) * static_cast<std::size_t>(s.block_bytes);
 }

@@ -7,22 +7,22 @@
 // layers and brings back only the rows of logits that are wanted. Decode-sized batches (at most
 // kGemvMaxTokens tokens) run as a CUDA graph captured once per shape (tokens, logit rows, attention
 // chunk), since their hundreds of small launches would otherwise cost more than the work.
-// Larger batches (prefill) run their matmuls through cuBLAS on halves.
+// Larger batches (prefill) run their matmuls through cuBLAS: on halves (F32 weights in FP32).
 #include "backend/cuda/cuda_forward.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
 #include <tuple>
-#include <unordered_map>
 #include <vector>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/step_layout.h"
 #include "kv/kv_cache.h"
 #include "model/batch.h"
 #include "model/model.h"
@@ -142,6 +142,10 @@ class CudaForward final : public DeviceForward {
       throw Error("--device cuda: heads of " + std::to_string(c_.head_dim) + " elements; the GPU attention takes even sizes up to " +
                   std::to_string(kMaxHeadDim));
     }
+    // PROMPTLY_CUDA_GRAPHS=0 launches every kernel of every step (for compute-sanitizer, profilers,
+    // and runtimes without graphs).
+    const char* graphs = std::getenv("PROMPTLY_CUDA_GRAPHS");
+    use_graphs_ = !(graphs && std::string(graphs) == "0");
     PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
     cudaDeviceProp props{};
     PROMPTLY_CUDA_CHECK(cudaGetDeviceProperties(&props, device_));
@@ -175,12 +179,13 @@ class CudaForward final : public DeviceForward {
       copy_kv_rows(kv.desc, copy.from, static_cast<int>(copy.from_slot), copy.to, static_cast<int>(copy.to_slot),
                    static_cast<int>(copy.n_rows), compute_);
     }
-    const AttentionShape shape = attention_shape(batch, T);
-    const int n_out = upload_step(batch, cache, T, shape.n_splits);
+    const int longest = *std::max_element(batch.positions.begin(), batch.positions.end()) + 1;
+    const AttentionShape shape = attention_shape(T, static_cast<int>(c_.n_head), longest, multiprocessors_, kMaxSplits);
+    const int n_out = upload_step(batch, cache, shape.n_splits);
     const bool long_rope = &model_.rope_speeds_for(cache.max_positions()) != &model_.rope_speeds_for(0);
     const float* inv_freq = long_rope ? inv_freq_long_.get() : inv_freq_.get();
     bool finished = true;
-    if (T <= kGemvMaxTokens) {
+    if (T <= kGemvMaxTokens && use_graphs_) {
       // stop_before is not asked here: a graph runs whole, and a decode step is short on a GPU.
       run_graph(T, n_out, shape, kv, inv_freq);
     } else {
@@ -213,7 +218,10 @@ class CudaForward final : public DeviceForward {
     out.format = format_of(m.type, what);
     out.rows = static_cast<int>(m.rows);
     out.cols = static_cast<int>(m.cols);
-    if (m.cols % 32) throw Error("--device cuda: " + what + " has rows of " + std::to_string(m.cols) + " elements, not whole 32-element chunks");
+    // Block formats' rows are whole blocks by construction (GGUF); float rows may have any length.
+    if (m.cols % 32 && !is_float_format(out.format)) {
+      throw Error("--device cuda: " + what + " has rows of " + std::to_string(m.cols) + " elements, not whole 32-element chunks");
+    }
     const std::size_t bytes = m.rows * m.row_stride();
     out.bytes = DeviceBuffer<std::uint8_t>(bytes);
     PROMPTLY_CUDA_CHECK(cudaMemcpy(out.bytes.get(), m.data, bytes, cudaMemcpyHostToDevice));
@@ -288,61 +296,32 @@ class CudaForward final : public DeviceForward {
     return ref;
   }
 
-  // Packs the step's per-token facts into one pinned buffer and sends it up; returns the number of
-  // rows that want logits.
-  int upload_step(const Batch& batch, KvCache& cache, int T, int n_splits) {
-    std::vector<std::int32_t>& h = step_host_;
-    h.assign(static_cast<std::size_t>(5 * T), 0);
-    std::int32_t *tokens = h.data(), *positions = tokens + T, *slots = positions + T, *table_start = slots + T, *out_rows = table_start + T;
-    std::vector<std::int32_t> tables;
-    std::unordered_map<int, std::int32_t> start_of;
-    int n_out = 0;
-    for (int t = 0; t < T; ++t) {
-      tokens[t] = batch.tokens[t];
-      positions[t] = batch.positions[t];
-      slots[t] = batch.kv_slots[t];
-      auto [it, fresh] = start_of.try_emplace(batch.seq_ids[t], static_cast<std::int32_t>(tables.size()));
-      if (fresh) {
-        const std::vector<int>& blocks = cache.blocks(batch.seq_ids[t]);
-        tables.insert(tables.end(), blocks.begin(), blocks.end());
-      }
-      table_start[t] = it->second;
-      if (batch.want_logits[t]) out_rows[n_out++] = t;
-    }
-    h.insert(h.end(), tables.begin(), tables.end());
-    ensure_capacity(T, n_out, n_splits, tables.size());
-    pinned_step_.reserve(h.size() * sizeof(std::int32_t));
+  // Sends the step's per-token facts up (one copy from a pinned buffer, on the copy stream, which
+  // the compute stream waits for); returns the number of rows that want logits.
+  int upload_step(const Batch& batch, const KvCache& cache, int n_splits) {
+    const StepLayout layout = pack_step(batch, cache, step_host_);
+    const int T = layout.T;
+    ensure_capacity(T, layout.n_out, n_splits, step_host_.size());
+    const std::size_t bytes = step_host_.size() * sizeof(std::int32_t);
+    pinned_step_.reserve(bytes);
     // The previous step's upload must have left the pinned buffer before it is rewritten.
     PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(copy_));
-    std::memcpy(pinned_step_.as<std::int32_t>(), h.data(), h.size() * sizeof(std::int32_t));
-    PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(step_.get(), pinned_step_.as<std::int32_t>(), h.size() * sizeof(std::int32_t),
-                                        cudaMemcpyHostToDevice, copy_));
+    std::memcpy(pinned_step_.as<std::int32_t>(), step_host_.data(), bytes);
+    PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(step_.get(), pinned_step_.as<std::int32_t>(), bytes, cudaMemcpyHostToDevice, copy_));
     PROMPTLY_CUDA_CHECK(cudaEventRecord(uploaded_, copy_));
     PROMPTLY_CUDA_CHECK(cudaStreamWaitEvent(compute_, uploaded_, 0));
-    std::int32_t* d = step_.get();
-    meta_ = {d, d + T, d + 2 * T, d + 3 * T, d + 5 * T};
-    out_rows_ = d + 4 * T;
-    return n_out;
+    const std::int32_t* d = step_.get();
+    meta_ = {d + layout.tokens(), d + layout.positions(), d + layout.slots(), d + layout.table_starts(), d + layout.tables()};
+    out_rows_ = d + layout.out_rows();
+    return layout.n_out;
   }
 
-  // How attention splits each query's context (FlashDecoding): enough splits for a pass of this
-  // size to fill the GPU (a number that depends on the token count alone), and chunks of a power
-  // of two positions that cover the batch's longest context, so that few graphs serve every length.
-  struct AttentionShape {
-    int chunk, n_splits;
-  };
-  AttentionShape attention_shape(const Batch& batch, int T) const {
-    const int longest = *std::max_element(batch.positions.begin(), batch.positions.end()) + 1;
-    const int blocks_per_split = T * static_cast<int>(c_.n_head);
-    const int n_splits = std::clamp(4 * multiprocessors_ / std::max(blocks_per_split, 1), 1, kMaxSplits);
-    const int chunk = std::max(64, (longest + n_splits - 1) / n_splits);
-    return {static_cast<int>(std::bit_ceil(static_cast<unsigned>(chunk))), n_splits};
-  }
-
-  void ensure_capacity(int T, int n_out, int n_splits, std::size_t table_entries) {
+  void ensure_capacity(int T, int n_out, int n_splits, std::size_t step_entries) {
     bool moved = false;
     const std::size_t t = static_cast<std::size_t>(T);
-    moved |= step_.reserve(5 * t + std::max<std::size_t>(table_entries, 64));
+    // Twice the room a step needs when it grows: the block tables grow a block at a time, and each
+    // move of this buffer retires the captured graphs.
+    if (step_entries > step_.size()) moved |= step_.reserve(2 * step_entries + 1024);
     moved |= x_.reserve(t * c_.n_embd);
     moved |= xn_.reserve(t * c_.n_embd);
     moved |= tmp_.reserve(t * c_.n_embd);
@@ -387,7 +366,7 @@ class CudaForward final : public DeviceForward {
   }
 
   // y[T x W.rows] = x[T x W.cols] W^T: the matrix-vector kernel for decode-sized batches, else
-  // cuBLAS on halves (the weights decoded a slice of rows at a time).
+  // cuBLAS on halves (the weights decoded a slice of rows at a time; F32 weights in FP32).
   void matmul(const DeviceMatrix& w, const float* x, int T, float* y) {
     if (T <= kGemvMaxTokens) {
       gemv(w.data(), w.format, w.rows, w.cols, x, T, y, compute_);
@@ -398,10 +377,20 @@ class CudaForward final : public DeviceForward {
       if (api.create(&cublas_handle_) != CUBLAS_STATUS_SUCCESS) throw Error("cuBLAS: could not create a handle");
       api.set_stream(cublas_handle_, compute_);
     }
+    const float alpha = 1.0f, beta = 0.0f;
+    const auto gemm = [&](int rows, const void* a, cudaDataType type, const void* b, float* out) {
+      // Column-major view: W^T's rows (rows x cols) times x^T (cols x T) into y^T at `out` (ld = W.rows).
+      const cublasStatus_t status = api.gemm_ex(cublas_handle_, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, w.cols, &alpha, a, type, w.cols, b, type,
+                                                w.cols, &beta, out, CUDA_R_32F, w.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (status != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS: GemmEx failed: ") + api.status_string(status));
+    };
+    if (w.format == WeightFormat::F32) {  // full precision where the file asked for it (small models, tests)
+      gemm(w.rows, w.data(), CUDA_R_32F, x, y);
+      return;
+    }
     const std::size_t n_x = static_cast<std::size_t>(T) * w.cols;
     x_half_.reserve(n_x);
     float_to_half(x, n_x, x_half_.get(), compute_);
-    const float alpha = 1.0f, beta = 0.0f;
     constexpr std::size_t kSliceElems = std::size_t{64} << 20;  // 128 MiB of halves at most
     const int slice_rows = w.format == WeightFormat::F16 ? w.rows
                                                           : static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(w.rows, kSliceElems / w.cols)));
@@ -415,11 +404,7 @@ class CudaForward final : public DeviceForward {
         dequantize_to_half(w.data() + format_row_bytes(w.format, w.cols) * r0, w.format, n, w.cols, w_half_.get(), compute_);
         a = w_half_.get();
       }
-      // Column-major view: W^T slice (n x cols) times x^T (cols x T) into y^T's rows r0.. (ld = W.rows).
-      const cublasStatus_t status = api.gemm_ex(cublas_handle_, CUBLAS_OP_T, CUBLAS_OP_N, n, T, w.cols, &alpha, a, CUDA_R_16F, w.cols,
-                                                x_half_.get(), CUDA_R_16F, w.cols, &beta, y + r0, CUDA_R_32F, w.rows, CUBLAS_COMPUTE_32F,
-                                                CUBLAS_GEMM_DEFAULT);
-      if (status != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS: GemmEx failed: ") + api.status_string(status));
+      gemm(n, a, CUDA_R_16F, x_half_.get(), y + r0);
     }
   }
 
@@ -470,6 +455,7 @@ class CudaForward final : public DeviceForward {
   int device_;
   std::string name_;
   int multiprocessors_ = 0;
+  bool use_graphs_ = true;
   std::size_t weight_bytes_ = 0, largest_matrix_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cudaEvent_t uploaded_ = nullptr;

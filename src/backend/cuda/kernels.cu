@@ -34,6 +34,10 @@ __global__ void embed_kernel(const std::uint8_t* table, WeightFormat format, int
   const int t = blockIdx.x;
   const std::uint8_t* row = table + format_row_bytes(format, d) * static_cast<std::size_t>(meta.tokens[t]);
   float chunk[32];
+  if (d % 32) {  // a float format's row of any length
+    for (int i = threadIdx.x; i < d; i += blockDim.x) x[static_cast<std::size_t>(t) * d + i] = decode_element(format, row, i) * scale;
+    return;
+  }
   for (int c = threadIdx.x; c < d / 32; c += blockDim.x) {
     decode_chunk(format, row, c, chunk);
     for (int l = 0; l < 32; ++l) x[static_cast<std::size_t>(t) * d + c * 32 + l] = chunk[l] * scale;
@@ -69,11 +73,13 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const std::uin
                                                                   float* y) {
   const int lane = threadIdx.x % kWarp;
   const int row = blockIdx.x * kGemvWarps + threadIdx.x / kWarp;
-  if (row >= rows) return;
-  const std::uint8_t* wr = w + format_row_bytes(F, cols) * static_cast<std::size_t>(row);
+  // Warps past the last row stay to the end doing nothing rather than return: every warp of a
+  // block then meets the same shuffles, which CPU runtimes of this code (HIP-CPU) need.
+  const bool active = row < rows;
+  const std::uint8_t* wr = w + format_row_bytes(F, cols) * static_cast<std::size_t>(active ? row : 0);
   float acc[kGemvMaxTokens] = {};
   float wc[32];
-  for (int c = lane; c < cols / 32; c += kWarp) {
+  for (int c = lane; active && c < cols / 32; c += kWarp) {
     decode_chunk<F>(wr, c, wc);
 #pragma unroll
     for (int t = 0; t < kGemvMaxTokens; ++t) {
@@ -93,9 +99,41 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const std::uin
   for (int t = 0; t < kGemvMaxTokens; ++t) {
     if (t < T) {
       const float s = warp_sum(acc[t]);
-      if (lane == 0) y[static_cast<std::size_t>(t) * rows + row] = s;
+      if (active && lane == 0) y[static_cast<std::size_t>(t) * rows + row] = s;
     }
   }
+}
+
+// Float formats' rows of any length (not whole 32-element chunks), element by element: slower, and
+// only small models have them (stories260K's FFN of 172).
+__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_elements_kernel(const std::uint8_t* w, WeightFormat format, int rows, int cols,
+                                                                           const float* x, int T, float* y) {
+  const int lane = threadIdx.x % kWarp;
+  const int row = blockIdx.x * kGemvWarps + threadIdx.x / kWarp;
+  const bool active = row < rows;
+  const std::uint8_t* wr = w + format_row_bytes(format, cols) * static_cast<std::size_t>(active ? row : 0);
+  float acc[kGemvMaxTokens] = {};
+  for (int k = lane; active && k < cols; k += kWarp) {
+    const float wk = decode_element(format, wr, k);
+#pragma unroll
+    for (int t = 0; t < kGemvMaxTokens; ++t) {
+      if (t < T) acc[t] += wk * x[static_cast<std::size_t>(t) * cols + k];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kGemvMaxTokens; ++t) {
+    if (t < T) {
+      const float s = warp_sum(acc[t]);
+      if (active && lane == 0) y[static_cast<std::size_t>(t) * rows + row] = s;
+    }
+  }
+}
+
+__global__ void dequantize_elements_kernel(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out) {
+  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<std::size_t>(rows) * cols) return;
+  const std::size_t row = i / cols;
+  out[i] = __float2half(decode_element(format, w + format_row_bytes(format, cols) * row, static_cast<int>(i % cols)));
 }
 
 __global__ void dequantize_kernel(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out) {
@@ -185,18 +223,24 @@ __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(Atte
   }
   float m = -FLT_MAX, l = 0.0f;
   const std::int32_t* table = meta.tables + meta.table_start[t];
-  for (int pos = begin + warp; pos < stop; pos += kAttentionWarps) {
-    const int block = table[pos / kv.block_tokens];
-    const std::size_t row = (static_cast<std::size_t>(kh) * kv.block_tokens + pos % kv.block_tokens) * hd;
+  // Every warp takes the same number of turns (the last may find no position): the shuffles inside
+  // then line up across the block, as CPU runtimes of this code (HIP-CPU) need.
+  for (int base = begin; base < stop; base += kAttentionWarps) {
+    const int pos = base + warp;
+    const bool valid = pos < stop;
+    const int block = valid ? table[pos / kv.block_tokens] : 0;
+    const std::size_t row = (static_cast<std::size_t>(kh) * kv.block_tokens + (valid ? pos : 0) % kv.block_tokens) * hd;
     const __half* key = kv_part(kv, block, a.layer, 0) + row;
     const __half* value = kv_part(kv, block, a.layer, 1) + row;
     float dot = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int d = lane + j * kWarp;
-      if (d < hd) dot += q[j] * __half2float(key[d]);
+      if (valid && d < hd) dot += q[j] * __half2float(key[d]);
     }
-    float score = warp_sum(dot) * a.scale;
+    const float sum = warp_sum(dot);
+    if (!valid) continue;
+    float score = sum * a.scale;
     if (a.softcap > 0.0f) score = a.softcap * tanhf(score / a.softcap);
     const float m_new = fmaxf(m, score);
     const float correction = __expf(m - m_new), w = __expf(score - m_new);
@@ -330,6 +374,10 @@ void add_rmsnorm(float* x, const float* delta, const float* delta_norm, const fl
 
 void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const float* x, int T, float* y, cudaStream_t stream) {
   const dim3 grid(blocks_for(static_cast<std::size_t>(rows), kGemvWarps)), block(kGemvWarps * kWarp);
+  if (cols % 32) {
+    gemv_elements_kernel<<<grid, block, 0, stream>>>(w, format, rows, cols, x, T, y);
+    return;
+  }
   switch (format) {
     case WeightFormat::F32: gemv_kernel<WeightFormat::F32><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
     case WeightFormat::F16: gemv_kernel<WeightFormat::F16><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
@@ -342,6 +390,11 @@ void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const 
 }
 
 void dequantize_to_half(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out, cudaStream_t stream) {
+  if (cols % 32) {
+    const std::size_t n = static_cast<std::size_t>(rows) * cols;
+    dequantize_elements_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(w, format, rows, cols, out);
+    return;
+  }
   const std::size_t n = static_cast<std::size_t>(rows) * (cols / 32);
   dequantize_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(w, format, rows, cols, out);
 }

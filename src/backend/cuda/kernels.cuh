@@ -47,7 +47,8 @@ void embed(const std::uint8_t* table, WeightFormat format, int d, const StepMeta
 void add_rmsnorm(float* x, const float* delta, const float* delta_norm, const float* weight, int d, int T, float eps, float* out,
                  cudaStream_t stream);
 
-// y[t][r] = W[r] . x[t] for T <= kGemvMaxTokens tokens (W rows of `cols` elements in `format`).
+// y[t][r] = W[r] . x[t] for T <= kGemvMaxTokens tokens (W rows of `cols` elements in `format`;
+// the float formats' rows may have any length, the block formats' are whole blocks).
 void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const float* x, int T, float* y, cudaStream_t stream);
 
 // W decoded to halves (rows x cols, row-major), for cuBLAS.

@@ -1,0 +1,40 @@
+#include "backend/cuda/step_layout.h"
+
+#include <algorithm>
+#include <bit>
+#include <unordered_map>
+
+#include "kv/kv_cache.h"
+#include "model/batch.h"
+
+namespace promptly::backend::cuda {
+
+StepLayout pack_step(const Batch& batch, const KvCache& cache, std::vector<std::int32_t>& packed) {
+  StepLayout layout;
+  layout.T = static_cast<int>(batch.size());
+  const int T = layout.T;
+  packed.assign(static_cast<std::size_t>(layout.tables()), 0);
+  std::unordered_map<int, std::int32_t> table_start;  // by sequence
+  for (int t = 0; t < T; ++t) {
+    packed[layout.tokens() + t] = batch.tokens[t];
+    packed[layout.positions() + t] = batch.positions[t];
+    packed[layout.slots() + t] = batch.kv_slots[t];
+    auto [it, fresh] = table_start.try_emplace(batch.seq_ids[t], static_cast<std::int32_t>(packed.size()) - layout.tables());
+    if (fresh) {
+      const std::vector<int>& blocks = cache.blocks(batch.seq_ids[t]);
+      packed.insert(packed.end(), blocks.begin(), blocks.end());
+    }
+    packed[layout.table_starts() + t] = it->second;
+    if (batch.want_logits[t]) packed[layout.out_rows() + layout.n_out++] = t;
+  }
+  return layout;
+}
+
+AttentionShape attention_shape(int T, int n_head, int longest, int multiprocessors, int max_splits) {
+  const int blocks_per_split = std::max(T * n_head, 1);
+  const int n_splits = std::clamp(4 * multiprocessors / blocks_per_split, 1, std::max(max_splits, 1));
+  const int chunk = std::max(64, (std::max(longest, 1) + n_splits - 1) / n_splits);
+  return {static_cast<int>(std::bit_ceil(static_cast<unsigned>(chunk))), n_splits};
+}
+
+}  // namespace promptly::backend::cuda

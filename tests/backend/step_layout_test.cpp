@@ -1,0 +1,54 @@
+// What the host sends the GPU before each step (backend/cuda/step_layout.h), checked without a GPU.
+#include "backend/cuda/step_layout.h"
+
+#include <gtest/gtest.h>
+
+#include "kv/kv_cache.h"
+#include "model/batch.h"
+
+namespace promptly::backend::cuda {
+namespace {
+
+TEST(StepLayout, PacksEachSequencesBlockTableOnceAndTheRowsThatWantLogits) {
+  KvCache cache = KvCache::with_blocks(2, 64, 32, 256, KvType::F16, 16);
+  cache.reserve(7, 40);  // 3 blocks
+  cache.reserve(3, 10);  // 1 block
+  Batch batch;
+  batch.add(11, 37, 7, false);
+  batch.add(12, 9, 3, true);
+  batch.add(13, 38, 7, true);
+  std::vector<std::int32_t> packed;
+  const StepLayout layout = pack_step(batch, cache, packed);
+  ASSERT_EQ(layout.T, 3);
+  EXPECT_EQ(layout.n_out, 2);
+  ASSERT_EQ(packed.size(), 5u * 3 + 3 + 1);
+  const auto at = [&](int offset, int n) { return std::vector<std::int32_t>(packed.begin() + offset, packed.begin() + offset + n); };
+  EXPECT_EQ(at(layout.tokens(), 3), (std::vector<std::int32_t>{11, 12, 13}));
+  EXPECT_EQ(at(layout.positions(), 3), (std::vector<std::int32_t>{37, 9, 38}));
+  EXPECT_EQ(at(layout.slots(), 3), (std::vector<std::int32_t>{37, 9, 38}));
+  EXPECT_EQ(at(layout.out_rows(), 2), (std::vector<std::int32_t>{1, 2}));
+  // Sequence 7's table first (it appears first), then 3's; both of 7's tokens point at the same one.
+  EXPECT_EQ(at(layout.table_starts(), 3), (std::vector<std::int32_t>{0, 3, 0}));
+  std::vector<std::int32_t> tables(cache.blocks(7).begin(), cache.blocks(7).end());
+  tables.insert(tables.end(), cache.blocks(3).begin(), cache.blocks(3).end());
+  EXPECT_EQ(at(layout.tables(), 4), tables);
+}
+
+TEST(StepLayout, AttentionChunksArePowersOfTwoThatCoverTheContext) {
+  for (const int T : {1, 3, 8, 64, 512}) {
+    for (const int longest : {1, 63, 64, 65, 1000, 4096, 32768, 131072}) {
+      const AttentionShape s = attention_shape(T, 32, longest, 132, 256);
+      EXPECT_GE(s.chunk, 64);
+      EXPECT_EQ(s.chunk & (s.chunk - 1), 0) << s.chunk;
+      EXPECT_GE(static_cast<long>(s.chunk) * s.n_splits, longest) << "T " << T << " longest " << longest;
+      EXPECT_GE(s.n_splits, 1);
+      EXPECT_LE(s.n_splits, 256);
+    }
+  }
+  // A lone decoding token spreads over the GPU; a prompt's many queries need no split.
+  EXPECT_EQ(attention_shape(1, 32, 8192, 132, 256).n_splits, 16);
+  EXPECT_EQ(attention_shape(512, 32, 512, 132, 256).n_splits, 1);
+}
+
+}  // namespace
+}  // namespace promptly::backend::cuda
