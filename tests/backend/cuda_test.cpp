@@ -4,6 +4,10 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cfloat>
@@ -15,6 +19,8 @@
 
 #include "backend/cuda/kernels.cuh"
 #include "backend/device.h"
+#include "engine/engine.h"
+#include "tokenizer/tokenizer.h"
 #include "model/model.h"
 #include "tensor/quant.h"
 #include "util/error.h"
@@ -330,6 +336,74 @@ TEST(CudaModel, TokenTreesAreAClearError) {
   batch.add_tree_node(5, 0, 1, 0, 1, 1, true);
   std::vector<float> logits;
   EXPECT_THROW(gpu.forward(batch, cache, pool, logits), Error);
+}
+
+// The serving engine over a GPU model: a follow-up turn that reuses the first's blocks (its partly
+// filled last block copied on the GPU as on the host), a long prompt's chunks beside a decoding
+// stream, and n-gram speculation's multi-token verification, all as on the CPU.
+struct Streams {
+  std::mutex mutex;
+  std::condition_variable done;
+  std::map<std::uint64_t, std::vector<std::int32_t>> tokens;
+  std::map<std::uint64_t, bool> finished;
+  Request request(std::vector<std::int32_t> prompt, int n) {
+    Request r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = n;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    r.on_event = [this](const EngineEvent& e) {
+      std::lock_guard lock(mutex);
+      if (e.kind == EngineEvent::Kind::Token) {
+        tokens[e.request_id].push_back(e.token);
+      } else {
+        finished[e.request_id] = true;
+        done.notify_all();
+      }
+    };
+    return r;
+  }
+  std::vector<std::int32_t> wait(std::uint64_t id) {
+    std::unique_lock lock(mutex);
+    EXPECT_TRUE(done.wait_for(lock, std::chrono::seconds(300), [&] { return finished[id]; })) << "request " << id;
+    return tokens[id];
+  }
+};
+
+std::vector<std::vector<std::int32_t>> serve_scenario(const Model& model, const Tokenizer& tokenizer) {
+  EngineOptions options;
+  options.threads = 2;
+  options.max_batch_tokens = 64;  // a 300-token prompt arrives in chunks beside the decoding stream
+  options.spec = EngineOptions::Spec::Ngram;
+  Engine engine(model, &tokenizer, options);
+  Streams s;
+  std::mt19937 rng(9);
+  std::vector<std::int32_t> turn1 = {1};
+  while (turn1.size() < 100) turn1.push_back(static_cast<std::int32_t>(3 + rng() % 500));
+  std::vector<std::vector<std::int32_t>> out;
+  out.push_back(s.wait(engine.submit(s.request(turn1, 20))));
+  auto turn2 = turn1;  // the history, the answer and a new message: a prefix-cache hit
+  turn2.insert(turn2.end(), out.back().begin(), out.back().end());
+  for (int i = 0; i < 10; ++i) turn2.push_back(static_cast<std::int32_t>(3 + rng() % 500));
+  const auto follow_up = engine.submit(s.request(turn2, 12));
+  std::vector<std::int32_t> long_prompt = {1};
+  while (long_prompt.size() < 300) long_prompt.push_back(static_cast<std::int32_t>(3 + rng() % 500));
+  const auto beside = engine.submit(s.request(long_prompt, 16));
+  out.push_back(s.wait(follow_up));
+  out.push_back(s.wait(beside));
+  return out;
+}
+
+TEST(CudaEngine, ServingMatchesTheCpuWithPrefixHitsChunksAndSpeculation) {
+  REQUIRE_GPU();
+  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
+  const Tokenizer tokenizer(Vocab::from_gguf(*file));
+  Model cpu(file);
+  ModelLoadOptions keep;
+  keep.keep_file_layout = true;
+  Model gpu(file, nullptr, keep);
+  place_on_device(gpu, parse_device("cuda"));
+  EXPECT_EQ(serve_scenario(gpu, tokenizer), serve_scenario(cpu, tokenizer));
 }
 
 }  // namespace
