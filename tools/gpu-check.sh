@@ -24,7 +24,9 @@ if [ "${1:-}" = "--prepare" ]; then
     grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' | while read -r lib; do cp -L "$lib" .gpu/lib/; done
   cp "$shared/stories260K.gguf" .gpu/models/
   cp "$shared/code/code-draft-f16.gguf" .gpu/models/code/
-  grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
+  exclude=$(git rev-parse --git-path info/exclude)
+  mkdir -p "$(dirname "$exclude")"
+  grep -qsx '/.gpu/' "$exclude" || echo '/.gpu/' >> "$exclude"
   du -sh .gpu
   echo "prepared: run 'tools/gpu-check.sh' on the GPU machine with carry [\".gpu\"]"
   exit 0

@@ -48,6 +48,9 @@ class DeviceForward {
   virtual std::string name() const = 0;  // "cuda:0 (NVIDIA H200)"
   // Bytes of device memory the weights take.
   virtual std::size_t weight_bytes() const = 0;
+  // The device memory's bandwidth, measured now: a large device-to-device copy's bytes read and
+  // written over its time, in GB/s (what a decode step's weight stream is held against).
+  virtual double measure_bandwidth_gbs() = 0;
 };
 
 // Attaches a device forward pass to `model` (loaded with ModelLoadOptions::keep_file_layout). Throws

@@ -146,9 +146,11 @@ int bench_model(const BenchModelOptions& o) {
   // as the model's memory, so the peak RSS is read before each measurement and started over after.
   double rss = 0, bandwidth = 0;
   bool rss_tracks_model_only = true;
+  // On a GPU the floor is the device memory's bandwidth (a device-to-device copy) instead.
+  backend::DeviceForward* const on_device = model.device();
   const auto measure_machine = [&] {
     if (rss_tracks_model_only) rss = std::max(rss, peak_rss_mb());
-    bandwidth = std::max(bandwidth, measure_read_bandwidth_gbs(pool));
+    bandwidth = std::max(bandwidth, on_device ? on_device->measure_bandwidth_gbs() : measure_read_bandwidth_gbs(pool));
     rss_tracks_model_only = reset_peak_rss();
   };
   for (int rep = 0; rep < std::max(1, o.repetitions); ++rep) {
@@ -180,7 +182,7 @@ int bench_model(const BenchModelOptions& o) {
     }
     measure_machine();
   }
-  const double int8_measured_tops = measure_int8_tops(pool);
+  const double int8_measured_tops = on_device ? 0.0 : measure_int8_tops(pool);
   const Stats pp = stats(pp_tps), tg = stats(tg_tps);
   const double tg_floor = bandwidth * 1e9 / static_cast<double>(weight_bytes);
   // Multiply-adds count twice; of a mixture of experts only the active parameters.
@@ -199,6 +201,11 @@ int bench_model(const BenchModelOptions& o) {
       {"tg_fraction_of_floor", tg.median / tg_floor}, {"pp_ops_per_s", pp_ops}, {"int8_peak_tops", o.int8_peak_tops},
       {"pp_fraction_of_int8_peak", pp_ops / int8_peak}, {"int8_measured_tops", int8_measured_tops},
       {"pp_fraction_of_int8_measured", int8_measured_tops > 0 ? pp_ops / (int8_measured_tops * 1e12) : 0.0}, {"peak_rss_mb", rss}};
+  if (on_device) {
+    j["device_name"] = on_device->name();
+    j["device_peak_tflops"] = o.device_peak_tflops;
+    j["pp_fraction_of_device_peak"] = pp_ops / (o.device_peak_tflops * 1e12);
+  }
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
@@ -218,6 +225,11 @@ int bench_model(const BenchModelOptions& o) {
   if (c.is_moe()) {
     std::printf("\nmixture of experts: %u of %u experts per token; %.1f M of %.1f M parameters active per token (the floor counts those)\n",
                 c.n_expert_used, c.n_expert, static_cast<double>(active_params) / 1e6, static_cast<double>(params) / 1e6);
+  }
+  if (on_device) {
+    std::printf("\n%s: read GB/s and the floor are the device memory's (a device-to-device copy, bytes read + written); "
+                "prefill = %.1f%% of the %.0f TFLOP/s dense FP16/BF16 tensor peak (--device-peak-tflops); the int8 column is the CPU's\n",
+                on_device->name().c_str(), 100.0 * pp_ops / (o.device_peak_tflops * 1e12), o.device_peak_tflops);
   }
   if (int8_measured_tops > 0) {
     std::printf("\nint8 peak: %.2f TOPS nominal (--int8-peak-tops), %.2f TOPS measured in this run (VNNI on registers, %d threads); "

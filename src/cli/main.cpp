@@ -178,6 +178,9 @@ int main(int argc, char** argv) {
   bmod_cmd->add_option("-r,--repetitions", bmod.repetitions, "Repetitions")->capture_default_str();
   bmod_cmd->add_option("-t,--threads", bmod.threads, "Threads (default: all cores)");
   bmod_cmd->add_option("--int8-peak-tops", bmod.int8_peak_tops, "int8 peak of this machine, for the prefill fraction")->capture_default_str();
+  bmod_cmd->add_option("--device-peak-tflops", bmod.device_peak_tflops,
+                       "With --device cuda: the GPU's dense FP16/BF16 tensor peak, for the prefill fraction (H100/H200 SXM: 989)")
+      ->capture_default_str();
   bmod_cmd->add_option("--tp", bmod.tp, "Tensor-parallel ranks: run under mpirun -n R (each rank gets --threads threads)")->capture_default_str();
   add_device_flag(bmod_cmd, bmod.device);
   bmod_cmd->add_flag("--json", bmod.json, "Print JSON");

@@ -322,6 +322,19 @@ TEST(CudaModel, BatchedSequencesMatchTheirSoloRuns) {
   EXPECT_EQ(got_b, solo_b.tokens);
 }
 
+TEST(CudaModel, ReportsItsDeviceAndMeasuresItsBandwidth) {
+  REQUIRE_GPU();
+  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
+  ModelLoadOptions keep;
+  keep.keep_file_layout = true;
+  Model gpu(file, nullptr, keep);
+  place_on_device(gpu, parse_device("cuda"));
+  ASSERT_NE(gpu.device(), nullptr);
+  EXPECT_EQ(gpu.device()->name().rfind("cuda:0 (", 0), 0u) << gpu.device()->name();
+  EXPECT_GT(gpu.device()->weight_bytes(), file->file_size() / 2);
+  EXPECT_GT(gpu.device()->measure_bandwidth_gbs(), 1.0);
+}
+
 TEST(CudaModel, TokenTreesAreAClearError) {
   REQUIRE_GPU();
   const auto file = gguf::File::open(shared_model("stories260K.gguf"));

@@ -169,6 +169,27 @@ class CudaForward final : public DeviceForward {
   std::string name() const override { return name_; }
   std::size_t weight_bytes() const override { return weight_bytes_; }
 
+  double measure_bandwidth_gbs() override {
+    PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
+    constexpr std::size_t kBytes = std::size_t{1} << 30;  // far past any L2
+    constexpr int kCopies = 10;
+    DeviceBuffer<std::uint8_t> from(kBytes), to(kBytes);
+    PROMPTLY_CUDA_CHECK(cudaMemsetAsync(from.get(), 1, kBytes, compute_));
+    cudaEvent_t start = nullptr, stop = nullptr;
+    PROMPTLY_CUDA_CHECK(cudaEventCreate(&start));
+    PROMPTLY_CUDA_CHECK(cudaEventCreate(&stop));
+    float ms = 0;
+    for (int i = 0; i < 3; ++i) PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(to.get(), from.get(), kBytes, cudaMemcpyDeviceToDevice, compute_));
+    PROMPTLY_CUDA_CHECK(cudaEventRecord(start, compute_));
+    for (int i = 0; i < kCopies; ++i) PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(to.get(), from.get(), kBytes, cudaMemcpyDeviceToDevice, compute_));
+    PROMPTLY_CUDA_CHECK(cudaEventRecord(stop, compute_));
+    PROMPTLY_CUDA_CHECK(cudaEventSynchronize(stop));
+    PROMPTLY_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return 2.0 * kCopies * static_cast<double>(kBytes) / (ms / 1e3) / 1e9;
+  }
+
   bool forward(const Batch& batch, KvCache& cache, std::vector<float>& logits,
                const std::function<bool(std::size_t layer)>& stop_before) override {
     PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
