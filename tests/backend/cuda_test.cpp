@@ -6,6 +6,7 @@
 
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 
 #include <algorithm>
@@ -224,6 +225,15 @@ std::string path_from(const char* variable, const char* built_in) {
 }
 std::string shared_model(const std::string& name) { return path_from("PROMPTLY_SHARED_MODELS", PROMPTLY_SHARED_MODELS) + "/" + name; }
 
+// The model as `--device cuda` loads it: the file's layouts, the forward pass on the GPU.
+std::unique_ptr<Model> gpu_model(std::shared_ptr<const gguf::File> file) {
+  ModelLoadOptions keep;
+  keep.keep_file_layout = true;
+  auto model = std::make_unique<Model>(std::move(file), nullptr, keep);
+  place_on_device(*model, parse_device("cuda"));
+  return model;
+}
+
 struct Greedy {
   std::vector<std::int32_t> tokens;
   std::vector<std::vector<float>> logits;  // each step's
@@ -252,10 +262,8 @@ void expect_same_greedy(const std::string& path, int prompt_len) {
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is missing";
   const auto file = gguf::File::open(path);
   Model cpu(file);
-  ModelLoadOptions keep;
-  keep.keep_file_layout = true;
-  Model gpu(file, nullptr, keep);
-  place_on_device(gpu, parse_device("cuda"));
+  const std::unique_ptr<Model> on_gpu = gpu_model(file);
+  Model& gpu = *on_gpu;
   ThreadPool pool(2);
   std::mt19937 rng(5);
   std::vector<std::int32_t> prompt(static_cast<std::size_t>(prompt_len));
@@ -293,10 +301,8 @@ TEST(CudaModel, CodeModelsDecodeAsOnTheCpu) {
 TEST(CudaModel, BatchedSequencesMatchTheirSoloRuns) {
   REQUIRE_GPU();
   const auto file = gguf::File::open(shared_model("stories260K.gguf"));
-  ModelLoadOptions keep;
-  keep.keep_file_layout = true;
-  Model gpu(file, nullptr, keep);
-  place_on_device(gpu, parse_device("cuda"));
+  const std::unique_ptr<Model> on_gpu = gpu_model(file);
+  Model& gpu = *on_gpu;
   ThreadPool pool(1);
   const std::vector<std::int32_t> a = {1, 50, 60, 70, 80, 90, 100, 110, 120, 130}, b = {1, 7, 8};
   const Greedy solo_a = run_greedy(gpu, a, 8, pool), solo_b = run_greedy(gpu, b, 8, pool);
@@ -325,10 +331,8 @@ TEST(CudaModel, BatchedSequencesMatchTheirSoloRuns) {
 TEST(CudaModel, ReportsItsDeviceAndMeasuresItsBandwidth) {
   REQUIRE_GPU();
   const auto file = gguf::File::open(shared_model("stories260K.gguf"));
-  ModelLoadOptions keep;
-  keep.keep_file_layout = true;
-  Model gpu(file, nullptr, keep);
-  place_on_device(gpu, parse_device("cuda"));
+  const std::unique_ptr<Model> on_gpu = gpu_model(file);
+  Model& gpu = *on_gpu;
   ASSERT_NE(gpu.device(), nullptr);
   EXPECT_EQ(gpu.device()->name().rfind("cuda:0 (", 0), 0u) << gpu.device()->name();
   EXPECT_GT(gpu.device()->weight_bytes(), file->file_size() / 2);
@@ -338,10 +342,8 @@ TEST(CudaModel, ReportsItsDeviceAndMeasuresItsBandwidth) {
 TEST(CudaModel, TokenTreesAreAClearError) {
   REQUIRE_GPU();
   const auto file = gguf::File::open(shared_model("stories260K.gguf"));
-  ModelLoadOptions keep;
-  keep.keep_file_layout = true;
-  Model gpu(file, nullptr, keep);
-  place_on_device(gpu, parse_device("cuda"));
+  const std::unique_ptr<Model> on_gpu = gpu_model(file);
+  Model& gpu = *on_gpu;
   ThreadPool pool(1);
   KvCache cache = gpu.make_cache(64, KvType::F16);
   Batch batch;
@@ -412,10 +414,8 @@ TEST(CudaEngine, ServingMatchesTheCpuWithPrefixHitsChunksAndSpeculation) {
   const auto file = gguf::File::open(shared_model("stories260K.gguf"));
   const Tokenizer tokenizer(Vocab::from_gguf(*file));
   Model cpu(file);
-  ModelLoadOptions keep;
-  keep.keep_file_layout = true;
-  Model gpu(file, nullptr, keep);
-  place_on_device(gpu, parse_device("cuda"));
+  const std::unique_ptr<Model> on_gpu = gpu_model(file);
+  Model& gpu = *on_gpu;
   EXPECT_EQ(serve_scenario(gpu, tokenizer), serve_scenario(cpu, tokenizer));
 }
 
