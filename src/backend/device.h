@@ -46,11 +46,19 @@ class DeviceForward {
   virtual bool forward(const Batch& batch, KvCache& cache, std::vector<float>& logits,
                        const std::function<bool(std::size_t layer)>& stop_before) = 0;
   virtual std::string name() const = 0;  // "cuda:0 (NVIDIA H200)"
+  // The device's PCI bus id ("0000:3b:00.0"): how NVML (backend/gpu_stats.h) finds the same card.
+  virtual std::string pci_bus_id() const = 0;
   // Bytes of device memory the weights take.
   virtual std::size_t weight_bytes() const = 0;
   // The device memory's bandwidth, measured now: a large device-to-device copy's bytes read and
   // written over its time, in GB/s (what a decode step's weight stream is held against).
   virtual double measure_bandwidth_gbs() = 0;
+  // Device memory free now (after the weights): what a KV budget may take, less room for a pass's
+  // activations.
+  virtual std::size_t free_memory_bytes() const = 0;
+  // Bytes one KV block of `block_tokens` positions takes on the device (every layer, keys and
+  // values, F16, whatever the host pool's type).
+  virtual std::size_t kv_block_bytes(std::size_t block_tokens) const = 0;
 };
 
 // Attaches a device forward pass to `model` (loaded with ModelLoadOptions::keep_file_layout). Throws

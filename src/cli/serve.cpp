@@ -65,7 +65,7 @@ int serve(const ServeOptions& o) {
   so.shutdown_grace_s = o.shutdown_grace_s;
   so.drain_delay_s = o.drain_delay_s;
   so.webui = !o.no_webui;
-  if (device.is_cuda()) so.gpu = device.index;
+  if (model.device()) so.gpu = model.device()->pci_bus_id();
   if (tp) {
     // mpirun signals every rank when one dies: a step waiting on the dead one must fail its
     // requests (their clients get the error) while rank 0 still may, not when mpirun kills it.

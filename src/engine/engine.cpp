@@ -8,6 +8,7 @@
 #include <functional>
 #include <sys/statvfs.h>
 
+#include "backend/device.h"
 #include "engine/generate.h"
 #include "model/fingerprint.h"
 #include "spec/draft_model.h"
@@ -85,18 +86,26 @@ namespace {
 
 KvCache make_engine_cache(const Model& model, const EngineOptions& o, std::size_t ctx) {
   const ModelConfig& c = model.config();
-  const std::size_t block_bytes = BlockPool::block_bytes(c.n_layer, c.kv_dim(), o.block_tokens, o.kv_type);
+  // On a GPU the blocks' contents live in device memory (backend/device.h), and the budget is the
+  // device's: what is free after the weights, less room for a pass's activations and cuBLAS.
+  const backend::DeviceForward* device = model.device();
+  const std::size_t block_bytes =
+      device ? device->kv_block_bytes(o.block_tokens) : BlockPool::block_bytes(c.n_layer, c.kv_dim(), o.block_tokens, o.kv_type);
   std::size_t budget = o.kv_memory;
   if (budget == 0) {
     const std::size_t blocks_per_ctx = (ctx + o.block_tokens - 1) / o.block_tokens;
-    budget = std::min(8 * blocks_per_ctx * block_bytes, available_memory_bytes() / 2);
+    constexpr std::size_t kDeviceHeadroom = std::size_t{2} << 30;
+    const std::size_t device_free = device ? device->free_memory_bytes() / 10 * 9 : 0;
+    const std::size_t memory = device ? (device_free > kDeviceHeadroom ? device_free - kDeviceHeadroom : 0) : available_memory_bytes() / 2;
+    budget = std::min(8 * blocks_per_ctx * block_bytes, memory);
   }
   std::size_t n_blocks = budget / block_bytes;
   if (n_blocks < 2) {
     throw Error("KV memory budget of " + std::to_string(budget) + " bytes holds fewer than 2 blocks of " +
                 std::to_string(o.block_tokens) + " tokens (" + std::to_string(block_bytes) + " bytes each); raise --kv-memory");
   }
-  const LocalLayers local = o.release_window_kv ? model.local_layers() : LocalLayers{};
+  // (A GPU keeps every layer of a block together: no local layers apart there.)
+  const LocalLayers local = o.release_window_kv && !device ? model.local_layers() : LocalLayers{};
   std::size_t n_segments = 0;
   if (local.window > 0) {
     // The sliding-window layers' KV is needed only for what running sequences' windows reach (and
@@ -118,7 +127,8 @@ KvCache make_engine_cache(const Model& model, const EngineOptions& o, std::size_
 std::unique_ptr<KvSpool> make_spool(const Model& model, const EngineOptions& o, const KvCache& cache) {
   // Under tensor parallelism each rank holds its own heads' part of every block: a spool would need
   // all of them (not done yet), so it stays off.
-  if (o.kv_spool_dir.empty() || model.tensor_parallel()) return nullptr;
+  // Nor on a GPU, whose blocks live in device memory (not done yet either).
+  if (o.kv_spool_dir.empty() || model.tensor_parallel() || model.device()) return nullptr;
   SpoolOptions so;
   so.dir = o.kv_spool_dir;
   so.max_bytes = o.kv_spool_bytes;

@@ -196,9 +196,9 @@ struct Server::Impl {
   void begin_drain();  // SIGINT/SIGTERM: /health 503 for drain_delay_s, then begin_shutdown
   void begin_shutdown();
 
-  // Read from NVML at each scrape; left out while it cannot say (no driver, device gone). NVML's
-  // device N is cuda:N with one GPU, or in PCI order with all visible (gpu_stats.h).
-  void register_gpu_metrics(int device) {
+  // Read from NVML at each scrape; left out while it cannot say (no driver, device gone). The GPU
+  // is found by its PCI bus id, which names the same card to CUDA and NVML.
+  void register_gpu_metrics(const std::string& device) {
     registry.gauge_if_known("gpu_utilization_perc", "Fraction of the last sample period the model's GPU was computing (NVML), 0 to 1",
                             [device]() -> std::optional<double> {
                               const auto stats = backend::read_gpu_stats(device);

@@ -39,8 +39,9 @@ struct ServerOptions {
   double drain_delay_s = 0;
   bool webui = true;                      // the chat UI at / (--no-webui: 404 there)
   std::function<void()> on_shutdown;     // called once when shutdown begins (after any drain delay)
-  // The GPU the model runs on (cuda:N), if any: /metrics then reports its utilisation and memory.
-  std::optional<int> gpu;
+  // The PCI bus id of the GPU the model runs on (DeviceForward::pci_bus_id), if any: /metrics then
+  // reports its utilisation and memory.
+  std::optional<std::string> gpu;
 };
 
 // The `markers` (tool_call_control_markers) that `tokenizer` holds as control tokens, by id: the

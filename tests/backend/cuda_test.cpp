@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cfloat>
 #include <cmath>
@@ -20,6 +21,7 @@
 
 #include "backend/cuda/kernels.cuh"
 #include "backend/device.h"
+#include "backend/gpu_stats.h"
 #include "engine/engine.h"
 #include "tokenizer/tokenizer.h"
 #include "model/model.h"
@@ -337,6 +339,15 @@ TEST(CudaModel, ReportsItsDeviceAndMeasuresItsBandwidth) {
   EXPECT_EQ(gpu.device()->name().rfind("cuda:0 (", 0), 0u) << gpu.device()->name();
   EXPECT_GT(gpu.device()->weight_bytes(), file->file_size() / 2);
   EXPECT_GT(gpu.device()->measure_bandwidth_gbs(), 1.0);
+  // NVML finds the same card by its PCI bus id (serve's /metrics reads it so).
+  const std::string bus = gpu.device()->pci_bus_id();
+  EXPECT_FALSE(bus.empty());
+  std::string why;
+  if (const auto stats = read_gpu_stats(bus, &why)) {
+    EXPECT_GT(stats->memory_used_bytes, gpu.device()->weight_bytes());
+  } else {
+    std::printf("no NVML statistics for %s: %s\n", bus.c_str(), why.c_str());
+  }
 }
 
 TEST(CudaModel, TokenTreesAreAClearError) {

@@ -68,6 +68,9 @@ TEST(GpuStats, WithoutNvmlThereAreNoneAndAReason) {
   EXPECT_FALSE(read_gpu_stats(0, &why));
   EXPECT_NE(why.find("NVML is not available"), std::string::npos) << why;
   EXPECT_FALSE(read_gpu_stats(0));  // and asking again, without a reason, is the same answer
+  why.clear();
+  EXPECT_FALSE(read_gpu_stats(std::string("0000:3b:00.0"), &why));  // by PCI bus id likewise
+  EXPECT_NE(why.find("NVML is not available"), std::string::npos) << why;
 }
 
 TEST(GpuStats, WithAGpuTheyAreInRange) {

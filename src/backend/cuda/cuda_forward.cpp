@@ -167,7 +167,23 @@ class CudaForward final : public DeviceForward {
   }
 
   std::string name() const override { return name_; }
+  std::string pci_bus_id() const override {
+    char id[32] = {};
+    PROMPTLY_CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof id, device_));
+    return id;
+  }
   std::size_t weight_bytes() const override { return weight_bytes_; }
+
+  std::size_t free_memory_bytes() const override {
+    std::size_t free_bytes = 0, total = 0;
+    PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
+    PROMPTLY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return free_bytes;
+  }
+
+  std::size_t kv_block_bytes(std::size_t block_tokens) const override {
+    return static_cast<std::size_t>(c_.n_layer) * 2 * block_tokens * c_.kv_dim() * sizeof(__half);
+  }
 
   double measure_bandwidth_gbs() override {
     PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
