@@ -449,24 +449,8 @@ struct Model::ForwardPass {
   // Checks the batch, sizes the buffers, computes each token's rotations, embeds the tokens and
   // plans the attention tiles.
   void begin() {
+    m.check_batch(batch);
     for (std::size_t t = 0; t < T; ++t) {
-      if (batch.tokens[t] < 0 || static_cast<std::uint32_t>(batch.tokens[t]) >= c.n_vocab) {
-        throw Error("token id " + std::to_string(batch.tokens[t]) + " is outside the vocabulary of " + std::to_string(c.n_vocab));
-      }
-      if (batch.positions[t] < 0) throw Error("negative position in batch");
-      const std::int32_t context = batch.tree_context[t];
-      if (context < 0 && batch.kv_slots[t] != batch.positions[t]) throw Error("internal: an ordinary batch token stored off its position");
-      if (context >= 0) {
-        const std::int32_t node = batch.kv_slots[t] - context;
-        const std::uint64_t ancestors = batch.tree_ancestors[t];
-        // A tree grows after at least one token (its root, whose logits predict the first level).
-        if (context < 1 || node < 0 || node >= static_cast<std::int32_t>(Batch::kMaxTreeNodes) || !(ancestors >> node & 1) ||
-            (ancestors >> node) != 1 || batch.positions[t] != context - 1 + std::popcount(ancestors)) {
-          throw Error("internal: tree node " + std::to_string(t) + " of the batch has an inconsistent slot, ancestors or position");
-        }
-        // The ancestors' positions are taken to lie within every sliding window.
-        if (c.sliding_window && c.sliding_window <= Batch::kMaxTreeNodes) throw Error("token trees need a sliding window over 64 positions");
-      }
       cache.reserve(batch.seq_ids[t], slot(t) + 1);
     }
     if (m.tp_ && m.tp_->rank() == 0) m.send_step(batch, cache);
@@ -477,8 +461,7 @@ struct Model::ForwardPass {
     }
     if (tree) s.lse.resize(T * c.n_head);
     const std::size_t local_rope = m.inv_freq_local_.empty() ? 0 : T * R;
-    const bool long_context = !m.inv_freq_long_.empty() && cache.max_positions() > c.rope_orig_ctx;
-    const float* inv_freq = long_context ? m.inv_freq_long_.data() : m.inv_freq_.data();
+    const float* inv_freq = m.rope_speeds_for(cache.max_positions()).data();
     for (auto [buf, n] : {std::pair{&s.x, T * D}, {&s.xn, T * D}, {&s.q, T * QD}, {&s.k, T * KVD}, {&s.v, T * KVD},
                           {&s.attn, T * QD}, {&s.tmp, T * D}, {&s.gate, c.is_moe() ? 0 : T * F}, {&s.up, c.is_moe() ? 0 : T * F},
                           {&s.rope_cos, T * R}, {&s.rope_sin, T * R}, {&s.rope_cos_local, local_rope}, {&s.rope_sin_local, local_rope}}) {
@@ -715,12 +698,35 @@ struct Model::ForwardPass {
   }
 };
 
+void Model::check_batch(const Batch& batch) const {
+  for (std::size_t t = 0; t < batch.size(); ++t) {
+    if (batch.tokens[t] < 0 || static_cast<std::uint32_t>(batch.tokens[t]) >= config_.n_vocab) {
+      throw Error("token id " + std::to_string(batch.tokens[t]) + " is outside the vocabulary of " + std::to_string(config_.n_vocab));
+    }
+    if (batch.positions[t] < 0) throw Error("negative position in batch");
+    const std::int32_t context = batch.tree_context[t];
+    if (context < 0 && batch.kv_slots[t] != batch.positions[t]) throw Error("internal: an ordinary batch token stored off its position");
+    if (context >= 0) {
+      const std::int32_t node = batch.kv_slots[t] - context;
+      const std::uint64_t ancestors = batch.tree_ancestors[t];
+      // A tree grows after at least one token (its root, whose logits predict the first level).
+      if (context < 1 || node < 0 || node >= static_cast<std::int32_t>(Batch::kMaxTreeNodes) || !(ancestors >> node & 1) ||
+          (ancestors >> node) != 1 || batch.positions[t] != context - 1 + std::popcount(ancestors)) {
+        throw Error("internal: tree node " + std::to_string(t) + " of the batch has an inconsistent slot, ancestors or position");
+      }
+      // The ancestors' positions are taken to lie within every sliding window.
+      if (config_.sliding_window && config_.sliding_window <= Batch::kMaxTreeNodes) throw Error("token trees need a sliding window over 64 positions");
+    }
+  }
+}
+
 bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
                     const std::function<bool(std::size_t layer)>& stop_before) const {
   if (tp_ && tp_->rank() != 0) throw Error("internal: a tensor-parallel rank other than 0 runs the passes rank 0 sends (follow_steps)");
   if (device_) {
     logits.clear();
     if (batch.size() == 0) return true;
+    check_batch(batch);
     return device_->forward(batch, cache, logits, stop_before);
   }
   return run_pass(batch, cache, pool, logits, tp_ ? nullptr : stop_before);

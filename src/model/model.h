@@ -91,6 +91,10 @@ class Model {
   // engine lets a waiting follow-up go ahead of a step already in flight.
   bool forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
                const std::function<bool(std::size_t layer)>& stop_before = {}) const;
+  // Throws Error for a batch no forward pass may run: a token outside the vocabulary, a negative
+  // position, a token stored off its position, a tree node inconsistent with its tree. forward
+  // checks every batch with it first, whether the pass runs here or on a device.
+  void check_batch(const Batch& batch) const;
 
   // The sliding-window layers and their window, for a cache that keeps their KV apart and gives it
   // up behind the window (KvCache::release_behind_window); none without a window, or under tensor

@@ -302,8 +302,7 @@ TEST(CudaModel, CodeModelsDecodeAsOnTheCpu) {
 // Two sequences decoding in one batch see only their own blocks.
 TEST(CudaModel, BatchedSequencesMatchTheirSoloRuns) {
   REQUIRE_GPU();
-  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
-  const std::unique_ptr<Model> on_gpu = gpu_model(file);
+  const std::unique_ptr<Model> on_gpu = gpu_model(gguf::File::open(shared_model("stories260K.gguf")));
   Model& gpu = *on_gpu;
   ThreadPool pool(1);
   const std::vector<std::int32_t> a = {1, 50, 60, 70, 80, 90, 100, 110, 120, 130}, b = {1, 7, 8};
@@ -332,12 +331,11 @@ TEST(CudaModel, BatchedSequencesMatchTheirSoloRuns) {
 
 TEST(CudaModel, ReportsItsDeviceAndMeasuresItsBandwidth) {
   REQUIRE_GPU();
-  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
-  const std::unique_ptr<Model> on_gpu = gpu_model(file);
+  const std::unique_ptr<Model> on_gpu = gpu_model(gguf::File::open(shared_model("stories260K.gguf")));
   Model& gpu = *on_gpu;
   ASSERT_NE(gpu.device(), nullptr);
   EXPECT_EQ(gpu.device()->name().rfind("cuda:0 (", 0), 0u) << gpu.device()->name();
-  EXPECT_GT(gpu.device()->weight_bytes(), file->file_size() / 2);
+  EXPECT_GT(gpu.device()->weight_bytes(), gpu.file().file_size() / 2);
   EXPECT_GT(gpu.device()->measure_bandwidth_gbs(), 1.0);
   // NVML finds the same card by its PCI bus id (serve's /metrics reads it so).
   const std::string bus = gpu.device()->pci_bus_id();
@@ -352,8 +350,7 @@ TEST(CudaModel, ReportsItsDeviceAndMeasuresItsBandwidth) {
 
 TEST(CudaModel, TokenTreesAreAClearError) {
   REQUIRE_GPU();
-  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
-  const std::unique_ptr<Model> on_gpu = gpu_model(file);
+  const std::unique_ptr<Model> on_gpu = gpu_model(gguf::File::open(shared_model("stories260K.gguf")));
   Model& gpu = *on_gpu;
   ThreadPool pool(1);
   KvCache cache = gpu.make_cache(64, KvType::F16);

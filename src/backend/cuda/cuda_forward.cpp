@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <tuple>
@@ -107,7 +108,6 @@ struct DeviceLayer {
 struct KvState : KvCache::DeviceState {
   DeviceBuffer<__half> data;
   DeviceKv desc{};
-  int device = 0;
 };
 
 class PinnedBuffer {
@@ -210,7 +210,7 @@ class CudaForward final : public DeviceForward {
                const std::function<bool(std::size_t layer)>& stop_before) override {
     PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
     const int T = static_cast<int>(batch.size());
-    check_batch(batch, cache);
+    reserve_for(batch, cache);
     KvState& kv = kv_state(cache);
     for (const BlockPool::RowCopy& copy : cache.pool().take_copies()) {  // prefix sharing's copy-on-write, in order
       copy_kv_rows(kv.desc, copy.from, static_cast<int>(copy.from_slot), copy.to, static_cast<int>(copy.to_slot),
@@ -263,7 +263,6 @@ class CudaForward final : public DeviceForward {
     out.bytes = DeviceBuffer<std::uint8_t>(bytes);
     PROMPTLY_CUDA_CHECK(cudaMemcpy(out.bytes.get(), m.data, bytes, cudaMemcpyHostToDevice));
     weight_bytes_ += bytes;
-    largest_matrix_ = std::max(largest_matrix_, m.rows * m.cols);
   }
   void upload(const float* v, std::size_t n, DeviceBuffer<float>& out) {
     if (!v) return;
@@ -289,7 +288,10 @@ class CudaForward final : public DeviceForward {
       d.local = L.local;
     }
     upload(model_.token_embedding(), token_embd_, "token_embd");
-    upload(model_.output(), output_, "output");
+    // A tied output is the embedding table: the same bytes on the device too.
+    const kernels::WeightMatrix& embedding = model_.token_embedding();
+    output_tied_ = model_.output().data == embedding.data && model_.output().rows == embedding.rows;
+    if (!output_tied_) upload(model_.output(), output_, "output");
     upload(model_.output_norm(), D, output_norm_);
     const auto& short_freq = model_.rope_speeds_for(0);
     upload(short_freq.data(), short_freq.size(), inv_freq_);
@@ -300,22 +302,15 @@ class CudaForward final : public DeviceForward {
   }
 
   // ---- one step ------------------------------------------------------------------------------
-  void check_batch(const Batch& batch, KvCache& cache) const {
+  // Model::forward has checked the batch (Model::check_batch); what the GPU does not run yet is refused here.
+  static void reserve_for(const Batch& batch, KvCache& cache) {
     if (batch.has_tree()) throw Error("--device cuda: token trees run on the CPU only (use --spec draft or ngram)");
-    for (std::size_t t = 0; t < batch.size(); ++t) {
-      if (batch.tokens[t] < 0 || static_cast<std::uint32_t>(batch.tokens[t]) >= c_.n_vocab) {
-        throw Error("token id " + std::to_string(batch.tokens[t]) + " is outside the vocabulary of " + std::to_string(c_.n_vocab));
-      }
-      if (batch.positions[t] < 0) throw Error("negative position in batch");
-      if (batch.kv_slots[t] != batch.positions[t]) throw Error("internal: an ordinary batch token stored off its position");
-      cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.kv_slots[t]) + 1);
-    }
+    for (std::size_t t = 0; t < batch.size(); ++t) cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.kv_slots[t]) + 1);
   }
 
   KvState& kv_state(KvCache& cache) {
     if (auto* state = dynamic_cast<KvState*>(cache.device_state())) return *state;
     auto state = std::make_unique<KvState>();
-    state->device = device_;
     state->desc.n_layer = static_cast<int>(c_.n_layer);
     state->desc.n_head_kv = static_cast<int>(c_.n_head_kv);
     state->desc.head_dim = static_cast<int>(c_.head_dim);
@@ -402,13 +397,25 @@ class CudaForward final : public DeviceForward {
     PROMPTLY_CUDA_CHECK(cudaGraphLaunch(it->second, compute_));
   }
 
-  // y[T x W.rows] = x[T x W.cols] W^T: the matrix-vector kernel for decode-sized batches, else
-  // cuBLAS on halves (the weights decoded a slice of rows at a time; F32 weights in FP32).
-  void matmul(const DeviceMatrix& w, const float* x, int T, float* y) {
-    if (T <= kGemvMaxTokens) {
-      gemv(w.data(), w.format, w.rows, w.cols, x, T, y, compute_);
-      return;
+  struct Product {
+    const DeviceMatrix& w;
+    float* y;
+  };
+  // y[T x W.rows] = x[T x W.cols] W^T for each product, all reading the same x (q/k/v, gate/up):
+  // the matrix-vector kernel for decode-sized batches, else cuBLAS on halves (x converted once for
+  // them all, the weights decoded a slice of rows at a time; F32 weights in FP32).
+  void matmul(std::initializer_list<Product> products, const float* x, int T) {
+    bool x_in_half = false;
+    for (const Product& p : products) {
+      if (T <= kGemvMaxTokens) {
+        gemv(p.w.data(), p.w.format, p.w.rows, p.w.cols, x, T, p.y, compute_);
+      } else {
+        gemm(p.w, x, T, p.y, x_in_half);
+      }
     }
+  }
+
+  void gemm(const DeviceMatrix& w, const float* x, int T, float* y, bool& x_in_half) {
     const CublasApi& api = cublas();
     if (!cublas_handle_) {
       if (api.create(&cublas_handle_) != CUBLAS_STATUS_SUCCESS) throw Error("cuBLAS: could not create a handle");
@@ -425,9 +432,12 @@ class CudaForward final : public DeviceForward {
       gemm(w.rows, w.data(), CUDA_R_32F, x, y);
       return;
     }
-    const std::size_t n_x = static_cast<std::size_t>(T) * w.cols;
-    x_half_.reserve(n_x);
-    float_to_half(x, n_x, x_half_.get(), compute_);
+    if (!x_in_half) {
+      const std::size_t n_x = static_cast<std::size_t>(T) * w.cols;
+      x_half_.reserve(n_x);
+      float_to_half(x, n_x, x_half_.get(), compute_);
+      x_in_half = true;
+    }
     constexpr std::size_t kSliceElems = std::size_t{64} << 20;  // 128 MiB of halves at most
     const int slice_rows = w.format == WeightFormat::F16 ? w.rows
                                                           : static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(w.rows, kSliceElems / w.cols)));
@@ -456,9 +466,7 @@ class CudaForward final : public DeviceForward {
       // Attention sublayer (the previous FFN output joins the stream first).
       const float* prev_post = il > 0 ? layers_[il - 1].post_ffn_norm.get() : nullptr;
       add_rmsnorm(x_.get(), il > 0 ? tmp_.get() : nullptr, prev_post, L.attn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_);
-      matmul(L.wq, xn_.get(), T, q_.get());
-      matmul(L.wk, xn_.get(), T, k_.get());
-      matmul(L.wv, xn_.get(), T, v_.get());
+      matmul({{L.wq, q_.get()}, {L.wk, k_.get()}, {L.wv, v_.get()}}, xn_.get(), T);
       const bool own_rope = L.local && inv_freq_local_.get();
       QkvPost post{q_.get(), k_.get(), v_.get(), L.bq.get(), L.bk.get(), L.bv.get(), L.q_norm.get(), L.k_norm.get(),
                    own_rope ? inv_freq_local_.get() : inv_freq, static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv),
@@ -469,17 +477,16 @@ class CudaForward final : public DeviceForward {
                          static_cast<int>(c_.head_dim), static_cast<int>(il), L.local ? static_cast<int>(c_.sliding_window) : 0,
                          1.0f / std::sqrt(static_cast<float>(c_.head_dim)), c_.attn_softcap, shape.chunk, shape.n_splits};
       attention(args, meta_, T, kv.desc, compute_);
-      matmul(L.wo, attn_.get(), T, tmp_.get());
+      matmul({{L.wo, tmp_.get()}}, attn_.get(), T);
       // FFN sublayer.
       add_rmsnorm(x_.get(), tmp_.get(), L.post_attn_norm.get(), L.ffn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_);
-      matmul(L.gate, xn_.get(), T, gate_.get());
-      matmul(L.up, xn_.get(), T, up_.get());
+      matmul({{L.gate, gate_.get()}, {L.up, up_.get()}}, xn_.get(), T);
       gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(T) * F, c_.desc->activation == arch::Activation::GeluTanh, compute_);
-      matmul(L.down, gate_.get(), T, tmp_.get());
+      matmul({{L.down, tmp_.get()}}, gate_.get(), T);
     }
     add_rmsnorm(x_.get(), tmp_.get(), layers_.back().post_ffn_norm.get(), output_norm_.get(), D, T, c_.rms_eps, xn_.get(), compute_);
     gather_rows(xn_.get(), out_rows_, n_out, D, out_x_.get(), compute_);
-    if (n_out > 0) matmul(output_, out_x_.get(), n_out, logits_.get());
+    if (n_out > 0) matmul({{output_tied_ ? token_embd_ : output_, logits_.get()}}, out_x_.get(), n_out);
     if (c_.final_softcap > 0.0f) softcap(logits_.get(), static_cast<std::size_t>(n_out) * c_.n_vocab, c_.final_softcap, compute_);
     PROMPTLY_CUDA_CHECK(cudaGetLastError());
     return true;
@@ -493,13 +500,14 @@ class CudaForward final : public DeviceForward {
   std::string name_;
   int multiprocessors_ = 0;
   bool use_graphs_ = true;
-  std::size_t weight_bytes_ = 0, largest_matrix_ = 0;
+  std::size_t weight_bytes_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cudaEvent_t uploaded_ = nullptr;
   cublasHandle_t cublas_handle_ = nullptr;
 
   std::vector<DeviceLayer> layers_;
   DeviceMatrix token_embd_, output_;
+  bool output_tied_ = false;  // output_ unused: the logits come from token_embd_
   DeviceBuffer<float> output_norm_, inv_freq_, inv_freq_long_, inv_freq_local_;
 
   DeviceBuffer<std::int32_t> step_;
