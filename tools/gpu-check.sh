@@ -88,13 +88,25 @@ for spec in "Q4_K 0 300" "F16 $slice 120"; do
   rm -f "$f"
 done
 
-say "== serve --device cuda: a chat completion and the GPU gauges"
+say "== serve --device cuda: greedy, streamed and concurrent sampled completions, the GPU gauges"
 $P serve -m .gpu/models/stories260K.gguf --device cuda --port 18181 > "$out/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 1 60); do curl -sf localhost:18181/health > /dev/null 2>&1 && break; sleep 0.5; done
 curl -s localhost:18181/v1/completions -H 'Content-Type: application/json' \
   -d '{"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0}' | tee -a "$summary"; echo | tee -a "$summary"
-curl -s localhost:18181/metrics | grep -E '^promptly:gpu_' | tee -a "$summary"
+# Sampled streams (the API's defaults: drawn on the GPU), four at once and one streamed.
+clients=()
+for i in 1 2 3 4; do
+  curl -s localhost:18181/v1/completions -H 'Content-Type: application/json' \
+    -d "{\"prompt\": \"Once upon a time\", \"max_tokens\": 32, \"seed\": $i}" > "$out/sampled-$i.json" &
+  clients+=($!)
+done
+wait "${clients[@]}"
+for i in 1 2 3 4; do say "sampled $i: $(grep -o '"text":"[^"]*"' "$out/sampled-$i.json" | head -c 160)"; done
+curl -sN localhost:18181/v1/chat/completions -H 'Content-Type: application/json' \
+  -d '{"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 24, "stream": true}' > "$out/stream.txt"
+say "streamed: $(grep -c '^data: {' "$out/stream.txt") chunks, ends with: $(tail -n 2 "$out/stream.txt" | head -c 40)"
+curl -s localhost:18181/metrics | grep -E '^promptly:(gpu_|engine_device_sampled|generation_tokens_total)' | tee -a "$summary"
 kill $server 2>/dev/null; wait $server 2>/dev/null
 tail -n 5 "$out/serve.log" >> "$summary"
 say "== done"

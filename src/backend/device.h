@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/device_draw.h"
+
 namespace promptly {
 class KvCache;
 class Model;
@@ -42,9 +44,9 @@ std::vector<std::string> describe_devices();
 class DeviceForward {
  public:
   virtual ~DeviceForward() = default;
-  // Model::forward's contract, on the device.
+  // Model::forward's contract, on the device, `sampling` included.
   virtual bool forward(const Batch& batch, KvCache& cache, std::vector<float>& logits,
-                       const std::function<bool(std::size_t layer)>& stop_before) = 0;
+                       const std::function<bool(std::size_t layer)>& stop_before, DeviceSampling* sampling) = 0;
   virtual std::string name() const = 0;  // "cuda:0 (NVIDIA H200)"
   // The device's PCI bus id ("0000:3b:00.0"): how NVML (backend/gpu_stats.h) finds the same card.
   virtual std::string pci_bus_id() const = 0;

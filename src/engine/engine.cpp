@@ -372,6 +372,25 @@ void Engine::step() {
   // Busy from here: the batch is computed. Planning an empty step and waiting are idle time.
   const BusyMeter::Step busy_step(busy_);
   const std::vector<std::size_t> first_row = add_guesses(plan);
+  // The streams to sample, and which of them the device draws (draw_of: index into its draws, or -1).
+  std::vector<Sequence*> sampled;
+  std::vector<std::size_t> chunk_of;
+  std::vector<std::ptrdiff_t> draw_of;
+  device_sampling_.draws.clear();
+  device_sampling_.tokens.clear();
+  for (std::size_t ci = 0; ci < plan.chunks.size(); ++ci) {
+    if (!plan.chunks[ci].sample) continue;
+    Sequence& s = *plan.chunks[ci].seq;
+    sampled.push_back(&s);
+    chunk_of.push_back(ci);
+    draw_of.push_back(-1);
+    if (!draws_on_device(s, guesses_[ci])) continue;
+    const SamplingParams& p = s.request.sampling;
+    draw_of.back() = static_cast<std::ptrdiff_t>(device_sampling_.draws.size());
+    // The uniform is only taken from the generator once the pass has run (below).
+    device_sampling_.draws.push_back({static_cast<std::int32_t>(first_row[ci]), p.temperature, p.top_k, p.top_p, p.min_p,
+                                      p.temperature > 0.0f ? s.sampler.next_uniform() : 0.0});
+  }
   const auto t0 = SteadyClock::now();
   // A follow-up arriving while this step runs may have it stop at a layer boundary, while at most
   // half of its layers have run (past that, finishing costs the newcomer less than the others lose).
@@ -382,13 +401,17 @@ void Engine::step() {
     };
   }
   try {
-    if (!model_.forward(plan.batch, cache_, pool_, logits_, stop_before)) {
+    if (!model_.forward(plan.batch, cache_, pool_, logits_, stop_before, device_sampling_.draws.empty() ? nullptr : &device_sampling_)) {
       scheduler_.interrupted();
       ++steps_interrupted_;
       return;
     }
   } catch (const std::exception& e) {
     for (const StepPlan::Chunk& c : plan.chunks) finish(*c.seq, FinishReason::Error, e.what());
+    return;
+  }
+  if (device_sampling_.tokens.size() != device_sampling_.draws.size()) {
+    for (const StepPlan::Chunk& c : plan.chunks) finish(*c.seq, FinishReason::Error, "internal error: the device drew no tokens for its rows");
     return;
   }
   const double attended = StepCostModel::attended_by(plan.batch.positions);
@@ -410,13 +433,6 @@ void Engine::step() {
   // is tens to hundreds of microseconds, per stream), then their effects in batch order.
   // A speculated stream's rows are verified instead (its committed tokens: the accepted guesses,
   // then the target's own).
-  std::vector<Sequence*> sampled;
-  std::vector<std::size_t> chunk_of;
-  for (std::size_t ci = 0; ci < plan.chunks.size(); ++ci) {
-    if (!plan.chunks[ci].sample) continue;
-    sampled.push_back(plan.chunks[ci].seq);
-    chunk_of.push_back(ci);
-  }
   std::vector<Pick> picks(sampled.size());
   std::vector<std::vector<std::int32_t>> committed(sampled.size());
   std::vector<std::size_t> accepted(sampled.size(), 0);
@@ -427,7 +443,10 @@ void Engine::step() {
     for (std::size_t i = b; i < e; ++i) {
       const std::size_t ci = chunk_of[i];
       float* rows = &logits_[first_row[ci] * n_vocab];
-      if (guesses_[ci].tokens.empty()) {
+      if (draw_of[i] >= 0) {
+        picks[i].id = device_sampling_.tokens[static_cast<std::size_t>(draw_of[i])];
+        if (sampled[i]->request.sampling.temperature > 0.0f) sampled[i]->sampler.skip_uniform();
+      } else if (guesses_[ci].tokens.empty()) {
         picks[i] = pick(*sampled[i], rows);
       } else if (guesses_[ci].is_tree()) {
         accepted[i] = spec::verify_tree(rows, n_vocab, guesses_[ci], sampled[i]->tokens, sampled[i]->sampler, p, committed[i], tree_paths[i]);
@@ -440,6 +459,7 @@ void Engine::step() {
     Sequence& s = *sampled[i];
     const spec::Proposal& g = guesses_[chunk_of[i]];
     if (g.tokens.empty()) {
+      if (draw_of[i] >= 0) ++device_sampled_tokens_;
       accept(s, std::move(picks[i]));
       continue;
     }
@@ -460,6 +480,12 @@ void Engine::step() {
       if (j < accepted[i]) scheduler_.accept_guess(s);
     }
   }
+}
+
+bool Engine::draws_on_device(const Sequence& s, const spec::Proposal& guesses) const {
+  const SamplingParams& p = s.request.sampling;
+  return model_.device() && guesses.tokens.empty() && s.request.top_logprobs < 0 && s.request.logit_bias.empty() && !s.constraint &&
+         p.repeat_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
 }
 
 spec::Proposer* Engine::proposer_for(Sequence& s) {
@@ -709,6 +735,7 @@ void Engine::publish_stats() {
   st.evicted_blocks = k.evicted_blocks;
   st.prompt_tokens = prompt_tokens_;
   st.generation_tokens = generation_tokens_;
+  st.device_sampled_tokens = device_sampled_tokens_;
   st.steps = steps_;
   st.step_fixed_ms = cost_.fixed_s() * 1000;
   st.step_per_token_ms = cost_.per_token_s() * 1000;

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/device_draw.h"
 #include "engine/busy_meter.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
@@ -103,6 +104,8 @@ struct EngineStats {
   std::uint64_t preemptions = 0, evicted_blocks = 0, steps = 0;
   std::uint64_t steps_interrupted = 0;  // steps stopped early for a follow-up (Scheduler::gives_way)
   std::uint64_t spool_hit_blocks = 0, spool_hit_tokens = 0;  // read back from the KV spool for requests
+  // Tokens a device sampled itself (only the token came back, not its row of logits).
+  std::uint64_t device_sampled_tokens = 0;
   // The step cost model's coefficients now (StepCostModel) and the step time limit they serve
   // (0: none, no ITL target).
   double step_fixed_ms = 0, step_per_token_ms = 0, step_per_1k_attended_ms = 0, step_limit_ms = 0;
@@ -158,6 +161,10 @@ class Engine {
     std::vector<TokenLogprob> top;
   };
   Pick pick(Sequence& s, float* logits) const;
+  // Whether s's next token may be drawn by the device that runs the model (backend/device_draw.h):
+  // not where the host's pick does more than the device's sampler (logit bias, a grammar's mask,
+  // log-probabilities, penalties) or verifies guesses.
+  bool draws_on_device(const Sequence& s, const spec::Proposal& guesses) const;
   // Then, one sequence after another: the token joins the sequence and goes out as an event.
   // Returns false once the sequence has finished (it is gone then).
   bool accept(Sequence& s, Pick pick);
@@ -188,6 +195,7 @@ class Engine {
   StepOverrun overrun_;
   Scheduler scheduler_;
   std::vector<float> logits_;
+  backend::DeviceSampling device_sampling_;
   std::vector<std::pair<std::shared_ptr<const EventCallback>, EngineEvent>> pending_events_;
 
   mutable std::mutex mutex_;
@@ -199,7 +207,7 @@ class Engine {
   std::uint64_t next_id_ = 1;
   EngineStats stats_;
   std::uint64_t finished_[6] = {};
-  std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, steps_interrupted_ = 0;
+  std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, steps_interrupted_ = 0, device_sampled_tokens_ = 0;
   // Speculation: the n-gram proposer (stateless, shared), draft proposers per stream, this step's
   // guesses per chunk, and the counters.
   std::unique_ptr<spec::Proposer> ngram_;

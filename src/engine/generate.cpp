@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "backend/device_draw.h"
 #include "grammar/mask_worker.h"
 #include "kv/spool.h"
 #include "model/fingerprint.h"
@@ -109,6 +110,24 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
     grammar::mask_logits(mask_worker.wait(*constraint), options.grammar->vocab().size(), row, cfg.n_vocab);
   };
 
+  // On a device, a stream whose logits the host has nothing to do with (no grammar, penalties,
+  // guesses to verify, logits to keep) has its tokens drawn there: only the token comes back.
+  const SamplingParams& sp = options.sampling;
+  const bool draw_on_device = model.device() && !constraint && !keep_logits && !(options.proposer && options.spec_tokens > 0) &&
+                              sp.repeat_penalty == 1.0f && sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f;
+  backend::DeviceSampling device_draw;
+  // Runs a batch whose last token wants logits; the token the device drew, or -1 (sample `logits`).
+  const auto forward_for_token = [&]() -> std::int32_t {
+    if (!draw_on_device) {
+      model.forward(batch, cache, pool, logits);
+      return -1;
+    }
+    device_draw.draws.assign(1, {0, sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.temperature > 0.0f ? sampler.next_uniform() : 0.0});
+    model.forward(batch, cache, pool, logits, {}, &device_draw);
+    if (sp.temperature > 0.0f) sampler.skip_uniform();
+    return device_draw.tokens.at(0);
+  };
+
   const auto t0 = SteadyClock::now();
   std::unique_ptr<KvSpool> spool;
   std::vector<ChainHash> chain;
@@ -129,6 +148,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
     cache.release_behind_window(kSeq);
   };
   const std::size_t chunk = std::max<std::size_t>(1, options.prefill_chunk);
+  std::int32_t drawn = -1;
   for (std::size_t start = from_spool; start < prompt.size(); start += chunk) {
     batch.clear();
     const std::size_t end = std::min(prompt.size(), start + chunk);
@@ -136,7 +156,11 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
       batch.add(prompt[i], static_cast<std::int32_t>(i), kSeq, i + 1 == prompt.size());
     }
     if (start > 0) release_behind_window();
-    model.forward(batch, cache, pool, logits);
+    if (end == prompt.size()) {
+      drawn = forward_for_token();
+    } else {
+      model.forward(batch, cache, pool, logits);
+    }
   }
   // The prompt's blocks go to the spool now (written behind the generation), so that a run stopped
   // midway still leaves them.
@@ -157,7 +181,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
       // The prompt's last logits give the first token, as without speculation.
       if (keep_logits) result.logits.push_back(logits);
       constrain(logits.data());
-      committed.push_back(sampler.sample(logits.data(), cfg.n_vocab, history));
+      committed.push_back(drawn >= 0 ? drawn : sampler.sample(logits.data(), cfg.n_vocab, history));
       t_first = SteadyClock::now();
       result.timings.ttft_ms = std::chrono::duration<double, std::milli>(t_first - t0).count();
     } else {
@@ -187,9 +211,11 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
       // tree's own slots past the context.
       release_behind_window();
       const auto t_target = SteadyClock::now();
-      model.forward(batch, cache, pool, logits);
+      drawn = forward_for_token();
       result.timings.target_ms += seconds_since(t_target) * 1000.0;
-      if (proposal.is_tree()) {
+      if (drawn >= 0) {
+        committed.push_back(drawn);
+      } else if (proposal.is_tree()) {
         spec::verify_tree(logits.data(), cfg.n_vocab, proposal, history, sampler, p, committed, accepted_path,
                           keep_logits ? &result.logits : nullptr);
         result.timings.spec_accepted += accepted_path.size();

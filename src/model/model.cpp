@@ -721,13 +721,14 @@ void Model::check_batch(const Batch& batch) const {
 }
 
 bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
-                    const std::function<bool(std::size_t layer)>& stop_before) const {
+                    const std::function<bool(std::size_t layer)>& stop_before, backend::DeviceSampling* sampling) const {
   if (tp_ && tp_->rank() != 0) throw Error("internal: a tensor-parallel rank other than 0 runs the passes rank 0 sends (follow_steps)");
+  if (sampling) sampling->tokens.clear();
   if (device_) {
     logits.clear();
     if (batch.size() == 0) return true;
     check_batch(batch);
-    return device_->forward(batch, cache, logits, stop_before);
+    return device_->forward(batch, cache, logits, stop_before, sampling);
   }
   return run_pass(batch, cache, pool, logits, tp_ ? nullptr : stop_before);
 }

@@ -23,6 +23,7 @@
 namespace promptly {
 namespace backend {
 class DeviceForward;
+struct DeviceSampling;
 }
 
 struct LayerWeights {
@@ -89,8 +90,13 @@ class Model {
   // empty. The rows already written at the batch's positions hold nothing anyone reads (they lie
   // past the lengths) until the same tokens run again and write the same values. This is how the
   // engine lets a waiting follow-up go ahead of a step already in flight.
+  //
+  // `sampling`, with a device attached (device()), names logit rows the device samples itself
+  // (backend/device_draw.h): their tokens come back in sampling->tokens and those rows of `logits`
+  // are left unwritten (the vocabulary-sized rows never cross to the host). On the CPU its tokens
+  // are left empty and every row is written: the caller samples.
   bool forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
-               const std::function<bool(std::size_t layer)>& stop_before = {}) const;
+               const std::function<bool(std::size_t layer)>& stop_before = {}, backend::DeviceSampling* sampling = nullptr) const;
   // Throws Error for a batch no forward pass may run: a token outside the vocabulary, a negative
   // position, a token stored off its position, a tree node inconsistent with its tree. forward
   // checks every batch with it first, whether the pass runs here or on a device.

@@ -248,6 +248,11 @@ void Sampler::distribution(float* logits, std::size_t n_vocab, const std::vector
   for (std::size_t i = 0; i < kept.n; ++i) probs[static_cast<std::size_t>(kept_id(kept, i))] = static_cast<float>(weights_[i] * inv_total);
 }
 
+double Sampler::next_uniform() const {
+  std::mt19937_64 copy = rng_;
+  return uniform(copy);
+}
+
 std::int32_t Sampler::draw(const std::vector<float>& weights) {
   // Eight independent sums: one chain of dependent additions over a 150K vocabulary would take
   // several times as long as the walk.

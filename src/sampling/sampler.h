@@ -43,6 +43,13 @@ class Sampler {
   // need not return the same token. A zero weight is never drawn; with no positive weight, 0.
   std::int32_t draw(const std::vector<float>& weights);
 
+  // The uniform in [0, 1) that the next draw (sample() at a temperature above 0, draw()) would
+  // take from the generator, leaving it as it is; skip_uniform() then moves it past that draw. For a
+  // draw made elsewhere (a device's sampler, backend/device_draw.h), so that a seed gives one stream
+  // of draws whichever device makes them, and a pass that never ran uses none.
+  double next_uniform() const;
+  void skip_uniform() { rng_.discard(1); }
+
   // The generator sample() and draw() use, for callers (rejection sampling) whose draws should come
   // from the same seeded stream.
   std::mt19937_64& rng() { return rng_; }

@@ -162,7 +162,11 @@ struct Server::Impl {
     registry.gauge("cpu_threads", "Threads that compute an engine step (-t)", [this] { return static_cast<double>(engine.compute_threads()); });
     registry.counter_fn("engine_generated_tokens_total", "Tokens generated, counted at the step that made them",
                         [this] { return static_cast<double>(engine.stats().generation_tokens); });
-    if (options.gpu) register_gpu_metrics(*options.gpu);
+    if (options.gpu) {
+      register_gpu_metrics(*options.gpu);
+      registry.counter_fn("engine_device_sampled_tokens_total", "Tokens drawn on the GPU (only the token came back, not its logits)",
+                          [this] { return static_cast<double>(engine.stats().device_sampled_tokens); });
+    }
     process_registry.counter_fn("process_cpu_seconds_total", "User and system CPU time of this process", [] { return metrics::process_cpu_seconds(); });
     process_registry.gauge("process_resident_memory_bytes", "Resident memory of this process",
                            [] { return static_cast<double>(metrics::process_resident_bytes()); });

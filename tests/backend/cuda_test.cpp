@@ -20,11 +20,13 @@
 #include <vector>
 
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/sampling.cuh"
 #include "backend/device.h"
 #include "backend/gpu_stats.h"
 #include "engine/engine.h"
 #include "tokenizer/tokenizer.h"
 #include "model/model.h"
+#include "sampling/sampler.h"
 #include "tensor/quant.h"
 #include "util/error.h"
 #include "util/fp16.h"
@@ -205,17 +207,86 @@ TEST(CudaKernels, PagedAttentionMatchesTheReference) {
   }
 }
 
-TEST(CudaKernels, ArgmaxTakesTheLowestIndexOfTies) {
+// ---- sampling --------------------------------------------------------------------------------
+
+std::vector<std::int32_t> sample_on_device(const std::vector<float>& logits, int n_vocab, const std::vector<DeviceDraw>& draws) {
+  Device<float> d(logits);
+  Device<DeviceDraw> on_device(draws);
+  Device<std::int32_t> out(draws.size());
+  sample_rows(d.p, n_vocab, on_device.p, static_cast<int>(draws.size()), out.p, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return out.read();
+}
+
+TEST(CudaSampling, GreedyTakesTheFirstLargestLogit) {
   REQUIRE_GPU();
   const int n = 50000;
-  std::vector<float> logits(2 * n, -1.0f);
-  logits[123] = 5, logits[40000] = 5;       // row 0: a tie
-  logits[n + 49999] = 3;                    // row 1: the last
-  Device<float> d(logits);
-  Device<std::int32_t> out(2);
-  argmax_rows(d.p, 2, n, out.p, nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(out.read(), (std::vector<std::int32_t>{123, 49999}));
+  std::vector<float> logits(4 * n, -1.0f);
+  logits[123] = 5, logits[40000] = 5;                                          // row 0: a tie
+  logits[n + 49999] = 3;                                                       // row 1: the last
+  std::fill(logits.begin() + 2 * n, logits.begin() + 3 * n, -INFINITY);        // row 2: all -inf
+  logits[3 * n + 7] = NAN, logits[3 * n + 9] = 2, logits[3 * n + 10] = 2;      // row 3: NaN never wins
+  std::vector<DeviceDraw> draws;
+  for (int r = 0; r < 4; ++r) draws.push_back({r, 0.0f, 40, 0.9f, 0.05f, 0.5});
+  EXPECT_EQ(sample_on_device(logits, n, draws), (std::vector<std::int32_t>{123, 49999, 0, 9}));
+  for (int r = 0; r < 4; ++r) {
+    std::vector<float> row(logits.begin() + static_cast<std::ptrdiff_t>(r) * n, logits.begin() + static_cast<std::ptrdiff_t>(r + 1) * n);
+    EXPECT_EQ(argmax(row.data(), row.size()), std::vector<std::int32_t>({123, 49999, 0, 9})[r]) << "row " << r;
+  }
+}
+
+// Each draw lands where its uniform falls among the host Sampler's probabilities (distribution()),
+// walked in id order: the same kept tokens, ties at the cuts included by id, and the same weights.
+TEST(CudaSampling, DrawsFromTheSamplersDistribution) {
+  REQUIRE_GPU();
+  struct Case {
+    const char* what;
+    float temperature;
+    int top_k;
+    float top_p, min_p;
+    float tie_step;  // > 0: logits rounded to multiples of it (ties at every cut)
+  };
+  const Case cases[] = {
+      {"top-k", 1.0f, 40, 1.0f, 0.0f, 0},
+      {"the defaults", 0.8f, 40, 0.95f, 0.05f, 0},
+      {"top-p over the whole row", 1.0f, 0, 0.9f, 0.0f, 0},
+      {"min-p", 1.3f, 0, 1.0f, 0.1f, 0},
+      {"no filter", 1.0f, 0, 1.0f, 0.0f, 0},
+      {"top-k 1", 0.7f, 1, 1.0f, 0.0f, 0},
+      {"top-k past the vocabulary", 1.0f, 1 << 30, 0.5f, 0.0f, 0},
+      {"ties at top-k", 1.0f, 7, 1.0f, 0.0f, 1.0f},
+      {"ties at top-p", 1.0f, 0, 0.5f, 0.0f, 1.0f},
+      {"ties at top-k and top-p", 0.9f, 30, 0.6f, 0.0f, 0.5f},
+      {"ties at min-p", 1.0f, 0, 0.98f, 0.1f, 0.25f},
+  };
+  std::mt19937 rng(11);
+  for (const int n : {1000, 8229}) {
+    for (const Case& c : cases) {
+      std::normal_distribution<float> normal(0.0f, 3.0f);
+      std::vector<float> logits(static_cast<std::size_t>(n));
+      for (float& l : logits) l = c.tie_step > 0 ? std::round(normal(rng) / c.tie_step) * c.tie_step : normal(rng);
+      SamplingParams p;
+      p.temperature = c.temperature, p.top_k = c.top_k, p.top_p = c.top_p, p.min_p = c.min_p;
+      Sampler sampler(p);
+      std::vector<float> copy = logits, probs;
+      sampler.distribution(copy.data(), copy.size(), {}, probs);
+      std::vector<double> below(probs.size() + 1, 0.0);  // below[i]: the probability of the tokens before i
+      for (std::size_t i = 0; i < probs.size(); ++i) below[i + 1] = below[i] + probs[i];
+      std::vector<DeviceDraw> draws;
+      for (int j = 0; j < 96; ++j) draws.push_back({0, c.temperature, c.top_k, c.top_p, c.min_p, (j + 0.37) / 96});
+      draws.push_back({0, c.temperature, c.top_k, c.top_p, c.min_p, 0.0});
+      draws.push_back({0, c.temperature, c.top_k, c.top_p, c.min_p, 1.0 - 1e-12});
+      const std::vector<std::int32_t> got = sample_on_device(logits, n, draws);
+      for (std::size_t j = 0; j < draws.size(); ++j) {
+        const double u = draws[j].uniform;
+        const std::int32_t t = got[j];
+        ASSERT_TRUE(t >= 0 && t < n) << c.what << ": token " << t;
+        EXPECT_GT(probs[static_cast<std::size_t>(t)], 0.0f) << c.what << " (n " << n << "): drew token " << t << ", which the host's filters drop";
+        EXPECT_LE(below[static_cast<std::size_t>(t)], u + 2e-6) << c.what << " (n " << n << "): u " << u << " drew " << t;
+        EXPECT_GE(below[static_cast<std::size_t>(t) + 1], u - 2e-6) << c.what << " (n " << n << "): u " << u << " drew " << t;
+      }
+    }
+  }
 }
 
 // ---- whole models ---------------------------------------------------------------------------
@@ -393,7 +464,7 @@ struct Streams {
   }
 };
 
-std::vector<std::vector<std::int32_t>> serve_scenario(const Model& model, const Tokenizer& tokenizer) {
+std::vector<std::vector<std::int32_t>> serve_scenario(const Model& model, const Tokenizer& tokenizer, EngineStats& stats) {
   EngineOptions options;
   options.threads = 2;
   options.max_batch_tokens = 64;  // a 300-token prompt arrives in chunks beside the decoding stream
@@ -414,6 +485,7 @@ std::vector<std::vector<std::int32_t>> serve_scenario(const Model& model, const 
   const auto beside = engine.submit(s.request(long_prompt, 16));
   out.push_back(s.wait(follow_up));
   out.push_back(s.wait(beside));
+  stats = engine.stats();
   return out;
 }
 
@@ -424,7 +496,41 @@ TEST(CudaEngine, ServingMatchesTheCpuWithPrefixHitsChunksAndSpeculation) {
   Model cpu(file);
   const std::unique_ptr<Model> on_gpu = gpu_model(file);
   Model& gpu = *on_gpu;
-  EXPECT_EQ(serve_scenario(gpu, tokenizer), serve_scenario(cpu, tokenizer));
+  EngineStats on_gpu_stats, on_cpu_stats;
+  EXPECT_EQ(serve_scenario(gpu, tokenizer, on_gpu_stats), serve_scenario(cpu, tokenizer, on_cpu_stats));
+  // Steps without guesses to verify had their tokens drawn on the GPU; the CPU draws none.
+  EXPECT_GT(on_gpu_stats.device_sampled_tokens, 0u);
+  EXPECT_LT(on_gpu_stats.device_sampled_tokens, on_gpu_stats.generation_tokens);  // speculation's went through the host
+  EXPECT_EQ(on_cpu_stats.device_sampled_tokens, 0u);
+}
+
+// Sampled streams (temperature, top-k, top-p, min-p) draw on the GPU with their seeds' uniforms: a
+// seed gives the same tokens again, another seed other tokens. A stream whose logits the host must
+// see (log-probabilities here) is picked on the host, beside them.
+TEST(CudaEngine, SampledStreamsDrawOnTheGpuFromTheirSeeds) {
+  REQUIRE_GPU();
+  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
+  const Tokenizer tokenizer(Vocab::from_gguf(*file));
+  const std::unique_ptr<Model> on_gpu = gpu_model(file);
+  EngineOptions options;
+  options.threads = 2;
+  Engine engine(*on_gpu, &tokenizer, options);
+  Streams s;
+  const auto sampled = [&](std::uint64_t seed, bool logprobs) {
+    Request r = s.request({1, 400, 33, 89, 265}, 48);
+    r.sampling = SamplingParams{};  // temperature 0.8, top-k 40, top-p 0.95, min-p 0.05
+    r.sampling.temperature = 1.2f;  // a flatter distribution: seeds part sooner
+    r.sampling.seed = seed;
+    if (logprobs) r.top_logprobs = 2;
+    return engine.submit(std::move(r));
+  };
+  const auto a = sampled(1, false), b = sampled(1, false), c = sampled(2, false), host = sampled(1, true);
+  const std::vector<std::int32_t> ta = s.wait(a), tb = s.wait(b), tc = s.wait(c);
+  s.wait(host);
+  EXPECT_EQ(ta.size(), 48u);
+  EXPECT_EQ(ta, tb);
+  EXPECT_NE(ta, tc);
+  EXPECT_EQ(engine.stats().device_sampled_tokens, 3u * 48u);
 }
 
 }  // namespace

@@ -401,5 +401,23 @@ TEST(Sampler, DrawFollowsTheWeights) {
   EXPECT_TRUE(FitsDistribution(counts, probs));
 }
 
+// next_uniform() is the uniform the next draw takes, and skip_uniform() moves past it as that draw
+// would: a device that draws with it (backend/device_draw.h) leaves the generator where the host's
+// own draw would have.
+TEST(Sampler, NextUniformIsWhatTheNextDrawTakes) {
+  Sampler peeked(SamplingParams{}), drawn(SamplingParams{});
+  const std::vector<float> equal(1000, 1.0f);  // token floor(u * 1000): the sums are exact
+  for (int i = 0; i < 200; ++i) {
+    const double u = peeked.next_uniform();
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    EXPECT_EQ(peeked.next_uniform(), u);  // peeking takes nothing
+    EXPECT_EQ(drawn.draw(equal), static_cast<std::int32_t>(u * 1000));
+    peeked.skip_uniform();
+  }
+  std::vector<float> l1 = {1, 2, 3, 4, 5, 0.5f, 2.5f}, l2 = l1;
+  EXPECT_EQ(peeked.sample(l1.data(), l1.size(), {}), drawn.sample(l2.data(), l2.size(), {}));
+}
+
 }  // namespace
 }  // namespace promptly

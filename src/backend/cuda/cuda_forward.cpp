@@ -3,8 +3,9 @@
 // block ids are the host pool's.
 //
 // A step: the host writes the batch's tokens, positions, slots and block tables into one pinned
-// buffer, which goes up on the copy stream; the compute stream waits for it (an event), runs the
-// layers and brings back only the rows of logits that are wanted. Decode-sized batches (at most
+// buffer, which goes up on the copy stream with the rows to sample on the device; the compute
+// stream waits for it (an event), runs the layers and the sampler (sampling.cuh), whose tokens come
+// back on the copy stream, and brings back only the other rows of logits that are wanted. Decode-sized batches (at most
 // kGemvMaxTokens tokens) run as a CUDA graph captured once per shape (tokens, logit rows, attention
 // chunk), since their hundreds of small launches would otherwise cost more than the work.
 // Larger batches (prefill) run their matmuls through cuBLAS: on halves (F32 weights in FP32).
@@ -23,6 +24,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/sampling.cuh"
 #include "backend/cuda/step_layout.h"
 #include "kv/kv_cache.h"
 #include "model/batch.h"
@@ -154,6 +156,7 @@ class CudaForward final : public DeviceForward {
     PROMPTLY_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     PROMPTLY_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
     PROMPTLY_CUDA_CHECK(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
+    PROMPTLY_CUDA_CHECK(cudaEventCreateWithFlags(&sampled_, cudaEventDisableTiming));
     upload_weights();
   }
 
@@ -162,6 +165,7 @@ class CudaForward final : public DeviceForward {
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     if (cublas_handle_) cublas().destroy(cublas_handle_);
     cudaEventDestroy(uploaded_);
+    cudaEventDestroy(sampled_);
     cudaStreamDestroy(copy_);
     cudaStreamDestroy(compute_);
   }
@@ -207,7 +211,7 @@ class CudaForward final : public DeviceForward {
   }
 
   bool forward(const Batch& batch, KvCache& cache, std::vector<float>& logits,
-               const std::function<bool(std::size_t layer)>& stop_before) override {
+               const std::function<bool(std::size_t layer)>& stop_before, DeviceSampling* sampling) override {
     PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
     const int T = static_cast<int>(batch.size());
     reserve_for(batch, cache);
@@ -218,7 +222,8 @@ class CudaForward final : public DeviceForward {
     }
     const int longest = *std::max_element(batch.positions.begin(), batch.positions.end()) + 1;
     const AttentionShape shape = attention_shape(T, static_cast<int>(c_.n_head), longest, multiprocessors_, kMaxSplits);
-    const int n_out = upload_step(batch, cache, shape.n_splits);
+    const int n_out = upload_step(batch, cache, shape.n_splits, sampling);
+    const int n_draws = sampling ? static_cast<int>(sampling->draws.size()) : 0;
     const bool long_rope = &model_.rope_speeds_for(cache.max_positions()) != &model_.rope_speeds_for(0);
     const float* inv_freq = long_rope ? inv_freq_long_.get() : inv_freq_.get();
     bool finished = true;
@@ -232,14 +237,39 @@ class CudaForward final : public DeviceForward {
       PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(compute_));
       return false;
     }
-    const std::size_t n_logits = static_cast<std::size_t>(n_out) * c_.n_vocab;
-    host_logits_.reserve(n_logits * sizeof(float));
-    if (n_logits) {
-      PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(host_logits_.as<float>(), logits_.get(), n_logits * sizeof(float), cudaMemcpyDeviceToHost, compute_));
+    if (n_draws > 0) {
+      // The drawn tokens come back on the copy stream while the other rows' logits (if any) come
+      // back on the compute stream.
+      sample_rows(logits_.get(), static_cast<int>(c_.n_vocab), draws_.get(), n_draws, drawn_.get(), compute_);
+      PROMPTLY_CUDA_CHECK(cudaEventRecord(sampled_, compute_));
+      PROMPTLY_CUDA_CHECK(cudaStreamWaitEvent(copy_, sampled_, 0));
+      PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(pinned_drawn_.as<std::int32_t>(), drawn_.get(), n_draws * sizeof(std::int32_t),
+                                          cudaMemcpyDeviceToHost, copy_));
+    }
+    const std::size_t row_bytes = c_.n_vocab * sizeof(float);
+    host_logits_.reserve(static_cast<std::size_t>(n_out) * row_bytes);
+    for (int r = 0; r < n_out;) {  // runs of rows not drawn
+      if (row_drawn_[r]) {
+        ++r;
+        continue;
+      }
+      int end = r + 1;
+      while (end < n_out && !row_drawn_[end]) ++end;
+      const std::size_t offset = static_cast<std::size_t>(r) * c_.n_vocab;
+      PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(host_logits_.as<float>() + offset, logits_.get() + offset, (end - r) * row_bytes,
+                                          cudaMemcpyDeviceToHost, compute_));
+      r = end;
     }
     PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(copy_));
     PROMPTLY_CUDA_CHECK(cudaGetLastError());
-    logits.assign(host_logits_.as<float>(), host_logits_.as<float>() + n_logits);
+    logits.resize(static_cast<std::size_t>(n_out) * c_.n_vocab);
+    for (int r = 0; r < n_out; ++r) {
+      if (row_drawn_[r]) continue;
+      const float* row = host_logits_.as<float>() + static_cast<std::size_t>(r) * c_.n_vocab;
+      std::copy(row, row + c_.n_vocab, logits.begin() + static_cast<std::ptrdiff_t>(r) * c_.n_vocab);
+    }
+    if (n_draws > 0) sampling->tokens.assign(pinned_drawn_.as<std::int32_t>(), pinned_drawn_.as<std::int32_t>() + n_draws);
     for (int t = 0; t < T; ++t) {  // as Model::ForwardPass::finish
       const std::size_t len = static_cast<std::size_t>(batch.kv_slots[t]) + 1;
       if (len > cache.length(batch.seq_ids[t])) cache.set_length(batch.seq_ids[t], len);
@@ -328,9 +358,9 @@ class CudaForward final : public DeviceForward {
     return ref;
   }
 
-  // Sends the step's per-token facts up (one copy from a pinned buffer, on the copy stream, which
-  // the compute stream waits for); returns the number of rows that want logits.
-  int upload_step(const Batch& batch, const KvCache& cache, int n_splits) {
+  // Sends the step's per-token facts and the rows to draw up (copies from pinned buffers, on the
+  // copy stream, which the compute stream waits for); returns the number of rows that want logits.
+  int upload_step(const Batch& batch, const KvCache& cache, int n_splits, const DeviceSampling* sampling) {
     const StepLayout layout = pack_step(batch, cache, step_host_);
     const int T = layout.T;
     ensure_capacity(T, layout.n_out, n_splits, step_host_.size());
@@ -340,12 +370,32 @@ class CudaForward final : public DeviceForward {
     PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(copy_));
     std::memcpy(pinned_step_.as<std::int32_t>(), step_host_.data(), bytes);
     PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(step_.get(), pinned_step_.as<std::int32_t>(), bytes, cudaMemcpyHostToDevice, copy_));
+    upload_draws(sampling, layout.n_out);
     PROMPTLY_CUDA_CHECK(cudaEventRecord(uploaded_, copy_));
     PROMPTLY_CUDA_CHECK(cudaStreamWaitEvent(compute_, uploaded_, 0));
     const std::int32_t* d = step_.get();
     meta_ = {d + layout.tokens(), d + layout.positions(), d + layout.slots(), d + layout.table_starts(), d + layout.tables()};
     out_rows_ = d + layout.out_rows();
     return layout.n_out;
+  }
+
+  // Called with the copy stream idle (upload_step).
+  void upload_draws(const DeviceSampling* sampling, int n_out) {
+    row_drawn_.assign(static_cast<std::size_t>(n_out), 0);
+    if (!sampling || sampling->draws.empty()) return;
+    const std::vector<DeviceDraw>& draws = sampling->draws;
+    for (const DeviceDraw& d : draws) {
+      if (d.row < 0 || d.row >= n_out || row_drawn_[d.row]) {
+        throw Error("internal: a device draw names logit row " + std::to_string(d.row) + " of " + std::to_string(n_out) + ", or one drawn twice");
+      }
+      row_drawn_[d.row] = 1;
+    }
+    draws_.reserve(draws.size());
+    drawn_.reserve(draws.size());
+    pinned_draws_.reserve(draws.size() * sizeof(DeviceDraw));
+    pinned_drawn_.reserve(draws.size() * sizeof(std::int32_t));
+    std::memcpy(pinned_draws_.as<DeviceDraw>(), draws.data(), draws.size() * sizeof(DeviceDraw));
+    PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(draws_.get(), pinned_draws_.as<DeviceDraw>(), draws.size() * sizeof(DeviceDraw), cudaMemcpyHostToDevice, copy_));
   }
 
   void ensure_capacity(int T, int n_out, int n_splits, std::size_t step_entries) {
@@ -502,7 +552,7 @@ class CudaForward final : public DeviceForward {
   bool use_graphs_ = true;
   std::size_t weight_bytes_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
-  cudaEvent_t uploaded_ = nullptr;
+  cudaEvent_t uploaded_ = nullptr, sampled_ = nullptr;
   cublasHandle_t cublas_handle_ = nullptr;
 
   std::vector<DeviceLayer> layers_;
@@ -514,7 +564,10 @@ class CudaForward final : public DeviceForward {
   StepMeta meta_{};
   const std::int32_t* out_rows_ = nullptr;
   std::vector<std::int32_t> step_host_;
-  PinnedBuffer pinned_step_, host_logits_;
+  PinnedBuffer pinned_step_, host_logits_, pinned_draws_, pinned_drawn_;
+  DeviceBuffer<DeviceDraw> draws_;
+  DeviceBuffer<std::int32_t> drawn_;
+  std::vector<char> row_drawn_;  // this pass's logit rows drawn on the device
   DeviceBuffer<float> x_, xn_, tmp_, q_, attn_, k_, v_, gate_, up_, out_x_, logits_, partials_;
   DeviceBuffer<__half> x_half_, w_half_;
   std::map<std::tuple<int, int, int, const __half*, const float*>, cudaGraphExec_t> graphs_;

@@ -334,31 +334,6 @@ __global__ void copy_kv_rows_kernel(DeviceKv kv, int from, int from_slot, int to
   for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
-__global__ void argmax_kernel(const float* logits, int n, std::int32_t* out) {
-  const float* row = logits + static_cast<std::size_t>(blockIdx.x) * n;
-  float best = -FLT_MAX;
-  int best_i = n;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    if (row[i] > best) best = row[i], best_i = i;  // strided: a thread's first maximum is its lowest index
-  }
-  for (int o = kWarp / 2; o > 0; o /= 2) {
-    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-    if (ob > best || (ob == best && oi < best_i)) best = ob, best_i = oi;
-  }
-  __shared__ float wb[32];
-  __shared__ int wi[32];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  if (lane == 0) wb[warp] = best, wi[warp] = best_i;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w) {
-      if (wb[w] > best || (wb[w] == best && wi[w] < best_i)) best = wb[w], best_i = wi[w];
-    }
-    out[blockIdx.x] = best_i < n ? best_i : 0;
-  }
-}
-
 unsigned blocks_for(std::size_t n, unsigned threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 }  // namespace
@@ -427,10 +402,6 @@ void softcap(float* x, std::size_t n, float cap, cudaStream_t stream) {
 
 void copy_kv_rows(const DeviceKv& kv, int from, int from_slot, int to, int to_slot, int n_rows, cudaStream_t stream) {
   copy_kv_rows_kernel<<<kv.n_layer * 2 * kv.n_head_kv, 256, 0, stream>>>(kv, from, from_slot, to, to_slot, n_rows);
-}
-
-void argmax_rows(const float* logits, int T, int n, std::int32_t* out, cudaStream_t stream) {
-  if (T > 0) argmax_kernel<<<T, 1024, 0, stream>>>(logits, n, out);
 }
 
 }  // namespace promptly::backend::cuda

@@ -96,7 +96,4 @@ void softcap(float* x, std::size_t n, float cap, cudaStream_t stream);
 // keys and values, from (from, from_slot) on to (to, to_slot) on.
 void copy_kv_rows(const DeviceKv& kv, int from, int from_slot, int to, int to_slot, int n_rows, cudaStream_t stream);
 
-// out[t] = argmax over n of logits[t] (ties: the lowest index), for greedy sampling on the device.
-void argmax_rows(const float* logits, int T, int n, std::int32_t* out, cudaStream_t stream);
-
 }  // namespace promptly::backend::cuda
