@@ -85,6 +85,10 @@ for spec in "Q4_K 0 300" "F16 $slice 120"; do
     { say "gen-model $dtype failed or ran past ${limit}s"; tail -n 5 "$out/gen-$dtype.log" | tee -a "$summary"; continue; }
   say "$dtype (layers: ${layers/#0/all}): $(du -h "$f" | cut -f1), generated in $((SECONDS - t0)) s"
   timeout 150 $P bench model -m "$f" --device cuda -p 512 -n 128 -r 3 2>&1 | tee "$out/bench-$dtype.log" | tail -n 8 | tee -a "$summary"
+  if [ "$dtype" = Q4_K ]; then  # decode's Q4_K products on the float kernel instead of the integer one, for the ratio
+    say "$dtype with PROMPTLY_CUDA_GEMV=float:"
+    PROMPTLY_CUDA_GEMV=float timeout 120 $P bench model -m "$f" --device cuda -p 0 -n 128 -r 3 2>&1 | tee "$out/bench-$dtype-float-gemv.log" | tail -n 4 | tee -a "$summary"
+  fi
   rm -f "$f"
 done
 

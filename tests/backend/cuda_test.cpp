@@ -19,10 +19,13 @@
 #include <random>
 #include <vector>
 
+#include <unistd.h>
+
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/sampling.cuh"
 #include "backend/device.h"
 #include "backend/gpu_stats.h"
+#include "convert/quantize.h"
 #include "engine/engine.h"
 #include "tokenizer/tokenizer.h"
 #include "model/model.h"
@@ -116,6 +119,64 @@ INSTANTIATE_TEST_SUITE_P(Formats, GemvTest,
                                            // float rows that are not whole 32-element chunks (stories260K's FFN is 172 wide)
                                            FormatCase{DType::F32, WeightFormat::F32, 172}, FormatCase{DType::F16, WeightFormat::F16, 37}),
                          [](const auto& info) { return std::string(dtype_name(info.param.dtype)) + "_" + std::to_string(info.param.cols); });
+
+// The integer GEMV (decode's Q4_K products): exact against the product with x quantized the same
+// way on the host (blocks of 32, scale max|x| / 127, round to nearest even), and within int8's
+// rounding of the float product.
+TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
+  REQUIRE_GPU();
+  EXPECT_FALSE(gemv_q8_takes(WeightFormat::Q8_0, 352));
+  EXPECT_FALSE(gemv_q8_takes(WeightFormat::Q4_K, 288));
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal;
+  const int rows = 37;
+  for (const int cols : {256, 768, 2304}) {
+    ASSERT_TRUE(gemv_q8_takes(WeightFormat::Q4_K, cols));
+    std::vector<float> w(static_cast<std::size_t>(rows) * cols);
+    for (float& v : w) v = normal(rng);
+    const std::size_t rb = row_bytes(DType::Q4_K, cols);
+    std::vector<std::uint8_t> packed(rb * rows);
+    for (int r = 0; r < rows; ++r) quantize_row(DType::Q4_K, &w[static_cast<std::size_t>(r) * cols], &packed[rb * r], cols);
+    std::vector<float> dequantized(w.size());
+    for (int r = 0; r < rows; ++r) dequantize_row(DType::Q4_K, &packed[rb * r], &dequantized[static_cast<std::size_t>(r) * cols], cols);
+    Device<std::uint8_t> dw(packed);
+    for (int T = 1; T <= kGemvMaxTokens; ++T) {
+      std::vector<float> x(static_cast<std::size_t>(T) * cols);
+      for (float& v : x) v = normal(rng) * (1.0f + static_cast<float>(rng() % 100));  // blocks of unlike scales
+      std::fill(x.begin() + 32, x.begin() + 64, 0.0f);                              // and a block of zeros
+      std::vector<float> x_int8(x.size());  // x as the kernel sees it: d * q
+      for (std::size_t b = 0; b < x.size() / 32; ++b) {
+        float amax = 0.0f;
+        for (int l = 0; l < 32; ++l) amax = std::max(amax, std::abs(x[32 * b + l]));
+        const float d = amax / 127.0f;
+        for (int l = 0; l < 32; ++l) x_int8[32 * b + l] = d > 0.0f ? d * std::nearbyint(x[32 * b + l] / d) : 0.0f;
+      }
+      Device<float> dx(x), dy(static_cast<std::size_t>(T) * rows);
+      Device<std::int8_t> q(x.size());
+      Device<float2> scales(x.size() / 32);
+      CUDA_OK(cudaMemset(dy.p, 0xff, dy.n * sizeof(float)));  // NaN: every output must be written
+      quantize_q8(dx.p, T, cols, q.p, scales.p, nullptr);
+      gemv_q8(dw.p, WeightFormat::Q4_K, rows, cols, q.p, scales.p, T, dy.p, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      std::vector<double> exact(static_cast<std::size_t>(T) * rows), unquantized(exact.size());
+      for (int t = 0; t < T; ++t) {
+        for (int r = 0; r < rows; ++r) {
+          double s = 0, f = 0;
+          for (int k = 0; k < cols; ++k) {
+            const double wk = dequantized[static_cast<std::size_t>(r) * cols + k];
+            s += wk * x_int8[static_cast<std::size_t>(t) * cols + k];
+            f += wk * x[static_cast<std::size_t>(t) * cols + k];
+          }
+          exact[static_cast<std::size_t>(t) * rows + r] = s;
+          unquantized[static_cast<std::size_t>(t) * rows + r] = f;
+        }
+      }
+      const std::vector<float> got = dy.read();
+      EXPECT_LT(relative_error(got, exact), 1e-5) << "cols " << cols << " T " << T;
+      EXPECT_LT(relative_error(got, unquantized), 2e-2) << "cols " << cols << " T " << T;
+    }
+  }
+}
 
 TEST(CudaKernels, DequantizeToHalfMatchesTheReference) {
   REQUIRE_GPU();
@@ -368,6 +429,19 @@ TEST(CudaModel, CodeModelsDecodeAsOnTheCpu) {
   expect_same_greedy(shared_model("code/code-draft-f16.gguf"), 6);
   expect_same_greedy(shared_model("code/code-target-f16.gguf"), 64);
   expect_same_greedy(path_from("PROMPTLY_SOURCE_DIR", PROMPTLY_SOURCE_DIR) + "/models/promptly-code-23m-q8_0.gguf", 33);
+}
+
+// Q4_K_M (Q4_K, and Q6_K for some matrices): decode's Q4_K products go through the integer GEMV.
+TEST(CudaModel, Q4KMModelDecodesAsOnTheCpu) {
+  REQUIRE_GPU();
+  const std::string f16 = shared_model("code/code-target-f16.gguf");
+  if (!std::filesystem::exists(f16)) GTEST_SKIP() << f16 << " is missing";
+  const std::string q4km = (std::filesystem::temp_directory_path() / ("promptly-cuda-q4km-" + std::to_string(::getpid()) + ".gguf")).string();
+  ThreadPool pool(2);
+  quantize_model(f16, q4km, "Q4_K_M", pool);
+  expect_same_greedy(q4km, 5);
+  expect_same_greedy(q4km, 20);
+  std::filesystem::remove(q4km);
 }
 
 // Two sequences decoding in one batch see only their own blocks.

@@ -148,6 +148,10 @@ class CudaForward final : public DeviceForward {
     // and runtimes without graphs).
     const char* graphs = std::getenv("PROMPTLY_CUDA_GRAPHS");
     use_graphs_ = !(graphs && std::string(graphs) == "0");
+    // PROMPTLY_CUDA_GEMV=float keeps decode's Q4_K products on the float kernel (x as floats), for
+    // comparing it with the integer one (tools/gpu-check.sh times both).
+    const char* gemv_kind = std::getenv("PROMPTLY_CUDA_GEMV");
+    integer_gemv_ = !(gemv_kind && std::string(gemv_kind) == "float");
     PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
     cudaDeviceProp props{};
     PROMPTLY_CUDA_CHECK(cudaGetDeviceProperties(&props, device_));
@@ -415,6 +419,10 @@ class CudaForward final : public DeviceForward {
     moved |= up_.reserve(t * c_.n_ff);
     moved |= out_x_.reserve(std::max<std::size_t>(static_cast<std::size_t>(n_out), 1) * c_.n_embd);
     moved |= logits_.reserve(std::max<std::size_t>(static_cast<std::size_t>(n_out), 1) * c_.n_vocab);
+    // The integer GEMV's x: allocated here, never while a graph is being captured.
+    const std::size_t widest_input = std::max({c_.n_embd, c_.q_dim(), c_.n_ff});
+    moved |= x_q8_.reserve(t * widest_input);
+    moved |= x_q8_scales_.reserve(t * widest_input / 32 + 1);
     moved |= partials_.reserve(t * c_.n_head * static_cast<std::size_t>(n_splits) * (c_.head_dim + 2));
     if (moved) graphs_clear();
   }
@@ -452,12 +460,17 @@ class CudaForward final : public DeviceForward {
     float* y;
   };
   // y[T x W.rows] = x[T x W.cols] W^T for each product, all reading the same x (q/k/v, gate/up):
-  // the matrix-vector kernel for decode-sized batches, else cuBLAS on halves (x converted once for
-  // them all, the weights decoded a slice of rows at a time; F32 weights in FP32).
+  // for decode-sized batches the matrix-vector kernels (the integer one where it takes the format,
+  // x quantized to int8 once for them all), else cuBLAS on halves (x converted once for them all,
+  // the weights decoded a slice of rows at a time; F32 weights in FP32).
   void matmul(std::initializer_list<Product> products, const float* x, int T) {
-    bool x_in_half = false;
+    bool x_in_half = false, x_in_q8 = false;
     for (const Product& p : products) {
-      if (T <= kGemvMaxTokens) {
+      if (T <= kGemvMaxTokens && integer_gemv_ && gemv_q8_takes(p.w.format, p.w.cols)) {
+        if (!x_in_q8) quantize_q8(x, T, p.w.cols, x_q8_.get(), x_q8_scales_.get(), compute_);
+        x_in_q8 = true;
+        gemv_q8(p.w.data(), p.w.format, p.w.rows, p.w.cols, x_q8_.get(), x_q8_scales_.get(), T, p.y, compute_);
+      } else if (T <= kGemvMaxTokens) {
         gemv(p.w.data(), p.w.format, p.w.rows, p.w.cols, x, T, p.y, compute_);
       } else {
         gemm(p.w, x, T, p.y, x_in_half);
@@ -550,6 +563,7 @@ class CudaForward final : public DeviceForward {
   std::string name_;
   int multiprocessors_ = 0;
   bool use_graphs_ = true;
+  bool integer_gemv_ = true;
   std::size_t weight_bytes_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cudaEvent_t uploaded_ = nullptr, sampled_ = nullptr;
@@ -570,6 +584,8 @@ class CudaForward final : public DeviceForward {
   std::vector<char> row_drawn_;  // this pass's logit rows drawn on the device
   DeviceBuffer<float> x_, xn_, tmp_, q_, attn_, k_, v_, gate_, up_, out_x_, logits_, partials_;
   DeviceBuffer<__half> x_half_, w_half_;
+  DeviceBuffer<std::int8_t> x_q8_;
+  DeviceBuffer<float2> x_q8_scales_;
   std::map<std::tuple<int, int, int, const __half*, const float*>, cudaGraphExec_t> graphs_;
 };
 

@@ -104,6 +104,97 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const std::uin
   }
 }
 
+// ---- integer GEMV: x quantized to int8 blocks of 32, dot products by dp4a ------------------------
+//
+// Why: the float kernel above reads every token's x as floats once per weight row (4 bytes of L1
+// traffic per weight element, seven times a Q4_K row's own bytes) and spends ~3 instructions per
+// element decoding and multiplying; at Llama-3-8B's shape either alone takes about as long as the
+// weights' stream from HBM. As int8 (quantize_q8), x costs 1 byte per element, and dp4a does four
+// multiply-adds in one instruction on the weights' own integers.
+
+// One warp per block of 32: scale max|x| / 127, round to nearest.
+__global__ void quantize_q8_kernel(const float* x, std::size_t n_blocks, std::int8_t* q, float2* scale_sum) {
+  const std::size_t b = static_cast<std::size_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const bool active = b < n_blocks;  // no early return: every warp meets the shuffles (see gemv_kernel)
+  const float v = active ? x[b * kWarp + lane] : 0.0f;
+  float amax = fabsf(v);
+  for (int o = kWarp / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float d = amax / 127.0f;
+  const int qi = d > 0.0f ? __float2int_rn(v / d) : 0;
+  int sum = qi;
+  for (int o = kWarp / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (!active) return;
+  q[b * kWarp + lane] = static_cast<std::int8_t>(qi);
+  if (lane == 0) scale_sum[b] = make_float2(d, d * static_cast<float>(sum));
+}
+
+// Byte k (0..11) of a Q4_K block's packed scales, which are bytes 4..15 of the block's first 16
+// (head.y, head.z, head.w): selected from registers, not an array a lane would index dynamically.
+__device__ __forceinline__ int q4k_scale_byte(const uint4& head, int k) {
+  const unsigned word = k < 4 ? head.y : (k < 8 ? head.z : head.w);
+  return static_cast<int>((word >> (8 * (k % 4))) & 0xffu);
+}
+
+// One warp per row; lane = (superblock lane / 4 of every 8, quarter g = lane % 4): the quarter's 32
+// bytes of nibbles hold sub-blocks 2g (low nibbles) and 2g + 1 (high), 64 elements against 64 int8
+// of each token's x. Weights stay in registers across the tokens.
+__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q4k_q8_kernel(const std::uint8_t* w, int rows, int cols, const std::int8_t* xq,
+                                                                         const float2* xds, int T, float* y) {
+  constexpr int kNibbles = 0x0f0f0f0f;
+  const int lane = threadIdx.x % kWarp;
+  const int row = blockIdx.x * kGemvWarps + threadIdx.x / kWarp;
+  const bool active = row < rows;  // no early return (see gemv_kernel)
+  const int n_super = cols / 256, x_blocks = cols / 32, g = lane % 4;
+  const std::uint8_t* wr = w + static_cast<std::size_t>(active ? row : 0) * n_super * 144;
+  float acc[kGemvMaxTokens] = {};
+  for (int sb = lane / 4; active && sb < n_super; sb += kWarp / 4) {
+    const std::uint8_t* block = wr + static_cast<std::size_t>(sb) * 144;  // 144 = 9 x 16: aligned
+    const uint4 head = *reinterpret_cast<const uint4*>(block);
+    const uint4 qa = *reinterpret_cast<const uint4*>(block + 16 + 32 * g);
+    const uint4 qb = *reinterpret_cast<const uint4*>(block + 32 + 32 * g);
+    const float d = half_to_float(static_cast<std::uint16_t>(head.x & 0xffffu)), dmin = half_to_float(static_cast<std::uint16_t>(head.x >> 16));
+    const int j = 2 * g;  // the low sub-block; j + 1 the high one (scale_min as q4k_scale_min)
+    int sc_lo, m_lo, sc_hi, m_hi;
+    if (j < 4) {
+      sc_lo = q4k_scale_byte(head, j) & 63, m_lo = q4k_scale_byte(head, j + 4) & 63;
+      sc_hi = q4k_scale_byte(head, j + 1) & 63, m_hi = q4k_scale_byte(head, j + 5) & 63;
+    } else {
+      sc_lo = (q4k_scale_byte(head, j + 4) & 0xf) | ((q4k_scale_byte(head, j - 4) >> 6) << 4);
+      m_lo = (q4k_scale_byte(head, j + 4) >> 4) | ((q4k_scale_byte(head, j) >> 6) << 4);
+      sc_hi = (q4k_scale_byte(head, j + 5) & 0xf) | ((q4k_scale_byte(head, j - 3) >> 6) << 4);
+      m_hi = (q4k_scale_byte(head, j + 5) >> 4) | ((q4k_scale_byte(head, j + 1) >> 6) << 4);
+    }
+    const int q[8] = {static_cast<int>(qa.x), static_cast<int>(qa.y), static_cast<int>(qa.z), static_cast<int>(qa.w),
+                      static_cast<int>(qb.x), static_cast<int>(qb.y), static_cast<int>(qb.z), static_cast<int>(qb.w)};
+#pragma unroll
+    for (int t = 0; t < kGemvMaxTokens; ++t) {
+      if (t < T) {
+        const int4* xt = reinterpret_cast<const int4*>(xq + static_cast<std::size_t>(t) * cols + sb * 256 + g * 64);
+        const int4 x0 = __ldg(xt), x1 = __ldg(xt + 1), x2 = __ldg(xt + 2), x3 = __ldg(xt + 3);
+        const int xl[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const int xh[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+        int lo = 0, hi = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          lo = __dp4a(q[i] & kNibbles, xl[i], lo);
+          hi = __dp4a((q[i] >> 4) & kNibbles, xh[i], hi);
+        }
+        const float2 ds_lo = xds[static_cast<std::size_t>(t) * x_blocks + sb * 8 + j], ds_hi = xds[static_cast<std::size_t>(t) * x_blocks + sb * 8 + j + 1];
+        acc[t] += d * (static_cast<float>(sc_lo) * ds_lo.x * static_cast<float>(lo) + static_cast<float>(sc_hi) * ds_hi.x * static_cast<float>(hi)) -
+                  dmin * (static_cast<float>(m_lo) * ds_lo.y + static_cast<float>(m_hi) * ds_hi.y);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kGemvMaxTokens; ++t) {
+    if (t < T) {
+      const float s = warp_sum(acc[t]);
+      if (active && lane == 0) y[static_cast<std::size_t>(t) * rows + row] = s;
+    }
+  }
+}
+
 // Float formats' rows of any length (not whole 32-element chunks), element by element: slower, and
 // only small models have them (stories260K's FFN of 172).
 __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_elements_kernel(const std::uint8_t* w, WeightFormat format, int rows, int cols,
@@ -362,6 +453,19 @@ void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const 
     case WeightFormat::Q4_K: gemv_kernel<WeightFormat::Q4_K><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
     case WeightFormat::Q6_K: gemv_kernel<WeightFormat::Q6_K><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
   }
+}
+
+void quantize_q8(const float* x, int T, int cols, std::int8_t* q, float2* scale_sum, cudaStream_t stream) {
+  const std::size_t n_blocks = static_cast<std::size_t>(T) * (cols / 32);
+  if (n_blocks > 0) quantize_q8_kernel<<<blocks_for(n_blocks, 8), 8 * kWarp, 0, stream>>>(x, n_blocks, q, scale_sum);
+}
+
+bool gemv_q8_takes(WeightFormat format, int cols) { return format == WeightFormat::Q4_K && cols % 256 == 0; }
+
+void gemv_q8(const std::uint8_t* w, WeightFormat format, int rows, int cols, const std::int8_t* q, const float2* scale_sum, int T, float* y,
+             cudaStream_t stream) {
+  if (!gemv_q8_takes(format, cols)) return;
+  gemv_q4k_q8_kernel<<<blocks_for(static_cast<std::size_t>(rows), kGemvWarps), kGemvWarps * kWarp, 0, stream>>>(w, rows, cols, q, scale_sum, T, y);
 }
 
 void dequantize_to_half(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out, cudaStream_t stream) {

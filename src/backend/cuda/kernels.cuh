@@ -51,6 +51,15 @@ void add_rmsnorm(float* x, const float* delta, const float* delta_norm, const fl
 // the float formats' rows may have any length, the block formats' are whole blocks).
 void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const float* x, int T, float* y, cudaStream_t stream);
 
+// The integer GEMV (decode batches over Q4_K weights): x's T rows of cols floats (cols a multiple of
+// 32) as int8 blocks of 32, q[t * cols + k], with each block's scale d = max|x| / 127 and d times
+// the sum of its q in scale_sum[t * cols / 32 + block]; then y[t][r] = W[r] . x[t] by dp4a on the
+// weights' own integers, scaled per block. What gemv_q8 takes: gemv_q8_takes (else it does nothing).
+void quantize_q8(const float* x, int T, int cols, std::int8_t* q, float2* scale_sum, cudaStream_t stream);
+bool gemv_q8_takes(WeightFormat format, int cols);
+void gemv_q8(const std::uint8_t* w, WeightFormat format, int rows, int cols, const std::int8_t* q, const float2* scale_sum, int T, float* y,
+             cudaStream_t stream);
+
 // W decoded to halves (rows x cols, row-major), for cuBLAS.
 void dequantize_to_half(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out, cudaStream_t stream);
 void float_to_half(const float* x, std::size_t n, __half* out, cudaStream_t stream);
