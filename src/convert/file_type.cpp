@@ -1,6 +1,41 @@
 #include "convert/file_type.h"
 
+#include <cstdlib>
+
+#include "tensor/quant.h"
+
 namespace promptly {
+namespace {
+
+// llama.cpp's rule for which layers get more bits in the _M mixes: the first and last eighth of the
+// layers and every third layer in between.
+bool use_more_bits(int layer, int n_layers) {
+  return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+int layer_of(const std::string& name) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  return std::atoi(name.c_str() + 4);
+}
+
+DType quantized_matrix_type(DType base, bool q4_k_m, const std::string& name, std::size_t cols, int n_layers, bool has_output) {
+  DType type = base;
+  const bool quantized = base != DType::F32 && base != DType::F16 && base != DType::BF16;
+  const bool is_output = name == "output.weight" || (!has_output && name == "token_embd.weight");
+  if (quantized && is_output && base != DType::Q8_0) type = DType::Q6_K;
+  if (q4_k_m && (ends_with(name, "attn_v.weight") || ends_with(name, "ffn_down.weight") || ends_with(name, "ffn_down_exps.weight")) &&
+      use_more_bits(layer_of(name), n_layers)) {
+    type = DType::Q6_K;
+  }
+  if (cols % dtype_info(type).block_size != 0) type = cols % kQK8_0 == 0 ? DType::Q8_0 : DType::F16;
+  return type;
+}
 
 std::uint32_t file_type_for(DType dominant) {
   switch (dominant) {

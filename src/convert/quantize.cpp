@@ -12,17 +12,6 @@
 namespace promptly {
 namespace {
 
-// llama.cpp's rule for which layers get more bits in the _M mixes: the first and last eighth of the
-// layers and every third layer in between.
-bool use_more_bits(int layer, int n_layers) {
-  return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
-}
-
-int layer_of(const std::string& name) {
-  if (name.rfind("blk.", 0) != 0) return -1;
-  return std::atoi(name.c_str() + 4);
-}
-
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -45,7 +34,6 @@ std::string quantize_model(const std::string& in_path, const std::string& out_pa
     n_layers = std::max(n_layers, layer_of(t.name) + 1);
     has_output = has_output || t.name == "output.weight";
   }
-  const bool quantized = *base != DType::F32 && *base != DType::F16 && *base != DType::BF16;
 
   gguf::Writer w;
   for (const auto& [key, value] : in->metadata()) w.set(key, value);
@@ -57,19 +45,7 @@ std::string quantize_model(const std::string& in_path, const std::string& out_pa
     DType type = t.type;
     // MoE routers stay F32, as llama.cpp keeps them (small, and they decide which experts run).
     if (t.dims.size() >= 2 && ends_with(t.name, ".weight") && !ends_with(t.name, "ffn_gate_inp.weight")) {
-      type = *base;
-      // llama.cpp's mixes: the output matrix, or token_embd where the output is tied to it, gets
-      // Q6_K in every quantized mix but Q8_0 (it shapes every logit).
-      const bool is_output = t.name == "output.weight" || (!has_output && t.name == "token_embd.weight");
-      if (quantized && is_output && *base != DType::Q8_0) type = DType::Q6_K;
-      if (mix_m) {
-        const int layer = layer_of(t.name);
-        if ((ends_with(t.name, "attn_v.weight") || ends_with(t.name, "ffn_down.weight") || ends_with(t.name, "ffn_down_exps.weight")) && use_more_bits(layer, n_layers)) {
-          type = DType::Q6_K;
-        }
-      }
-      // Rows that do not divide into the format's blocks fall back, as llama.cpp does.
-      if (t.dims[0] % dtype_info(type).block_size != 0) type = t.dims[0] % kQK8_0 == 0 ? DType::Q8_0 : DType::F16;
+      type = quantized_matrix_type(*base, mix_m, t.name, t.dims[0], n_layers, has_output);
       if (!dtype_info(t.type).supported) {
         throw Error("cannot requantize tensor '" + t.name + "' of unsupported type " + std::string(dtype_name(t.type)));
       }

@@ -120,7 +120,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, GemvTest,
                                            FormatCase{DType::F32, WeightFormat::F32, 172}, FormatCase{DType::F16, WeightFormat::F16, 37}),
                          [](const auto& info) { return std::string(dtype_name(info.param.dtype)) + "_" + std::to_string(info.param.cols); });
 
-// The integer GEMV (decode's Q4_K products): exact against the product with x quantized the same
+// The integer GEMV (decode's Q4_K and Q6_K products): exact against the product with x quantized the same
 // way on the host (blocks of 32, scale max|x| / 127, round to nearest even), and within int8's
 // rounding of the float product.
 TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
@@ -130,15 +130,16 @@ TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
   std::mt19937 rng(8);
   std::normal_distribution<float> normal;
   const int rows = 37;
+  for (const auto& [dtype, format] : {std::pair{DType::Q4_K, WeightFormat::Q4_K}, std::pair{DType::Q6_K, WeightFormat::Q6_K}}) {
   for (const int cols : {256, 768, 2304}) {
-    ASSERT_TRUE(gemv_q8_takes(WeightFormat::Q4_K, cols));
+    ASSERT_TRUE(gemv_q8_takes(format, cols));
     std::vector<float> w(static_cast<std::size_t>(rows) * cols);
     for (float& v : w) v = normal(rng);
-    const std::size_t rb = row_bytes(DType::Q4_K, cols);
+    const std::size_t rb = row_bytes(dtype, cols);
     std::vector<std::uint8_t> packed(rb * rows);
-    for (int r = 0; r < rows; ++r) quantize_row(DType::Q4_K, &w[static_cast<std::size_t>(r) * cols], &packed[rb * r], cols);
+    for (int r = 0; r < rows; ++r) quantize_row(dtype, &w[static_cast<std::size_t>(r) * cols], &packed[rb * r], cols);
     std::vector<float> dequantized(w.size());
-    for (int r = 0; r < rows; ++r) dequantize_row(DType::Q4_K, &packed[rb * r], &dequantized[static_cast<std::size_t>(r) * cols], cols);
+    for (int r = 0; r < rows; ++r) dequantize_row(dtype, &packed[rb * r], &dequantized[static_cast<std::size_t>(r) * cols], cols);
     Device<std::uint8_t> dw(packed);
     for (int T = 1; T <= kGemvMaxTokens; ++T) {
       std::vector<float> x(static_cast<std::size_t>(T) * cols);
@@ -156,7 +157,7 @@ TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
       Device<float2> scales(x.size() / 32);
       CUDA_OK(cudaMemset(dy.p, 0xff, dy.n * sizeof(float)));  // NaN: every output must be written
       quantize_q8(dx.p, T, cols, q.p, scales.p, nullptr);
-      gemv_q8(dw.p, WeightFormat::Q4_K, rows, cols, q.p, scales.p, T, dy.p, nullptr);
+      gemv_q8(dw.p, format, rows, cols, q.p, scales.p, T, dy.p, nullptr);
       CUDA_OK(cudaDeviceSynchronize());
       std::vector<double> exact(static_cast<std::size_t>(T) * rows), unquantized(exact.size());
       for (int t = 0; t < T; ++t) {
@@ -172,9 +173,10 @@ TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
         }
       }
       const std::vector<float> got = dy.read();
-      EXPECT_LT(relative_error(got, exact), 1e-5) << "cols " << cols << " T " << T;
-      EXPECT_LT(relative_error(got, unquantized), 2e-2) << "cols " << cols << " T " << T;
+      EXPECT_LT(relative_error(got, exact), 1e-5) << dtype_name(dtype) << " cols " << cols << " T " << T;
+      EXPECT_LT(relative_error(got, unquantized), 2e-2) << dtype_name(dtype) << " cols " << cols << " T " << T;
     }
+  }
   }
 }
 
@@ -431,7 +433,8 @@ TEST(CudaModel, CodeModelsDecodeAsOnTheCpu) {
   expect_same_greedy(path_from("PROMPTLY_SOURCE_DIR", PROMPTLY_SOURCE_DIR) + "/models/promptly-code-23m-q8_0.gguf", 33);
 }
 
-// Q4_K_M (Q4_K, and Q6_K for some matrices): decode's Q4_K products go through the integer GEMV.
+// Q4_K_M (Q4_K, and Q6_K for the tied output and some layers' attn_v and ffn_down): decode's
+// products go through the integer GEMV.
 TEST(CudaModel, Q4KMModelDecodesAsOnTheCpu) {
   REQUIRE_GPU();
   const std::string f16 = shared_model("code/code-target-f16.gguf");

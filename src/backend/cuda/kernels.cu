@@ -195,6 +195,66 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q4k_q8_kernel(const s
   }
 }
 
+// Four bytes at an address only 2-aligned (Q6_K's 210-byte blocks), as two 16-bit loads.
+__device__ __forceinline__ unsigned load_u32_2aligned(const std::uint8_t* p) {
+  const std::uint16_t* h = reinterpret_cast<const std::uint16_t*>(p);
+  return static_cast<unsigned>(h[0]) | (static_cast<unsigned>(h[1]) << 16);
+}
+
+// One warp per row; lane = (superblock lane / 8 of every 4, 32-element chunk j = lane % 8). A
+// chunk's 6-bit values v (q = v - 32) are rebuilt from its low and high bits once, in registers;
+// per token dp4a gives v . x and the sums of x over each 16-element scale group, and
+// (v - 32) . x = v . x - 32 sum(x).
+__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q6k_q8_kernel(const std::uint8_t* w, int rows, int cols, const std::int8_t* xq,
+                                                                         const float2* xds, int T, float* y) {
+  const int lane = threadIdx.x % kWarp;
+  const int row = blockIdx.x * kGemvWarps + threadIdx.x / kWarp;
+  const bool active = row < rows;  // no early return (see gemv_kernel)
+  const int n_super = cols / 256, x_blocks = cols / 32, j = lane % 8, half = j / 4, g = j % 4;
+  const int low_shift = (g / 2) * 4, high_shift = 2 * g;
+  const std::uint8_t* wr = w + static_cast<std::size_t>(active ? row : 0) * n_super * 210;
+  float acc[kGemvMaxTokens] = {};
+  for (int sb = lane / 8; active && sb < n_super; sb += kWarp / 8) {
+    const std::uint8_t* b = wr + static_cast<std::size_t>(sb) * 210;
+    const std::uint8_t* ql = b + 64 * half + (g & 1) * 32;
+    const std::uint8_t* qh = b + 128 + 32 * half;
+    const unsigned scales = load_u16(b + 192 + 8 * half + 2 * g);
+    const int sc0 = static_cast<std::int8_t>(scales & 0xffu), sc1 = static_cast<std::int8_t>(scales >> 8);
+    const float d = half_to_float(load_u16(b + 208));
+    int v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v[i] = static_cast<int>(((load_u32_2aligned(ql + 4 * i) >> low_shift) & 0x0f0f0f0fu) |
+                              (((load_u32_2aligned(qh + 4 * i) >> high_shift) & 0x03030303u) << 4));
+    }
+#pragma unroll
+    for (int t = 0; t < kGemvMaxTokens; ++t) {
+      if (t < T) {
+        const int4* xt = reinterpret_cast<const int4*>(xq + static_cast<std::size_t>(t) * cols + sb * 256 + j * 32);
+        const int4 x0 = __ldg(xt), x1 = __ldg(xt + 1);
+        const int xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int dot0 = 0, dot1 = 0, sum0 = 0, sum1 = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          dot0 = __dp4a(v[i], xw[i], dot0);
+          sum0 = __dp4a(0x01010101, xw[i], sum0);
+          dot1 = __dp4a(v[i + 4], xw[i + 4], dot1);
+          sum1 = __dp4a(0x01010101, xw[i + 4], sum1);
+        }
+        const float dx = xds[static_cast<std::size_t>(t) * x_blocks + sb * 8 + j].x;
+        acc[t] += d * dx * static_cast<float>(sc0 * (dot0 - 32 * sum0) + sc1 * (dot1 - 32 * sum1));
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kGemvMaxTokens; ++t) {
+    if (t < T) {
+      const float s = warp_sum(acc[t]);
+      if (active && lane == 0) y[static_cast<std::size_t>(t) * rows + row] = s;
+    }
+  }
+}
+
 // Float formats' rows of any length (not whole 32-element chunks), element by element: slower, and
 // only small models have them (stories260K's FFN of 172).
 __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_elements_kernel(const std::uint8_t* w, WeightFormat format, int rows, int cols,
@@ -460,12 +520,17 @@ void quantize_q8(const float* x, int T, int cols, std::int8_t* q, float2* scale_
   if (n_blocks > 0) quantize_q8_kernel<<<blocks_for(n_blocks, 8), 8 * kWarp, 0, stream>>>(x, n_blocks, q, scale_sum);
 }
 
-bool gemv_q8_takes(WeightFormat format, int cols) { return format == WeightFormat::Q4_K && cols % 256 == 0; }
+bool gemv_q8_takes(WeightFormat format, int cols) { return (format == WeightFormat::Q4_K || format == WeightFormat::Q6_K) && cols % 256 == 0; }
 
 void gemv_q8(const std::uint8_t* w, WeightFormat format, int rows, int cols, const std::int8_t* q, const float2* scale_sum, int T, float* y,
              cudaStream_t stream) {
   if (!gemv_q8_takes(format, cols)) return;
-  gemv_q4k_q8_kernel<<<blocks_for(static_cast<std::size_t>(rows), kGemvWarps), kGemvWarps * kWarp, 0, stream>>>(w, rows, cols, q, scale_sum, T, y);
+  const unsigned blocks = blocks_for(static_cast<std::size_t>(rows), kGemvWarps);
+  if (format == WeightFormat::Q4_K) {
+    gemv_q4k_q8_kernel<<<blocks, kGemvWarps * kWarp, 0, stream>>>(w, rows, cols, q, scale_sum, T, y);
+  } else {
+    gemv_q6k_q8_kernel<<<blocks, kGemvWarps * kWarp, 0, stream>>>(w, rows, cols, q, scale_sum, T, y);
+  }
 }
 
 void dequantize_to_half(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out, cudaStream_t stream) {

@@ -51,7 +51,7 @@ void add_rmsnorm(float* x, const float* delta, const float* delta_norm, const fl
 // the float formats' rows may have any length, the block formats' are whole blocks).
 void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const float* x, int T, float* y, cudaStream_t stream);
 
-// The integer GEMV (decode batches over Q4_K weights): x's T rows of cols floats (cols a multiple of
+// The integer GEMV (decode batches over Q4_K and Q6_K weights): x's T rows of cols floats (cols a multiple of
 // 32) as int8 blocks of 32, q[t * cols + k], with each block's scale d = max|x| / 127 and d times
 // the sum of its q in scale_sum[t * cols / 32 + block]; then y[t][r] = W[r] . x[t] by dp4a on the
 // weights' own integers, scaled per block. What gemv_q8 takes: gemv_q8_takes (else it does nothing).
