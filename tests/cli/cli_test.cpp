@@ -8,6 +8,7 @@
 
 #include "../test_util.h"
 #include "backend/device.h"
+#include "gguf/gguf.h"
 
 namespace promptly {
 namespace {
@@ -78,6 +79,15 @@ TEST(Cli, BenchModelMeasuresAtADepth) {
   EXPECT_EQ(j["depth"].get<int>(), 100);
   EXPECT_GT(j["pp_tps"]["median"].get<double>(), 0.0);
   EXPECT_GT(j["tg_tps"]["median"].get<double>(), 0.0);
+  // Prefill's work: the layer matrices for each of the 16 tokens, the output matrix for the last.
+  double layer_params = 0, output_params = 0;
+  const auto file = gguf::File::open(stories());
+  for (const auto& t : file->tensors()) {
+    if (t.dims.size() >= 2 && t.name.rfind("blk.", 0) == 0) layer_params += static_cast<double>(t.n_elements);
+    if (t.name == "output.weight") output_params = static_cast<double>(t.n_elements);
+  }
+  ASSERT_GT(output_params, 0.0);
+  EXPECT_NEAR(j["pp_ops_per_s"].get<double>() / (2.0 * (layer_params + output_params / 16) * j["pp_tps"]["median"].get<double>()), 1.0, 1e-9);
   const Result table = promptly("bench model -m " + stories() + " -p 16 -n 4 -d 40 -r 1 -t 1");
   ASSERT_EQ(table.status, 0) << table.out;
   EXPECT_NE(table.out.find("| pp16 @ d40 t/s | tg4 @ d40 t/s |"), std::string::npos) << table.out;
