@@ -483,9 +483,8 @@ void Engine::step() {
 }
 
 bool Engine::draws_on_device(const Sequence& s, const spec::Proposal& guesses) const {
-  const SamplingParams& p = s.request.sampling;
   return model_.device() && guesses.tokens.empty() && s.request.top_logprobs < 0 && s.request.logit_bias.empty() && !s.constraint &&
-         p.repeat_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+         !s.request.sampling.penalizes();
 }
 
 spec::Proposer* Engine::proposer_for(Sequence& s) {

@@ -119,8 +119,7 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
 
 void Sampler::apply_penalties(float* logits, std::size_t n_vocab, const std::vector<std::int32_t>& history) const {
   const SamplingParams& p = params_;
-  const bool penalize = p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-  if (!penalize || p.repeat_last_n == 0 || history.empty()) return;
+  if (!p.penalizes() || p.repeat_last_n == 0 || history.empty()) return;
   const std::size_t window = p.repeat_last_n < 0 ? history.size() : std::min<std::size_t>(history.size(), static_cast<std::size_t>(p.repeat_last_n));
   std::unordered_map<std::int32_t, int> counts;
   for (std::size_t i = history.size() - window; i < history.size(); ++i) ++counts[history[i]];

@@ -18,6 +18,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   std::uint64_t seed = 0xC0FFEE;
+
+  // Whether any of the repetition, presence and frequency penalties is on.
+  bool penalizes() const { return repeat_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f; }
 };
 
 class Sampler {

@@ -5,9 +5,10 @@
 // A step: the host writes the batch's tokens, positions, slots and block tables into one pinned
 // buffer, which goes up on the copy stream with the rows to sample on the device; the compute
 // stream waits for it (an event), runs the layers and the sampler (sampling.cuh), whose tokens come
-// back on the copy stream, and brings back only the other rows of logits that are wanted. Decode-sized batches (at most
-// kGemvMaxTokens tokens) run as a CUDA graph captured once per shape (tokens, logit rows, attention
-// chunk), since their hundreds of small launches would otherwise cost more than the work.
+// back on the copy stream, and brings back only the other rows of logits that are wanted.
+// Decode-sized batches (at most kGemvMaxTokens tokens) run as a CUDA graph captured once per shape
+// (tokens, logit rows, attention chunk), since their hundreds of small launches would otherwise
+// cost more than the work.
 // Larger batches (prefill) run their matmuls through cuBLAS: on halves (F32 weights in FP32).
 #include "backend/cuda/cuda_forward.h"
 
@@ -148,8 +149,8 @@ class CudaForward final : public DeviceForward {
     // and runtimes without graphs).
     const char* graphs = std::getenv("PROMPTLY_CUDA_GRAPHS");
     use_graphs_ = !(graphs && std::string(graphs) == "0");
-    // PROMPTLY_CUDA_GEMV=float keeps decode's Q4_K products on the float kernel (x as floats), for
-    // comparing it with the integer one (tools/gpu-check.sh times both).
+    // PROMPTLY_CUDA_GEMV=float keeps decode's Q4_K and Q6_K products on the float kernel (x as
+    // floats), for comparing it with the integer one (tools/gpu-check.sh times both).
     const char* gemv_kind = std::getenv("PROMPTLY_CUDA_GEMV");
     integer_gemv_ = !(gemv_kind && std::string(gemv_kind) == "float");
     PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
