@@ -85,6 +85,9 @@ for spec in "Q4_K_M 0 300" "F16 $slice 120"; do
     { say "gen-model $dtype failed or ran past ${limit}s"; tail -n 5 "$out/gen-$dtype.log" | tee -a "$summary"; continue; }
   say "$dtype (layers: ${layers/#0/all}): $(du -h "$f" | cut -f1), generated in $((SECONDS - t0)) s"
   timeout 150 $P bench model -m "$f" --device cuda -p 512 -n 128 -r 3 2>&1 | tee "$out/bench-$dtype.log" | tail -n 8 | tee -a "$summary"
+  # Where a pass's time goes (graphs off, so its total against the run above shows what graphs save).
+  PROMPTLY_CUDA_PROFILE=1 timeout 120 $P bench model -m "$f" --device cuda -p 512 -n 32 -r 1 2>&1 | tee "$out/profile-$dtype.log" |
+    sed -n '/^GPU profile/,$p' | tee -a "$summary"
   if [ "$dtype" = Q4_K_M ]; then  # decode's products on the float kernel instead of the integer one, for the ratio
     say "$dtype with PROMPTLY_CUDA_GEMV=float:"
     PROMPTLY_CUDA_GEMV=float timeout 120 $P bench model -m "$f" --device cuda -p 0 -n 128 -r 3 2>&1 | tee "$out/bench-$dtype-float-gemv.log" | tail -n 5 | tee -a "$summary"

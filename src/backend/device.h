@@ -48,6 +48,9 @@ class DeviceForward {
   virtual bool forward(const Batch& batch, KvCache& cache, std::vector<float>& logits,
                        const std::function<bool(std::size_t layer)>& stop_before, DeviceSampling* sampling) = 0;
   virtual std::string name() const = 0;  // "cuda:0 (NVIDIA H200)"
+  // Where the passes' time went, when the device was asked to profile them (the CUDA pass:
+  // PROMPTLY_CUDA_PROFILE=1); empty otherwise.
+  virtual std::string profile_report() const { return {}; }
   // The device's PCI bus id ("0000:3b:00.0"): how NVML (backend/gpu_stats.h) finds the same card.
   virtual std::string pci_bus_id() const = 0;
   // Bytes of device memory the weights take.

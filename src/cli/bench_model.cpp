@@ -217,6 +217,7 @@ int bench_model(const BenchModelOptions& o) {
     j["device_name"] = on_device->name();
     j["device_peak_tflops"] = o.device_peak_tflops;
     j["pp_fraction_of_device_peak"] = pp_ops / (o.device_peak_tflops * 1e12);
+    j["device_profile"] = on_device->profile_report();  // PROMPTLY_CUDA_PROFILE=1
   }
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
@@ -242,6 +243,8 @@ int bench_model(const BenchModelOptions& o) {
     std::printf("\n%s: read GB/s and the floor are the device memory's (a device-to-device copy, bytes read + written); "
                 "prefill = %.1f%% of the %.0f TFLOP/s dense FP16/BF16 tensor peak (--device-peak-tflops); the int8 column is the CPU's\n",
                 on_device->name().c_str(), 100.0 * pp_ops / (o.device_peak_tflops * 1e12), o.device_peak_tflops);
+    const std::string profile = on_device->profile_report();
+    if (!profile.empty()) std::printf("\n%s", profile.c_str());
   }
   if (int8_measured_tops > 0) {
     std::printf("\nint8 peak: %.2f TOPS nominal (--int8-peak-tops), %.2f TOPS measured in this run (VNNI on registers, %d threads); "

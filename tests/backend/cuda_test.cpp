@@ -496,6 +496,29 @@ TEST(CudaModel, ReportsItsDeviceAndMeasuresItsBandwidth) {
   }
 }
 
+// PROMPTLY_CUDA_PROFILE=1: each pass's time by stretch of kernels, decode and prefill apart.
+TEST(CudaModel, ProfileSplitsEachPassByStretch) {
+  REQUIRE_GPU();
+  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
+  setenv("PROMPTLY_CUDA_PROFILE", "1", 1);
+  const std::unique_ptr<Model> gpu = gpu_model(file);
+  unsetenv("PROMPTLY_CUDA_PROFILE");
+  EXPECT_EQ(gpu->device()->profile_report(), "");
+  ThreadPool pool(1);
+  std::vector<std::int32_t> prompt(20);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>(3 + 7 * i);
+  run_greedy(*gpu, prompt, 4, pool);  // one prefill pass, then three decode passes
+  const std::string report = gpu->device()->profile_report();
+  EXPECT_NE(report.find("decode passes (3, graphs off)"), std::string::npos) << report;
+  EXPECT_NE(report.find("prefill passes (1, graphs off)"), std::string::npos) << report;
+  for (const char* stretch : {"q/k/v matmuls", "attention", "down matmul", "output matmul", "logits to the host"}) {
+    EXPECT_NE(report.find(stretch), std::string::npos) << stretch << "\n" << report;
+  }
+  const std::unique_ptr<Model> quiet = gpu_model(file);  // not asked: no profile
+  run_greedy(*quiet, prompt, 2, pool);
+  EXPECT_EQ(quiet->device()->profile_report(), "");
+}
+
 TEST(CudaModel, TokenTreesAreAClearError) {
   REQUIRE_GPU();
   const std::unique_ptr<Model> on_gpu = gpu_model(gguf::File::open(shared_model("stories260K.gguf")));

@@ -27,6 +27,7 @@
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/sampling.cuh"
 #include "backend/cuda/step_layout.h"
+#include "backend/cuda/step_profile.h"
 #include "kv/kv_cache.h"
 #include "model/batch.h"
 #include "model/model.h"
@@ -153,6 +154,12 @@ class CudaForward final : public DeviceForward {
     // floats), for comparing it with the integer one (tools/gpu-check.sh times both).
     const char* gemv_kind = std::getenv("PROMPTLY_CUDA_GEMV");
     integer_gemv_ = !(gemv_kind && std::string(gemv_kind) == "float");
+    // PROMPTLY_CUDA_PROFILE=1: each pass's time by stretch of kernels (step_profile.h), graphs off.
+    const char* profile = std::getenv("PROMPTLY_CUDA_PROFILE");
+    if (profile && std::string(profile) == "1") {
+      profile_.enable();
+      use_graphs_ = false;
+    }
     PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
     cudaDeviceProp props{};
     PROMPTLY_CUDA_CHECK(cudaGetDeviceProperties(&props, device_));
@@ -176,6 +183,7 @@ class CudaForward final : public DeviceForward {
   }
 
   std::string name() const override { return name_; }
+  std::string profile_report() const override { return profile_.report(); }
   std::string pci_bus_id() const override {
     char id[32] = {};
     PROMPTLY_CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof id, device_));
@@ -221,12 +229,15 @@ class CudaForward final : public DeviceForward {
     const int T = static_cast<int>(batch.size());
     reserve_for(batch, cache);
     KvState& kv = kv_state(cache);
+    profile_.begin(compute_, T <= kGemvMaxTokens);
+    profile_.mark("kv copy-on-write replays");
     for (const BlockPool::RowCopy& copy : cache.pool().take_copies()) {  // prefix sharing's copy-on-write, in order
       copy_kv_rows(kv.desc, copy.from, static_cast<int>(copy.from_slot), copy.to, static_cast<int>(copy.to_slot),
                    static_cast<int>(copy.n_rows), compute_);
     }
     const int longest = *std::max_element(batch.positions.begin(), batch.positions.end()) + 1;
     const AttentionShape shape = attention_shape(T, static_cast<int>(c_.n_head), longest, multiprocessors_, kMaxSplits);
+    profile_.mark("step upload (waited for)");
     const int n_out = upload_step(batch, cache, shape.n_splits, sampling);
     const int n_draws = sampling ? static_cast<int>(sampling->draws.size()) : 0;
     const bool long_rope = &model_.rope_speeds_for(cache.max_positions()) != &model_.rope_speeds_for(0);
@@ -240,8 +251,10 @@ class CudaForward final : public DeviceForward {
     }
     if (!finished) {
       PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(compute_));
+      profile_.end(false);
       return false;
     }
+    profile_.mark("sampling");
     if (n_draws > 0) {
       // The drawn tokens come back on the copy stream while the other rows' logits (if any) come
       // back on the compute stream.
@@ -251,6 +264,7 @@ class CudaForward final : public DeviceForward {
       PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(pinned_drawn_.as<std::int32_t>(), drawn_.get(), n_draws * sizeof(std::int32_t),
                                           cudaMemcpyDeviceToHost, copy_));
     }
+    profile_.mark("logits to the host");
     const std::size_t row_bytes = c_.n_vocab * sizeof(float);
     host_logits_.reserve(static_cast<std::size_t>(n_out) * row_bytes);
     for (int r = 0; r < n_out;) {  // runs of rows not drawn
@@ -268,6 +282,7 @@ class CudaForward final : public DeviceForward {
     PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(compute_));
     PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(copy_));
     PROMPTLY_CUDA_CHECK(cudaGetLastError());
+    profile_.end(true);
     logits.resize(static_cast<std::size_t>(n_out) * c_.n_vocab);
     for (int r = 0; r < n_out; ++r) {
       if (row_drawn_[r]) continue;
@@ -523,32 +538,44 @@ class CudaForward final : public DeviceForward {
                   const std::function<bool(std::size_t)>& stop_before) {
     const int D = static_cast<int>(c_.n_embd), F = static_cast<int>(c_.n_ff);
     const float embed_scale = c_.desc->embed_scale ? std::sqrt(static_cast<float>(D)) : 1.0f;
+    profile_.mark("embedding");
     embed(token_embd_.data(), token_embd_.format, D, meta_, T, embed_scale, x_.get(), compute_);
     for (std::size_t il = 0; il < c_.n_layer; ++il) {
       if (il > 0 && stop_before && stop_before(il)) return false;
       const DeviceLayer& L = layers_[il];
       // Attention sublayer (the previous FFN output joins the stream first).
       const float* prev_post = il > 0 ? layers_[il - 1].post_ffn_norm.get() : nullptr;
+      profile_.mark("norms");
       add_rmsnorm(x_.get(), il > 0 ? tmp_.get() : nullptr, prev_post, L.attn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_);
+      profile_.mark("q/k/v matmuls");
       matmul({{L.wq, q_.get()}, {L.wk, k_.get()}, {L.wv, v_.get()}}, xn_.get(), T);
       const bool own_rope = L.local && inv_freq_local_.get();
       QkvPost post{q_.get(), k_.get(), v_.get(), L.bq.get(), L.bk.get(), L.bv.get(), L.q_norm.get(), L.k_norm.get(),
                    own_rope ? inv_freq_local_.get() : inv_freq, static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv),
                    static_cast<int>(c_.head_dim), static_cast<int>(c_.n_rot), c_.rope_neox, c_.rope_attn_factor, c_.rms_eps,
                    static_cast<int>(il)};
+      profile_.mark("q/k/v post (rope, kv write)");
       qkv_post(post, meta_, T, kv.desc, compute_);
       AttentionArgs args{q_.get(), attn_.get(), partials_.get(), static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv),
                          static_cast<int>(c_.head_dim), static_cast<int>(il), L.local ? static_cast<int>(c_.sliding_window) : 0,
                          1.0f / std::sqrt(static_cast<float>(c_.head_dim)), c_.attn_softcap, shape.chunk, shape.n_splits};
+      profile_.mark("attention");
       attention(args, meta_, T, kv.desc, compute_);
+      profile_.mark("attention output matmul");
       matmul({{L.wo, tmp_.get()}}, attn_.get(), T);
       // FFN sublayer.
+      profile_.mark("norms");
       add_rmsnorm(x_.get(), tmp_.get(), L.post_attn_norm.get(), L.ffn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_);
+      profile_.mark("gate/up matmuls");
       matmul({{L.gate, gate_.get()}, {L.up, up_.get()}}, xn_.get(), T);
+      profile_.mark("gated activation");
       gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(T) * F, c_.desc->activation == arch::Activation::GeluTanh, compute_);
+      profile_.mark("down matmul");
       matmul({{L.down, tmp_.get()}}, gate_.get(), T);
     }
+    profile_.mark("norms");
     add_rmsnorm(x_.get(), tmp_.get(), layers_.back().post_ffn_norm.get(), output_norm_.get(), D, T, c_.rms_eps, xn_.get(), compute_);
+    profile_.mark("output matmul");
     gather_rows(xn_.get(), out_rows_, n_out, D, out_x_.get(), compute_);
     if (n_out > 0) matmul({{output_tied_ ? token_embd_ : output_, logits_.get()}}, out_x_.get(), n_out);
     if (c_.final_softcap > 0.0f) softcap(logits_.get(), static_cast<std::size_t>(n_out) * c_.n_vocab, c_.final_softcap, compute_);
@@ -565,6 +592,7 @@ class CudaForward final : public DeviceForward {
   int multiprocessors_ = 0;
   bool use_graphs_ = true;
   bool integer_gemv_ = true;
+  StepProfile profile_;
   std::size_t weight_bytes_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cudaEvent_t uploaded_ = nullptr, sampled_ = nullptr;
