@@ -157,7 +157,9 @@ TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
       Device<float2> scales(x.size() / 32);
       CUDA_OK(cudaMemset(dy.p, 0xff, dy.n * sizeof(float)));  // NaN: every output must be written
       quantize_q8(dx.p, T, cols, q.p, scales.p, nullptr);
-      gemv_q8(dw.p, format, rows, cols, q.p, scales.p, T, dy.p, nullptr);
+      GemvParts parts{};
+      parts.n = 1, parts.cols = cols, parts.part[0] = {dw.p, format, rows, dy.p};
+      gemv_q8(parts, q.p, scales.p, T, nullptr);
       CUDA_OK(cudaDeviceSynchronize());
       std::vector<double> exact(static_cast<std::size_t>(T) * rows), unquantized(exact.size());
       for (int t = 0; t < T; ++t) {

@@ -479,18 +479,33 @@ class CudaForward final : public DeviceForward {
   // for decode-sized batches the matrix-vector kernels (the integer one where it takes the format,
   // x quantized to int8 once for them all), else cuBLAS on halves (x converted once for them all,
   // the weights decoded a slice of rows at a time; F32 weights in FP32).
-  void matmul(std::initializer_list<Product> products, const float* x, int T) {
-    bool x_in_half = false, x_in_q8 = false;
+  // Where the kernel that writes a matmul's input should also write it as int8: where the integer
+  // GEMV takes one of the matrices that read it (else nowhere: no int8 form wanted).
+  Q8Out q8_for(int T, std::initializer_list<const DeviceMatrix*> readers) const {
+    if (T > kGemvMaxTokens || !integer_gemv_) return {};
+    for (const DeviceMatrix* m : readers) {
+      if (gemv_q8_takes(m->format, m->cols)) return {x_q8_.get(), x_q8_scales_.get()};
+    }
+    return {};
+  }
+
+  // x_in_q8: x's int8 form is in x_q8_ already (written with x by the kernel before).
+  void matmul(std::initializer_list<Product> products, const float* x, int T, bool x_in_q8 = false) {
+    bool x_in_half = false;
+    GemvParts integer{};  // the products the integer GEMV takes: one launch for them all
     for (const Product& p : products) {
       if (T <= kGemvMaxTokens && integer_gemv_ && gemv_q8_takes(p.w.format, p.w.cols)) {
-        if (!x_in_q8) quantize_q8(x, T, p.w.cols, x_q8_.get(), x_q8_scales_.get(), compute_);
-        x_in_q8 = true;
-        gemv_q8(p.w.data(), p.w.format, p.w.rows, p.w.cols, x_q8_.get(), x_q8_scales_.get(), T, p.y, compute_);
+        integer.cols = p.w.cols;
+        integer.part[integer.n++] = {p.w.data(), p.w.format, p.w.rows, p.y};
       } else if (T <= kGemvMaxTokens) {
         gemv(p.w.data(), p.w.format, p.w.rows, p.w.cols, x, T, p.y, compute_);
       } else {
         gemm(p.w, x, T, p.y, x_in_half);
       }
+    }
+    if (integer.n > 0) {
+      if (!x_in_q8) quantize_q8(x, T, integer.cols, x_q8_.get(), x_q8_scales_.get(), compute_);
+      gemv_q8(integer, x_q8_.get(), x_q8_scales_.get(), T, compute_);
     }
   }
 
@@ -546,9 +561,10 @@ class CudaForward final : public DeviceForward {
       // Attention sublayer (the previous FFN output joins the stream first).
       const float* prev_post = il > 0 ? layers_[il - 1].post_ffn_norm.get() : nullptr;
       profile_.mark("norms");
-      add_rmsnorm(x_.get(), il > 0 ? tmp_.get() : nullptr, prev_post, L.attn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_);
+      const Q8Out q8_qkv = q8_for(T, {&L.wq, &L.wk, &L.wv});
+      add_rmsnorm(x_.get(), il > 0 ? tmp_.get() : nullptr, prev_post, L.attn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_, q8_qkv);
       profile_.mark("q/k/v matmuls");
-      matmul({{L.wq, q_.get()}, {L.wk, k_.get()}, {L.wv, v_.get()}}, xn_.get(), T);
+      matmul({{L.wq, q_.get()}, {L.wk, k_.get()}, {L.wv, v_.get()}}, xn_.get(), T, q8_qkv.q != nullptr);
       const bool own_rope = L.local && inv_freq_local_.get();
       QkvPost post{q_.get(), k_.get(), v_.get(), L.bq.get(), L.bk.get(), L.bv.get(), L.q_norm.get(), L.k_norm.get(),
                    own_rope ? inv_freq_local_.get() : inv_freq, static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv),
@@ -565,13 +581,16 @@ class CudaForward final : public DeviceForward {
       matmul({{L.wo, tmp_.get()}}, attn_.get(), T);
       // FFN sublayer.
       profile_.mark("norms");
-      add_rmsnorm(x_.get(), tmp_.get(), L.post_attn_norm.get(), L.ffn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_);
+      const Q8Out q8_gate_up = q8_for(T, {&L.gate, &L.up});
+      add_rmsnorm(x_.get(), tmp_.get(), L.post_attn_norm.get(), L.ffn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_, q8_gate_up);
       profile_.mark("gate/up matmuls");
-      matmul({{L.gate, gate_.get()}, {L.up, up_.get()}}, xn_.get(), T);
+      matmul({{L.gate, gate_.get()}, {L.up, up_.get()}}, xn_.get(), T, q8_gate_up.q != nullptr);
       profile_.mark("gated activation");
-      gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(T) * F, c_.desc->activation == arch::Activation::GeluTanh, compute_);
+      const Q8Out q8_down = q8_for(T, {&L.down});
+      gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(T) * F, c_.desc->activation == arch::Activation::GeluTanh, compute_,
+                       q8_down);
       profile_.mark("down matmul");
-      matmul({{L.down, tmp_.get()}}, gate_.get(), T);
+      matmul({{L.down, tmp_.get()}}, gate_.get(), T, q8_down.q != nullptr);
     }
     profile_.mark("norms");
     add_rmsnorm(x_.get(), tmp_.get(), layers_.back().post_ffn_norm.get(), output_norm_.get(), D, T, c_.rms_eps, xn_.get(), compute_);

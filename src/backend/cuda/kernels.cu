@@ -44,8 +44,23 @@ __global__ void embed_kernel(const std::uint8_t* table, WeightFormat format, int
   }
 }
 
+// The warp's 32 values (lane l's v: element l) as int8 block b of `out` (quantize_q8's layout:
+// scale max|v| / 127, round to nearest even). Every lane of the warp calls it with the same `store`.
+__device__ __forceinline__ void warp_quantize_q8(float v, std::size_t b, bool store, const Q8Out& out) {
+  float amax = fabsf(v);
+  for (int o = kWarp / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float d = amax / 127.0f;
+  const int qi = d > 0.0f ? __float2int_rn(v / d) : 0;
+  int sum = qi;
+  for (int o = kWarp / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (!store) return;
+  const int lane = threadIdx.x % kWarp;
+  out.q[b * kWarp + lane] = static_cast<std::int8_t>(qi);
+  if (lane == 0) out.scale_sum[b] = make_float2(d, d * static_cast<float>(sum));
+}
+
 __global__ void add_rmsnorm_kernel(float* x, const float* delta, const float* delta_norm, const float* weight, int d, float eps,
-                                   float* out) {
+                                   float* out, Q8Out q8) {
   float* xt = x + static_cast<std::size_t>(blockIdx.x) * d;
   if (delta) {
     const float* dt = delta + static_cast<std::size_t>(blockIdx.x) * d;
@@ -62,7 +77,18 @@ __global__ void add_rmsnorm_kernel(float* x, const float* delta, const float* de
   for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xt[i] * xt[i];
   const float scale = rsqrtf(block_sum(ss) / d + eps);
   float* ot = out + static_cast<std::size_t>(blockIdx.x) * d;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) ot[i] = xt[i] * scale * weight[i];
+  if (!q8.q) {
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ot[i] = xt[i] * scale * weight[i];
+    return;
+  }
+  // Also as int8 for the integer GEMV (d a multiple of 32: each warp's 32 elements are one block).
+  for (int base = 0; base < d; base += blockDim.x) {
+    const int i = base + static_cast<int>(threadIdx.x);
+    const bool in = i < d;
+    const float v = in ? xt[i] * scale * weight[i] : 0.0f;
+    if (in) ot[i] = v;
+    warp_quantize_q8(v, (static_cast<std::size_t>(blockIdx.x) * d + i) / kWarp, in, q8);
+  }
 }
 
 // One warp per row; each lane decodes 32-element chunks lane, lane + 32, ... and dots them with
@@ -113,20 +139,10 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const std::uin
 // multiply-adds in one instruction on the weights' own integers.
 
 // One warp per block of 32: scale max|x| / 127, round to nearest.
-__global__ void quantize_q8_kernel(const float* x, std::size_t n_blocks, std::int8_t* q, float2* scale_sum) {
+__global__ void quantize_q8_kernel(const float* x, std::size_t n_blocks, Q8Out out) {
   const std::size_t b = static_cast<std::size_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
   const bool active = b < n_blocks;  // no early return: every warp meets the shuffles (see gemv_kernel)
-  const float v = active ? x[b * kWarp + lane] : 0.0f;
-  float amax = fabsf(v);
-  for (int o = kWarp / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float d = amax / 127.0f;
-  const int qi = d > 0.0f ? __float2int_rn(v / d) : 0;
-  int sum = qi;
-  for (int o = kWarp / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (!active) return;
-  q[b * kWarp + lane] = static_cast<std::int8_t>(qi);
-  if (lane == 0) scale_sum[b] = make_float2(d, d * static_cast<float>(sum));
+  warp_quantize_q8(active ? x[b * kWarp + threadIdx.x % kWarp] : 0.0f, b, active, out);
 }
 
 // Byte k (0..11) of a Q4_K block's packed scales, which are bytes 4..15 of the block's first 16
@@ -136,18 +152,15 @@ __device__ __forceinline__ int q4k_scale_byte(const uint4& head, int k) {
   return static_cast<int>((word >> (8 * (k % 4))) & 0xffu);
 }
 
-// One warp per row; lane = (superblock lane / 4 of every 8, quarter g = lane % 4): the quarter's 32
-// bytes of nibbles hold sub-blocks 2g (low nibbles) and 2g + 1 (high), 64 elements against 64 int8
-// of each token's x. Weights stay in registers across the tokens.
-__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q4k_q8_kernel(const std::uint8_t* w, int rows, int cols, const std::int8_t* xq,
-                                                                         const float2* xds, int T, float* y) {
+// A warp's share of one Q4_K row against every token's x, added to acc (before the warp's sum):
+// lane = (superblock lane / 4 of every 8, quarter g = lane % 4); the quarter's 32 bytes of nibbles
+// hold sub-blocks 2g (low nibbles) and 2g + 1 (high), 64 elements against 64 int8 of each token's
+// x. Weights stay in registers across the tokens.
+__device__ __forceinline__ void q4k_row_q8(const std::uint8_t* wr, bool active, int cols, const std::int8_t* xq, const float2* xds, int T,
+                                           float (&acc)[kGemvMaxTokens]) {
   constexpr int kNibbles = 0x0f0f0f0f;
   const int lane = threadIdx.x % kWarp;
-  const int row = blockIdx.x * kGemvWarps + threadIdx.x / kWarp;
-  const bool active = row < rows;  // no early return (see gemv_kernel)
   const int n_super = cols / 256, x_blocks = cols / 32, g = lane % 4;
-  const std::uint8_t* wr = w + static_cast<std::size_t>(active ? row : 0) * n_super * 144;
-  float acc[kGemvMaxTokens] = {};
   for (int sb = lane / 4; active && sb < n_super; sb += kWarp / 4) {
     const std::uint8_t* block = wr + static_cast<std::size_t>(sb) * 144;  // 144 = 9 x 16: aligned
     const uint4 head = *reinterpret_cast<const uint4*>(block);
@@ -186,13 +199,6 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q4k_q8_kernel(const s
       }
     }
   }
-#pragma unroll
-  for (int t = 0; t < kGemvMaxTokens; ++t) {
-    if (t < T) {
-      const float s = warp_sum(acc[t]);
-      if (active && lane == 0) y[static_cast<std::size_t>(t) * rows + row] = s;
-    }
-  }
 }
 
 // Four bytes at an address only 2-aligned (Q6_K's 210-byte blocks), as two 16-bit loads.
@@ -201,19 +207,15 @@ __device__ __forceinline__ unsigned load_u32_2aligned(const std::uint8_t* p) {
   return static_cast<unsigned>(h[0]) | (static_cast<unsigned>(h[1]) << 16);
 }
 
-// One warp per row; lane = (superblock lane / 8 of every 4, 32-element chunk j = lane % 8). A
-// chunk's 6-bit values v (q = v - 32) are rebuilt from its low and high bits once, in registers;
+// The same for a Q6_K row: lane = (superblock lane / 8 of every 4, 32-element chunk j = lane % 8).
+// A chunk's 6-bit values v (q = v - 32) are rebuilt from its low and high bits once, in registers;
 // per token dp4a gives v . x and the sums of x over each 16-element scale group, and
 // (v - 32) . x = v . x - 32 sum(x).
-__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q6k_q8_kernel(const std::uint8_t* w, int rows, int cols, const std::int8_t* xq,
-                                                                         const float2* xds, int T, float* y) {
+__device__ __forceinline__ void q6k_row_q8(const std::uint8_t* wr, bool active, int cols, const std::int8_t* xq, const float2* xds, int T,
+                                           float (&acc)[kGemvMaxTokens]) {
   const int lane = threadIdx.x % kWarp;
-  const int row = blockIdx.x * kGemvWarps + threadIdx.x / kWarp;
-  const bool active = row < rows;  // no early return (see gemv_kernel)
   const int n_super = cols / 256, x_blocks = cols / 32, j = lane % 8, half = j / 4, g = j % 4;
   const int low_shift = (g / 2) * 4, high_shift = 2 * g;
-  const std::uint8_t* wr = w + static_cast<std::size_t>(active ? row : 0) * n_super * 210;
-  float acc[kGemvMaxTokens] = {};
   for (int sb = lane / 8; active && sb < n_super; sb += kWarp / 8) {
     const std::uint8_t* b = wr + static_cast<std::size_t>(sb) * 210;
     const std::uint8_t* ql = b + 64 * half + (g & 1) * 32;
@@ -246,11 +248,38 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q6k_q8_kernel(const s
       }
     }
   }
+}
+
+// One warp per row of the parts' rows taken in turn (q, k and v, or gate and up, in one launch: a
+// decode step is many small kernels, and each launch costs a few microseconds on its own); a
+// block's warps all in one part.
+__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_parts_kernel(GemvParts parts, const std::int8_t* xq, const float2* xds, int T) {
+  // Selected by branches, not an index: a dynamic index would copy the parameters to local memory.
+  const int b = static_cast<int>(blockIdx.x);
+  const int blocks0 = (parts.part[0].rows + kGemvWarps - 1) / kGemvWarps, blocks1 = (parts.part[1].rows + kGemvWarps - 1) / kGemvWarps;
+  GemvPart part = parts.part[0];
+  int first_block = 0;
+  if (parts.n > 2 && b >= blocks0 + blocks1) {
+    part = parts.part[2], first_block = blocks0 + blocks1;
+  } else if (parts.n > 1 && b >= blocks0) {
+    part = parts.part[1], first_block = blocks0;
+  }
+  const int lane = threadIdx.x % kWarp;
+  const int row = (static_cast<int>(blockIdx.x) - first_block) * kGemvWarps + threadIdx.x / kWarp;
+  const bool active = row < part.rows;  // no early return (see gemv_kernel)
+  const int cols = parts.cols;
+  const std::uint8_t* wr = part.w + format_row_bytes(part.format, cols) * static_cast<std::size_t>(active ? row : 0);
+  float acc[kGemvMaxTokens] = {};
+  if (part.format == WeightFormat::Q4_K) {
+    q4k_row_q8(wr, active, cols, xq, xds, T, acc);
+  } else {
+    q6k_row_q8(wr, active, cols, xq, xds, T, acc);
+  }
 #pragma unroll
   for (int t = 0; t < kGemvMaxTokens; ++t) {
     if (t < T) {
       const float s = warp_sum(acc[t]);
-      if (active && lane == 0) y[static_cast<std::size_t>(t) * rows + row] = s;
+      if (active && lane == 0) part.y[static_cast<std::size_t>(t) * part.rows + row] = s;
     }
   }
 }
@@ -450,10 +479,10 @@ __global__ void attention_combine_kernel(AttentionArgs a) {
   }
 }
 
-__global__ void gated_activation_kernel(float* gate, const float* up, std::size_t n, bool gelu) {
+__global__ void gated_activation_kernel(float* gate, const float* up, std::size_t n, bool gelu, Q8Out q8) {
   const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float g = gate[i];
+  const bool in = i < n;  // no early return: warp_quantize_q8's shuffles (n a multiple of 32 then)
+  const float g = in ? gate[i] : 0.0f;
   float act;
   if (gelu) {
     constexpr float kSqrt2OverPi = 0.7978845608028654f;
@@ -461,7 +490,9 @@ __global__ void gated_activation_kernel(float* gate, const float* up, std::size_
   } else {
     act = g / (1.0f + expf(-g));
   }
-  gate[i] = act * up[i];
+  const float v = in ? act * up[i] : 0.0f;
+  if (in) gate[i] = v;
+  if (q8.q) warp_quantize_q8(v, i / kWarp, in, q8);
 }
 
 __global__ void gather_rows_kernel(const float* src, const std::int32_t* rows, int d, float* dst) {
@@ -494,8 +525,8 @@ void embed(const std::uint8_t* table, WeightFormat format, int d, const StepMeta
 }
 
 void add_rmsnorm(float* x, const float* delta, const float* delta_norm, const float* weight, int d, int T, float eps, float* out,
-                 cudaStream_t stream) {
-  add_rmsnorm_kernel<<<T, 256, 0, stream>>>(x, delta, delta_norm, weight, d, eps, out);
+                 cudaStream_t stream, const Q8Out& q8) {
+  add_rmsnorm_kernel<<<T, 256, 0, stream>>>(x, delta, delta_norm, weight, d, eps, out, d % kWarp == 0 ? q8 : Q8Out{});
 }
 
 void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const float* x, int T, float* y, cudaStream_t stream) {
@@ -517,20 +548,18 @@ void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const 
 
 void quantize_q8(const float* x, int T, int cols, std::int8_t* q, float2* scale_sum, cudaStream_t stream) {
   const std::size_t n_blocks = static_cast<std::size_t>(T) * (cols / 32);
-  if (n_blocks > 0) quantize_q8_kernel<<<blocks_for(n_blocks, 8), 8 * kWarp, 0, stream>>>(x, n_blocks, q, scale_sum);
+  if (n_blocks > 0) quantize_q8_kernel<<<blocks_for(n_blocks, 8), 8 * kWarp, 0, stream>>>(x, n_blocks, Q8Out{q, scale_sum});
 }
 
 bool gemv_q8_takes(WeightFormat format, int cols) { return (format == WeightFormat::Q4_K || format == WeightFormat::Q6_K) && cols % 256 == 0; }
 
-void gemv_q8(const std::uint8_t* w, WeightFormat format, int rows, int cols, const std::int8_t* q, const float2* scale_sum, int T, float* y,
-             cudaStream_t stream) {
-  if (!gemv_q8_takes(format, cols)) return;
-  const unsigned blocks = blocks_for(static_cast<std::size_t>(rows), kGemvWarps);
-  if (format == WeightFormat::Q4_K) {
-    gemv_q4k_q8_kernel<<<blocks, kGemvWarps * kWarp, 0, stream>>>(w, rows, cols, q, scale_sum, T, y);
-  } else {
-    gemv_q6k_q8_kernel<<<blocks, kGemvWarps * kWarp, 0, stream>>>(w, rows, cols, q, scale_sum, T, y);
+void gemv_q8(const GemvParts& parts, const std::int8_t* q, const float2* scale_sum, int T, cudaStream_t stream) {
+  unsigned blocks = 0;
+  for (int p = 0; p < parts.n; ++p) {
+    if (!gemv_q8_takes(parts.part[p].format, parts.cols)) return;
+    blocks += blocks_for(static_cast<std::size_t>(parts.part[p].rows), kGemvWarps);
   }
+  if (blocks > 0) gemv_q8_parts_kernel<<<blocks, kGemvWarps * kWarp, 0, stream>>>(parts, q, scale_sum, T);
 }
 
 void dequantize_to_half(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out, cudaStream_t stream) {
@@ -557,8 +586,8 @@ void attention(const AttentionArgs& a, const StepMeta& meta, int T, const Device
   attention_combine_kernel<<<dim3(T, a.n_head), 128, 0, stream>>>(a);
 }
 
-void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cudaStream_t stream) {
-  gated_activation_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n, gelu);
+void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cudaStream_t stream, const Q8Out& q8) {
+  gated_activation_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n, gelu, n % kWarp == 0 ? q8 : Q8Out{});
 }
 
 void gather_rows(const float* src, const std::int32_t* rows, int n, int d, float* dst, cudaStream_t stream) {

@@ -43,9 +43,17 @@ struct DeviceKv {
 void embed(const std::uint8_t* table, WeightFormat format, int d, const StepMeta& meta, int T, float scale, float* x,
            cudaStream_t stream);
 
-// Per token: if delta: x += (delta_norm ? rmsnorm(delta) * delta_norm : delta); then out = rmsnorm(x) * weight.
+// x as int8 blocks of 32 for the integer GEMV (quantize_q8's layout, below); q null: not wanted.
+struct Q8Out {
+  std::int8_t* q = nullptr;
+  float2* scale_sum = nullptr;
+};
+
+// Per token: if delta: x += (delta_norm ? rmsnorm(delta) * delta_norm : delta); then out = rmsnorm(x) * weight,
+// and with q8 (d a multiple of 32) out as int8 too, in the same kernel (decode steps are many small
+// launches: each one saved is a few microseconds of a step's critical path).
 void add_rmsnorm(float* x, const float* delta, const float* delta_norm, const float* weight, int d, int T, float eps, float* out,
-                 cudaStream_t stream);
+                 cudaStream_t stream, const Q8Out& q8 = {});
 
 // y[t][r] = W[r] . x[t] for T <= kGemvMaxTokens tokens (W rows of `cols` elements in `format`;
 // the float formats' rows may have any length, the block formats' are whole blocks).
@@ -54,11 +62,23 @@ void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const 
 // The integer GEMV (decode batches over Q4_K and Q6_K weights): x's T rows of cols floats (cols a multiple of
 // 32) as int8 blocks of 32, q[t * cols + k], with each block's scale d = max|x| / 127 and d times
 // the sum of its q in scale_sum[t * cols / 32 + block]; then y[t][r] = W[r] . x[t] by dp4a on the
-// weights' own integers, scaled per block. What gemv_q8 takes: gemv_q8_takes (else it does nothing).
+// weights' own integers, scaled per block. What gemv_q8 takes: gemv_q8_takes (for a part it does
+// not take, it does nothing).
 void quantize_q8(const float* x, int T, int cols, std::int8_t* q, float2* scale_sum, cudaStream_t stream);
 bool gemv_q8_takes(WeightFormat format, int cols);
-void gemv_q8(const std::uint8_t* w, WeightFormat format, int rows, int cols, const std::int8_t* q, const float2* scale_sum, int T, float* y,
-             cudaStream_t stream);
+// Up to three matrices of the same width against the same x, in one launch (q/k/v, gate/up).
+struct GemvPart {
+  const std::uint8_t* w;
+  WeightFormat format;
+  int rows;
+  float* y;  // [T][rows]
+};
+struct GemvParts {
+  GemvPart part[3];
+  int n;
+  int cols;
+};
+void gemv_q8(const GemvParts& parts, const std::int8_t* q, const float2* scale_sum, int T, cudaStream_t stream);
 
 // W decoded to halves (rows x cols, row-major), for cuBLAS.
 void dequantize_to_half(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out, cudaStream_t stream);
@@ -93,8 +113,9 @@ struct AttentionArgs {
 };
 void attention(const AttentionArgs& a, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream);
 
-// gate = act(gate) * up over n values (SwiGLU, or GeGLU with tanh when gelu).
-void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cudaStream_t stream);
+// gate = act(gate) * up over n values (SwiGLU, or GeGLU with tanh when gelu); with q8 (rows of a
+// multiple of 32) the result as int8 too.
+void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cudaStream_t stream, const Q8Out& q8 = {});
 
 // dst[i] = src[rows[i]] (d floats each), for the rows that want logits.
 void gather_rows(const float* src, const std::int32_t* rows, int n, int d, float* dst, cudaStream_t stream);
