@@ -157,6 +157,7 @@ TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
       Device<float2> scales(x.size() / 32);
       CUDA_OK(cudaMemset(dy.p, 0xff, dy.n * sizeof(float)));  // NaN: every output must be written
       quantize_q8(dx.p, T, cols, q.p, scales.p, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());  // x's int8 form complete first, whatever a runtime's default stream orders
       GemvParts parts{};
       parts.n = 1, parts.cols = cols, parts.part[0] = {dw.p, format, rows, dy.p};
       gemv_q8(parts, q.p, scales.p, T, nullptr);
