@@ -120,18 +120,26 @@ INSTANTIATE_TEST_SUITE_P(Formats, GemvTest,
                                            FormatCase{DType::F32, WeightFormat::F32, 172}, FormatCase{DType::F16, WeightFormat::F16, 37}),
                          [](const auto& info) { return std::string(dtype_name(info.param.dtype)) + "_" + std::to_string(info.param.cols); });
 
-// The integer GEMV (decode's Q4_K and Q6_K products): exact against the product with x quantized the same
+// The integer GEMV (decode's Q4_K, Q6_K, Q8_0 and Q4_0 products): exact against the product with x quantized the same
 // way on the host (blocks of 32, scale max|x| / 127, round to nearest even), and within int8's
 // rounding of the float product.
 TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
   REQUIRE_GPU();
-  EXPECT_FALSE(gemv_q8_takes(WeightFormat::Q8_0, 352));
+  EXPECT_FALSE(gemv_q8_takes(WeightFormat::F16, 256));
   EXPECT_FALSE(gemv_q8_takes(WeightFormat::Q4_K, 288));
   std::mt19937 rng(8);
   std::normal_distribution<float> normal;
   const int rows = 37;
-  for (const auto& [dtype, format] : {std::pair{DType::Q4_K, WeightFormat::Q4_K}, std::pair{DType::Q6_K, WeightFormat::Q6_K}}) {
-  for (const int cols : {256, 768, 2304}) {
+  struct Case {
+    DType dtype;
+    WeightFormat format;
+    std::vector<int> widths;
+  };
+  for (const Case& c : {Case{DType::Q4_K, WeightFormat::Q4_K, {256, 768, 2304}}, Case{DType::Q6_K, WeightFormat::Q6_K, {256, 768, 2304}},
+                        Case{DType::Q8_0, WeightFormat::Q8_0, {96, 352, 2304}}, Case{DType::Q4_0, WeightFormat::Q4_0, {96, 352, 2304}}}) {
+  const DType dtype = c.dtype;
+  const WeightFormat format = c.format;
+  for (const int cols : c.widths) {
     ASSERT_TRUE(gemv_q8_takes(format, cols));
     std::vector<float> w(static_cast<std::size_t>(rows) * cols);
     for (float& v : w) v = normal(rng);

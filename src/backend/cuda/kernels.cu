@@ -250,6 +250,48 @@ __device__ __forceinline__ void q6k_row_q8(const std::uint8_t* wr, bool active, 
   }
 }
 
+// Q8_0 and Q4_0 rows (34- and 18-byte blocks of 32, only 2-aligned): lane = block lane, lane + 32,
+// ...; Q4_0's values are nibbles - 8: (n - 8) . x = n . x - 8 sum(x).
+template <WeightFormat F>
+__device__ __forceinline__ void q8_0_or_q4_0_row_q8(const std::uint8_t* wr, bool active, int cols, const std::int8_t* xq, const float2* xds,
+                                                    int T, float (&acc)[kGemvMaxTokens]) {
+  constexpr int kBlockBytes = F == WeightFormat::Q8_0 ? 34 : 18;
+  const int lane = threadIdx.x % kWarp;
+  const int n_blocks = cols / 32;
+  for (int blk = lane; active && blk < n_blocks; blk += kWarp) {
+    const std::uint8_t* b = wr + static_cast<std::size_t>(blk) * kBlockBytes;
+    const float d = half_to_float(load_u16(b));
+    int v[8];  // the block's 32 values as int8, in element order
+    if constexpr (F == WeightFormat::Q8_0) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = static_cast<int>(load_u32_2aligned(b + 2 + 4 * i));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const unsigned n = load_u32_2aligned(b + 2 + 4 * i);
+        v[i] = static_cast<int>(n & 0x0f0f0f0fu);             // elements 4i..4i+3
+        v[i + 4] = static_cast<int>((n >> 4) & 0x0f0f0f0fu);  // elements 16+4i..
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kGemvMaxTokens; ++t) {
+      if (t < T) {
+        const int4* xt = reinterpret_cast<const int4*>(xq + static_cast<std::size_t>(t) * cols + blk * 32);
+        const int4 x0 = __ldg(xt), x1 = __ldg(xt + 1);
+        const int xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int dot = 0, sum = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          dot = __dp4a(v[i], xw[i], dot);
+          if constexpr (F == WeightFormat::Q4_0) sum = __dp4a(0x01010101, xw[i], sum);
+        }
+        if constexpr (F == WeightFormat::Q4_0) dot -= 8 * sum;
+        acc[t] += d * xds[static_cast<std::size_t>(t) * n_blocks + blk].x * static_cast<float>(dot);
+      }
+    }
+  }
+}
+
 // One warp per row of the parts' rows taken in turn (q, k and v, or gate and up, in one launch: a
 // decode step is many small kernels, and each launch costs a few microseconds on its own); a
 // block's warps all in one part.
@@ -270,10 +312,11 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_parts_kernel(GemvP
   const int cols = parts.cols;
   const std::uint8_t* wr = part.w + format_row_bytes(part.format, cols) * static_cast<std::size_t>(active ? row : 0);
   float acc[kGemvMaxTokens] = {};
-  if (part.format == WeightFormat::Q4_K) {
-    q4k_row_q8(wr, active, cols, xq, xds, T, acc);
-  } else {
-    q6k_row_q8(wr, active, cols, xq, xds, T, acc);
+  switch (part.format) {  // the same for the whole warp: no divergence
+    case WeightFormat::Q4_K: q4k_row_q8(wr, active, cols, xq, xds, T, acc); break;
+    case WeightFormat::Q6_K: q6k_row_q8(wr, active, cols, xq, xds, T, acc); break;
+    case WeightFormat::Q8_0: q8_0_or_q4_0_row_q8<WeightFormat::Q8_0>(wr, active, cols, xq, xds, T, acc); break;
+    default: q8_0_or_q4_0_row_q8<WeightFormat::Q4_0>(wr, active, cols, xq, xds, T, acc); break;
   }
 #pragma unroll
   for (int t = 0; t < kGemvMaxTokens; ++t) {
@@ -551,7 +594,15 @@ void quantize_q8(const float* x, int T, int cols, std::int8_t* q, float2* scale_
   if (n_blocks > 0) quantize_q8_kernel<<<blocks_for(n_blocks, 8), 8 * kWarp, 0, stream>>>(x, n_blocks, Q8Out{q, scale_sum});
 }
 
-bool gemv_q8_takes(WeightFormat format, int cols) { return (format == WeightFormat::Q4_K || format == WeightFormat::Q6_K) && cols % 256 == 0; }
+bool gemv_q8_takes(WeightFormat format, int cols) {
+  switch (format) {
+    case WeightFormat::Q4_K:
+    case WeightFormat::Q6_K: return cols % 256 == 0;
+    case WeightFormat::Q8_0:
+    case WeightFormat::Q4_0: return cols % 32 == 0;
+    default: return false;
+  }
+}
 
 void gemv_q8(const GemvParts& parts, const std::int8_t* q, const float2* scale_sum, int T, cudaStream_t stream) {
   unsigned blocks = 0;
