@@ -9,7 +9,6 @@ namespace {
 // and NVML keeps these stable (its documented ABI; NVML API Reference, "Initialization and
 // Cleanup", "Device Queries"):
 //   nvmlReturn_t nvmlInit_v2(void);
-//   nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* device);
 //   nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char* pciBusId, nvmlDevice_t* device);
 //   nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t* utilization);
 //   nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory);
@@ -37,36 +36,28 @@ class Nvml {
     return nvml;
   }
 
-  std::optional<GpuStats> read(int device_index, std::string& why) const {
-    if (!error_.empty()) {
-      why = error_;
-      return std::nullopt;
-    }
-    const std::string name = "GPU " + std::to_string(device_index);
-    NvmlDevice device = nullptr;
-    if (device_index < 0) {
-      why = "no " + name;
-      return std::nullopt;
-    }
-    if (NvmlReturn r = get_handle_(static_cast<unsigned int>(device_index), &device); r != kNvmlSuccess) {
-      why = "NVML has no " + name + ": " + error_string(r);
-      return std::nullopt;
-    }
-    return read(device, name, why);
-  }
-
   std::optional<GpuStats> read(const std::string& pci_bus_id, std::string& why) const {
     if (!error_.empty()) {
       why = error_;
       return std::nullopt;
     }
-    const std::string name = "the GPU at " + pci_bus_id;
+    const std::string name = "GPU at " + pci_bus_id;
     NvmlDevice device = nullptr;
     if (NvmlReturn r = get_handle_by_bus_(pci_bus_id.c_str(), &device); r != kNvmlSuccess) {
-      why = "NVML has no " + name.substr(4) + ": " + error_string(r);
+      why = "NVML has no " + name + ": " + error_string(r);
       return std::nullopt;
     }
-    return read(device, name, why);
+    NvmlUtilization utilization{};
+    if (NvmlReturn r = get_utilization_(device, &utilization); r != kNvmlSuccess) {
+      why = "NVML cannot read the " + name + "'s utilisation: " + error_string(r);
+      return std::nullopt;
+    }
+    NvmlMemory memory{};
+    if (NvmlReturn r = get_memory_(device, &memory); r != kNvmlSuccess) {
+      why = "NVML cannot read the " + name + "'s memory: " + error_string(r);
+      return std::nullopt;
+    }
+    return GpuStats{static_cast<double>(utilization.gpu), memory.used, memory.total};
   }
 
  private:
@@ -80,27 +71,12 @@ class Nvml {
       return;
     }
     const auto init = symbol<NvmlReturn (*)()>("nvmlInit_v2");
-    get_handle_ = symbol<NvmlReturn (*)(unsigned int, NvmlDevice*)>("nvmlDeviceGetHandleByIndex_v2");
     get_handle_by_bus_ = symbol<NvmlReturn (*)(const char*, NvmlDevice*)>("nvmlDeviceGetHandleByPciBusId_v2");
     get_utilization_ = symbol<NvmlReturn (*)(NvmlDevice, NvmlUtilization*)>("nvmlDeviceGetUtilizationRates");
     get_memory_ = symbol<NvmlReturn (*)(NvmlDevice, NvmlMemory*)>("nvmlDeviceGetMemoryInfo");
     error_string_ = symbol<const char* (*)(NvmlReturn)>("nvmlErrorString");
     if (!error_.empty()) return;
     if (NvmlReturn r = init(); r != kNvmlSuccess) error_ = "NVML failed to initialise: " + error_string(r);
-  }
-
-  std::optional<GpuStats> read(NvmlDevice device, const std::string& name, std::string& why) const {
-    NvmlUtilization utilization{};
-    if (NvmlReturn r = get_utilization_(device, &utilization); r != kNvmlSuccess) {
-      why = "NVML cannot read " + name + "'s utilisation: " + error_string(r);
-      return std::nullopt;
-    }
-    NvmlMemory memory{};
-    if (NvmlReturn r = get_memory_(device, &memory); r != kNvmlSuccess) {
-      why = "NVML cannot read " + name + "'s memory: " + error_string(r);
-      return std::nullopt;
-    }
-    return GpuStats{static_cast<double>(utilization.gpu), memory.used, memory.total};
   }
 
   // A function of the library; a missing one leaves the first such error in error_.
@@ -118,7 +94,6 @@ class Nvml {
 
   void* library_ = nullptr;
   std::string error_;  // set: NVML is unusable, and this says why
-  NvmlReturn (*get_handle_)(unsigned int, NvmlDevice*) = nullptr;
   NvmlReturn (*get_handle_by_bus_)(const char*, NvmlDevice*) = nullptr;
   NvmlReturn (*get_utilization_)(NvmlDevice, NvmlUtilization*) = nullptr;
   NvmlReturn (*get_memory_)(NvmlDevice, NvmlMemory*) = nullptr;
@@ -126,13 +101,6 @@ class Nvml {
 };
 
 }  // namespace
-
-std::optional<GpuStats> read_gpu_stats(int device_index, std::string* why) {
-  std::string reason;
-  std::optional<GpuStats> stats = Nvml::get().read(device_index, reason);
-  if (!stats && why) *why = reason;
-  return stats;
-}
 
 std::optional<GpuStats> read_gpu_stats(const std::string& pci_bus_id, std::string* why) {
   std::string reason;

@@ -14,13 +14,10 @@ struct GpuStats {
   std::uint64_t memory_total_bytes = 0;
 };
 
-// Statistics of NVML device `device_index` (NVML numbers devices in PCI bus order, as nvidia-smi
-// does; CUDA's cuda:N is the same device when CUDA_DEVICE_ORDER=PCI_BUS_ID and all devices are
-// visible). Thread-safe; NVML is loaded and initialised on the first call only. nullopt, with `why`
-// set when given, when there is no NVML, it fails to initialise, or there is no such device.
-std::optional<GpuStats> read_gpu_stats(int device_index, std::string* why = nullptr);
-// The same for the device at a PCI bus id ("0000:3b:00.0", as DeviceForward::pci_bus_id gives it):
-// the way to find cuda:N's statistics whatever CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER say.
+// Statistics of the GPU at a PCI bus id ("0000:3b:00.0", as DeviceForward::pci_bus_id gives it):
+// the id names the same card to CUDA and NVML whatever CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER
+// say. Thread-safe; NVML is loaded and initialised on the first call only. nullopt, with `why` set
+// when given, when there is no NVML, it fails to initialise, or there is no such device.
 std::optional<GpuStats> read_gpu_stats(const std::string& pci_bus_id, std::string* why = nullptr);
 
 }  // namespace promptly::backend

@@ -502,6 +502,11 @@ TEST(CudaModel, ReportsItsDeviceAndMeasuresItsBandwidth) {
   std::string why;
   if (const auto stats = read_gpu_stats(bus, &why)) {
     EXPECT_GT(stats->memory_used_bytes, gpu.device()->weight_bytes());
+    EXPECT_GE(stats->utilization_perc, 0.0);
+    EXPECT_LE(stats->utilization_perc, 100.0);
+    EXPECT_LE(stats->memory_used_bytes, stats->memory_total_bytes);
+    EXPECT_FALSE(read_gpu_stats("ffff:ff:1f.7", &why));  // no such device
+    EXPECT_NE(why.find("NVML has no GPU at ffff:ff:1f.7"), std::string::npos) << why;
   } else {
     std::printf("no NVML statistics for %s: %s\n", bus.c_str(), why.c_str());
   }

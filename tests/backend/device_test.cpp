@@ -65,25 +65,12 @@ bool nvml_present() {
 TEST(GpuStats, WithoutNvmlThereAreNoneAndAReason) {
   if (nvml_present()) GTEST_SKIP() << "NVML is installed here";
   std::string why;
-  EXPECT_FALSE(read_gpu_stats(0, &why));
+  EXPECT_FALSE(read_gpu_stats("0000:3b:00.0", &why));
   EXPECT_NE(why.find("NVML is not available"), std::string::npos) << why;
-  EXPECT_FALSE(read_gpu_stats(0));  // and asking again, without a reason, is the same answer
-  why.clear();
-  EXPECT_FALSE(read_gpu_stats(std::string("0000:3b:00.0"), &why));  // by PCI bus id likewise
-  EXPECT_NE(why.find("NVML is not available"), std::string::npos) << why;
+  EXPECT_FALSE(read_gpu_stats("0000:3b:00.0"));  // and asking again, without a reason, is the same answer
 }
-
-TEST(GpuStats, WithAGpuTheyAreInRange) {
-  std::string why;
-  const std::optional<GpuStats> stats = read_gpu_stats(0, &why);
-  if (!stats) GTEST_SKIP() << "no GPU statistics here: " << why;
-  EXPECT_GE(stats->utilization_perc, 0.0);
-  EXPECT_LE(stats->utilization_perc, 100.0);
-  EXPECT_GT(stats->memory_total_bytes, 0u);
-  EXPECT_LE(stats->memory_used_bytes, stats->memory_total_bytes);
-  EXPECT_FALSE(read_gpu_stats(1 << 20, &why));  // no such device
-  EXPECT_FALSE(why.empty());
-}
+// With a GPU: CudaModel.ReportsItsDeviceAndMeasuresItsBandwidth (cuda_test.cpp) reads the model's
+// card by its bus id and checks the figures' ranges.
 
 }  // namespace
 }  // namespace promptly::backend

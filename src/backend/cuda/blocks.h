@@ -73,16 +73,23 @@ PROMPTLY_HD FormatSize format_size(WeightFormat f) {
   return {32, 0};
 }
 
-// Q4_K's packed 6-bit scale and min of sub-block j (0..7).
-PROMPTLY_HD void q4k_scale_min(int j, const std::uint8_t* q, int& sc, int& m) {
+// Q4_K's packed 6-bit scale and min of sub-block j (0..7), from its 12 packed bytes: byte(k) gives
+// byte k (from memory, or from registers where a lane must not index an array dynamically).
+template <typename ScaleByte>
+PROMPTLY_HD void q4k_scale_min_of(int j, const ScaleByte& byte, int& sc, int& m) {
   if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
+    sc = byte(j) & 63;
+    m = byte(j + 4) & 63;
   } else {
-    sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    sc = (byte(j + 4) & 0xf) | ((byte(j - 4) >> 6) << 4);
+    m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
   }
 }
+struct BytesAt {
+  const std::uint8_t* p;
+  PROMPTLY_HD int operator()(int k) const { return p[k]; }
+};
+PROMPTLY_HD void q4k_scale_min(int j, const std::uint8_t* q, int& sc, int& m) { q4k_scale_min_of(j, BytesAt{q}, sc, m); }
 
 // Elements [32 * chunk, 32 * chunk + 32) of the row starting at `row`, as floats.
 template <WeightFormat F>

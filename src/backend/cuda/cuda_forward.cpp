@@ -49,6 +49,11 @@ WeightFormat format_of(DType type, const std::string& what) {
   throw Error("--device cuda: " + what + " is stored as " + std::string(dtype_name(type)) + ", which the GPU kernels do not read");
 }
 
+bool env_is(const char* name, const char* value) {
+  const char* set = std::getenv(name);
+  return set && std::strcmp(set, value) == 0;
+}
+
 // Device memory that frees itself.
 template <typename T>
 class DeviceBuffer {
@@ -148,15 +153,12 @@ class CudaForward final : public DeviceForward {
     }
     // PROMPTLY_CUDA_GRAPHS=0 launches every kernel of every step (for compute-sanitizer, profilers,
     // and runtimes without graphs).
-    const char* graphs = std::getenv("PROMPTLY_CUDA_GRAPHS");
-    use_graphs_ = !(graphs && std::string(graphs) == "0");
-    // PROMPTLY_CUDA_GEMV=float keeps decode's Q4_K and Q6_K products on the float kernel (x as
-    // floats), for comparing it with the integer one (tools/gpu-check.sh times both).
-    const char* gemv_kind = std::getenv("PROMPTLY_CUDA_GEMV");
-    integer_gemv_ = !(gemv_kind && std::string(gemv_kind) == "float");
+    use_graphs_ = !env_is("PROMPTLY_CUDA_GRAPHS", "0");
+    // PROMPTLY_CUDA_GEMV=float keeps decode's products on the float kernel (x as floats), for
+    // comparing it with the integer one (tools/gpu-check.sh times both).
+    integer_gemv_ = !env_is("PROMPTLY_CUDA_GEMV", "float");
     // PROMPTLY_CUDA_PROFILE=1: each pass's time by stretch of kernels (step_profile.h), graphs off.
-    const char* profile = std::getenv("PROMPTLY_CUDA_PROFILE");
-    if (profile && std::string(profile) == "1") {
+    if (env_is("PROMPTLY_CUDA_PROFILE", "1")) {
       profile_.enable();
       use_graphs_ = false;
     }
@@ -475,10 +477,6 @@ class CudaForward final : public DeviceForward {
     const DeviceMatrix& w;
     float* y;
   };
-  // y[T x W.rows] = x[T x W.cols] W^T for each product, all reading the same x (q/k/v, gate/up):
-  // for decode-sized batches the matrix-vector kernels (the integer one where it takes the format,
-  // x quantized to int8 once for them all), else cuBLAS on halves (x converted once for them all,
-  // the weights decoded a slice of rows at a time; F32 weights in FP32).
   // Where the kernel that writes a matmul's input should also write it as int8: where the integer
   // GEMV takes one of the matrices that read it (else nowhere: no int8 form wanted).
   Q8Out q8_for(int T, std::initializer_list<const DeviceMatrix*> readers) const {
@@ -489,7 +487,11 @@ class CudaForward final : public DeviceForward {
     return {};
   }
 
-  // x_in_q8: x's int8 form is in x_q8_ already (written with x by the kernel before).
+  // y[T x W.rows] = x[T x W.cols] W^T for each product, all reading the same x (q/k/v, gate/up):
+  // for decode-sized batches the matrix-vector kernels (the integer one, in one launch, where it
+  // takes the format; x quantized to int8 once for them all unless x_in_q8: the kernel that wrote x
+  // wrote its int8 form too, q8_for), else cuBLAS on halves (x converted once for them all, the
+  // weights decoded a slice of rows at a time; F32 weights in FP32).
   void matmul(std::initializer_list<Product> products, const float* x, int T, bool x_in_q8 = false) {
     bool x_in_half = false;
     GemvParts integer{};  // the products the integer GEMV takes: one launch for them all

@@ -91,6 +91,18 @@ __global__ void add_rmsnorm_kernel(float* x, const float* delta, const float* de
   }
 }
 
+// The GEMV kernels' end: y[t][row] = the warp's sum of acc[t], for each token (every warp takes
+// part in the sums; only an active one writes).
+__device__ __forceinline__ void write_row_sums(const float (&acc)[kGemvMaxTokens], int T, bool active, float* y, int rows, int row) {
+#pragma unroll
+  for (int t = 0; t < kGemvMaxTokens; ++t) {
+    if (t < T) {
+      const float s = warp_sum(acc[t]);
+      if (active && threadIdx.x % kWarp == 0) y[static_cast<std::size_t>(t) * rows + row] = s;
+    }
+  }
+}
+
 // One warp per row; each lane decodes 32-element chunks lane, lane + 32, ... and dots them with
 // every token's x.
 constexpr int kGemvWarps = 4;
@@ -121,20 +133,14 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const std::uin
       }
     }
   }
-#pragma unroll
-  for (int t = 0; t < kGemvMaxTokens; ++t) {
-    if (t < T) {
-      const float s = warp_sum(acc[t]);
-      if (active && lane == 0) y[static_cast<std::size_t>(t) * rows + row] = s;
-    }
-  }
+  write_row_sums(acc, T, active, y, rows, row);
 }
 
 // ---- integer GEMV: x quantized to int8 blocks of 32, dot products by dp4a ------------------------
 //
 // Why: the float kernel above reads every token's x as floats once per weight row (4 bytes of L1
-// traffic per weight element, seven times a Q4_K row's own bytes) and spends ~3 instructions per
-// element decoding and multiplying; at Llama-3-8B's shape either alone takes about as long as the
+// traffic per weight element, seven times a Q4_K row's own bytes) and spends ~4.7 instructions per
+// element decoding and multiplying (its PTX); at Llama-3-8B's shape either alone takes about as long as the
 // weights' stream from HBM. As int8 (quantize_q8), x costs 1 byte per element, and dp4a does four
 // multiply-adds in one instruction on the weights' own integers.
 
@@ -147,10 +153,13 @@ __global__ void quantize_q8_kernel(const float* x, std::size_t n_blocks, Q8Out o
 
 // Byte k (0..11) of a Q4_K block's packed scales, which are bytes 4..15 of the block's first 16
 // (head.y, head.z, head.w): selected from registers, not an array a lane would index dynamically.
-__device__ __forceinline__ int q4k_scale_byte(const uint4& head, int k) {
-  const unsigned word = k < 4 ? head.y : (k < 8 ? head.z : head.w);
-  return static_cast<int>((word >> (8 * (k % 4))) & 0xffu);
-}
+struct Q4kHeadScaleBytes {
+  uint4 head;
+  __device__ int operator()(int k) const {
+    const unsigned word = k < 4 ? head.y : (k < 8 ? head.z : head.w);
+    return static_cast<int>((word >> (8 * (k % 4))) & 0xffu);
+  }
+};
 
 // A warp's share of one Q4_K row against every token's x, added to acc (before the warp's sum):
 // lane = (superblock lane / 4 of every 8, quarter g = lane % 4); the quarter's 32 bytes of nibbles
@@ -167,17 +176,10 @@ __device__ __forceinline__ void q4k_row_q8(const std::uint8_t* wr, bool active, 
     const uint4 qa = *reinterpret_cast<const uint4*>(block + 16 + 32 * g);
     const uint4 qb = *reinterpret_cast<const uint4*>(block + 32 + 32 * g);
     const float d = half_to_float(static_cast<std::uint16_t>(head.x & 0xffffu)), dmin = half_to_float(static_cast<std::uint16_t>(head.x >> 16));
-    const int j = 2 * g;  // the low sub-block; j + 1 the high one (scale_min as q4k_scale_min)
+    const int j = 2 * g;  // the low sub-block; j + 1 the high one
     int sc_lo, m_lo, sc_hi, m_hi;
-    if (j < 4) {
-      sc_lo = q4k_scale_byte(head, j) & 63, m_lo = q4k_scale_byte(head, j + 4) & 63;
-      sc_hi = q4k_scale_byte(head, j + 1) & 63, m_hi = q4k_scale_byte(head, j + 5) & 63;
-    } else {
-      sc_lo = (q4k_scale_byte(head, j + 4) & 0xf) | ((q4k_scale_byte(head, j - 4) >> 6) << 4);
-      m_lo = (q4k_scale_byte(head, j + 4) >> 4) | ((q4k_scale_byte(head, j) >> 6) << 4);
-      sc_hi = (q4k_scale_byte(head, j + 5) & 0xf) | ((q4k_scale_byte(head, j - 3) >> 6) << 4);
-      m_hi = (q4k_scale_byte(head, j + 5) >> 4) | ((q4k_scale_byte(head, j + 1) >> 6) << 4);
-    }
+    q4k_scale_min_of(j, Q4kHeadScaleBytes{head}, sc_lo, m_lo);
+    q4k_scale_min_of(j + 1, Q4kHeadScaleBytes{head}, sc_hi, m_hi);
     const int q[8] = {static_cast<int>(qa.x), static_cast<int>(qa.y), static_cast<int>(qa.z), static_cast<int>(qa.w),
                       static_cast<int>(qb.x), static_cast<int>(qb.y), static_cast<int>(qb.z), static_cast<int>(qb.w)};
 #pragma unroll
@@ -306,8 +308,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_parts_kernel(GemvP
   } else if (parts.n > 1 && b >= blocks0) {
     part = parts.part[1], first_block = blocks0;
   }
-  const int lane = threadIdx.x % kWarp;
-  const int row = (static_cast<int>(blockIdx.x) - first_block) * kGemvWarps + threadIdx.x / kWarp;
+  const int row = (b - first_block) * kGemvWarps + threadIdx.x / kWarp;
   const bool active = row < part.rows;  // no early return (see gemv_kernel)
   const int cols = parts.cols;
   const std::uint8_t* wr = part.w + format_row_bytes(part.format, cols) * static_cast<std::size_t>(active ? row : 0);
@@ -318,13 +319,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_parts_kernel(GemvP
     case WeightFormat::Q8_0: q8_0_or_q4_0_row_q8<WeightFormat::Q8_0>(wr, active, cols, xq, xds, T, acc); break;
     default: q8_0_or_q4_0_row_q8<WeightFormat::Q4_0>(wr, active, cols, xq, xds, T, acc); break;
   }
-#pragma unroll
-  for (int t = 0; t < kGemvMaxTokens; ++t) {
-    if (t < T) {
-      const float s = warp_sum(acc[t]);
-      if (active && lane == 0) part.y[static_cast<std::size_t>(t) * part.rows + row] = s;
-    }
-  }
+  write_row_sums(acc, T, active, part.y, part.rows, row);
 }
 
 // Float formats' rows of any length (not whole 32-element chunks), element by element: slower, and
@@ -343,13 +338,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_elements_kernel(const
       if (t < T) acc[t] += wk * x[static_cast<std::size_t>(t) * cols + k];
     }
   }
-#pragma unroll
-  for (int t = 0; t < kGemvMaxTokens; ++t) {
-    if (t < T) {
-      const float s = warp_sum(acc[t]);
-      if (active && lane == 0) y[static_cast<std::size_t>(t) * rows + row] = s;
-    }
-  }
+  write_row_sums(acc, T, active, y, rows, row);
 }
 
 __global__ void dequantize_elements_kernel(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out) {
