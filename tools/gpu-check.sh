@@ -96,11 +96,17 @@ for spec in "Q4_K_M 0 300" "F16 $slice 120"; do
 done
 
 say "== serve --device cuda: greedy, streamed and concurrent sampled completions, the GPU gauges"
-$P serve -m .gpu/models/stories260K.gguf --device cuda --port 18181 > "$out/serve.log" 2>&1 &
-server=$!
-for _ in $(seq 1 60); do curl -sf localhost:18181/health > /dev/null 2>&1 && break; sleep 0.5; done
-curl -s localhost:18181/v1/completions -H 'Content-Type: application/json' \
-  -d '{"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0}' | tee -a "$summary"; echo | tee -a "$summary"
+# A fresh KV spool directory (serve's default one would hold older runs' blocks), outside $OUT
+# (whose files come back).
+spool=$(mktemp -d /tmp/gpu-check-spool.XXXXXX)
+start_server() {
+  $P serve -m .gpu/models/stories260K.gguf --device cuda --port 18181 --kv-spool "$spool" >> "$out/serve.log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 60); do curl -sf localhost:18181/health > /dev/null 2>&1 && break; sleep 0.5; done
+}
+story='{"prompt": "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends. One day, she saw a big red ball", "max_tokens": 24, "temperature": 0}'
+start_server
+curl -s localhost:18181/v1/completions -H 'Content-Type: application/json' -d "$story" | tee "$spool.story-1.json" | tee -a "$summary"; echo | tee -a "$summary"
 # Sampled streams (the API's defaults: drawn on the GPU), four at once and one streamed.
 clients=()
 for i in 1 2 3 4; do
@@ -113,7 +119,13 @@ for i in 1 2 3 4; do say "sampled $i: $(grep -o '"text":"[^"]*"' "$out/sampled-$
 curl -sN localhost:18181/v1/chat/completions -H 'Content-Type: application/json' \
   -d '{"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 24, "stream": true}' > "$out/stream.txt"
 say "streamed: $(grep -c '^data: {' "$out/stream.txt") chunks, ends with: $(tail -n 2 "$out/stream.txt" | head -c 40)"
-curl -s localhost:18181/metrics | grep -E '^promptly:(gpu_|engine_device_sampled|generation_tokens_total)' | tee -a "$summary"
+curl -s localhost:18181/metrics | grep -E '^promptly:(gpu_|engine_device_sampled|generation_tokens_total|kv_spool_written)' | tee -a "$summary"
+kill $server 2>/dev/null; wait $server 2>/dev/null
+say "== serve --device cuda restarted on the same KV spool: the story's blocks read back into GPU memory"
+start_server
+curl -s localhost:18181/v1/completions -H 'Content-Type: application/json' -d "$story" > "$spool.story-2.json"
+same=$(cmp -s <(grep -o '"text":"[^"]*"' "$spool.story-1.json") <(grep -o '"text":"[^"]*"' "$spool.story-2.json") && echo same || echo DIFFERENT)
+say "after the restart: $same text; $(curl -s localhost:18181/metrics | grep -E '^promptly:kv_spool_hits_total' | tr '\n' ' ')"
 kill $server 2>/dev/null; wait $server 2>/dev/null
 tail -n 5 "$out/serve.log" >> "$summary"
 say "== done"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/device_draw.h"
+#include "kv/block_pool.h"
 
 namespace promptly {
 class KvCache;
@@ -18,6 +19,9 @@ struct Batch;
 }  // namespace promptly
 
 namespace promptly::backend {
+
+// What a device's KV blocks hold, whatever --kv-type asks of the CPU's.
+inline constexpr KvType kDeviceKvType = KvType::F16;
 
 struct DeviceSpec {
   enum class Kind { Cpu, Cuda };
@@ -62,8 +66,12 @@ class DeviceForward {
   // activations.
   virtual std::size_t free_memory_bytes() const = 0;
   // Bytes one KV block of `block_tokens` positions takes on the device (every layer, keys and
-  // values, F16, whatever the host pool's type).
+  // values, as kDeviceKvType, stored head by head: a host pool's block of that type).
   virtual std::size_t kv_block_bytes(std::size_t block_tokens) const = 0;
+  // Gives `cache` its device state (KvCache::DeviceState: the blocks' contents on the device) now
+  // rather than at its first pass, so that the KV spool can read blocks into it before any pass.
+  // The cache's pool must be of kDeviceKvType with rows stored head by head and every layer together.
+  virtual void attach_kv(KvCache& cache) = 0;
 };
 
 // Attaches a device forward pass to `model` (loaded with ModelLoadOptions::keep_file_layout). Throws

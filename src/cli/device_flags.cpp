@@ -34,11 +34,9 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const gguf::File> file, std::s
   return model;
 }
 
-void check_runs_on_device(const backend::DeviceSpec& device, const SpecFlags& spec, bool kv_spool_on) {
+void check_runs_on_device(const backend::DeviceSpec& device, const SpecFlags& spec) {
   if (!device.is_cuda()) return;
   if (spec.mode == "tree") throw Error("--spec tree with --device " + backend::to_string(device) + ": token trees run on the CPU only; use --spec draft");
-  // The spool reads and writes KV blocks in host memory; on a GPU they live in device memory.
-  if (kv_spool_on) throw Error("--kv-spool is not supported with --device cuda yet");
 }
 
 int devices() {

@@ -31,7 +31,7 @@ constexpr double kTensorParallelShutdownSilenceS = 2;
 int serve(const ServeOptions& o) {
   const backend::DeviceSpec device = resolve_device(o.device, o.tp);
   EngineFlags flags = o.engine;
-  check_runs_on_device(device, o.spec, !flags.kv_spool.empty() && flags.kv_spool != "none");
+  check_runs_on_device(device, o.spec);
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   const auto tp = join_tensor_parallel(o.tp);
   const std::unique_ptr<Model> loaded = load_model(file, tp, device);
@@ -39,12 +39,8 @@ int serve(const ServeOptions& o) {
   if (tp && tp->rank() != 0) return follow_rank0(model, o.engine.threads, -1);
   Tokenizer tokenizer(Vocab::from_gguf(*file));
 
-  // On by default (README, KV spool); not yet under tensor parallelism, where each rank holds only
-  // its heads' part of a block, nor on a GPU, where the blocks are in device memory.
-  if (flags.kv_spool.empty() && device.is_cuda()) {
-    flags.kv_spool = "none";
-    std::fprintf(stderr, "promptly: KV spool off: not supported with --device cuda yet\n");
-  }
+  // On by default (README, KV spool), on a GPU too; not yet under tensor parallelism, where each
+  // rank holds only its heads' part of a block.
   if (flags.kv_spool.empty() && !tp) flags.kv_spool = default_kv_spool_dir();
   if (tp && !flags.kv_spool.empty() && flags.kv_spool != "none") throw Error("--kv-spool does not work with --tp yet (each rank holds only its heads' KV)");
   EngineOptions eo = flags.to_options();

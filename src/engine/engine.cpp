@@ -121,14 +121,16 @@ KvCache make_engine_cache(const Model& model, const EngineOptions& o, std::size_
       n_blocks = std::max(n_segments, (budget - wanted * local_bytes) / global_bytes);
     }
   }
-  return KvCache::with_blocks(c.n_layer, c.kv_dim(), n_blocks, ctx, o.kv_type, o.block_tokens, c.head_dim, local, n_segments);
+  KvCache cache = KvCache::with_blocks(c.n_layer, c.kv_dim(), n_blocks, ctx, device ? backend::kDeviceKvType : o.kv_type, o.block_tokens,
+                                       c.head_dim, local, n_segments);
+  if (device) model.device()->attach_kv(cache);
+  return cache;
 }
 
 std::unique_ptr<KvSpool> make_spool(const Model& model, const EngineOptions& o, const KvCache& cache) {
   // Under tensor parallelism each rank holds its own heads' part of every block: a spool would need
-  // all of them (not done yet), so it stays off.
-  // Nor on a GPU, whose blocks live in device memory (not done yet either).
-  if (o.kv_spool_dir.empty() || model.tensor_parallel() || model.device()) return nullptr;
+  // all of them (not done yet), so it stays off. (A GPU's blocks go through KvCache::DeviceState.)
+  if (o.kv_spool_dir.empty() || model.tensor_parallel()) return nullptr;
   SpoolOptions so;
   so.dir = o.kv_spool_dir;
   so.max_bytes = o.kv_spool_bytes;

@@ -28,7 +28,7 @@ std::size_t read_spooled_prefix(KvSpool& spool, const std::vector<std::int32_t>&
   const std::vector<int> blocks = cache.blocks(seq);
   std::vector<std::shared_ptr<const KvSpool::Read>> reads;
   for (std::size_t i = 0; i < n; ++i) {
-    reads.push_back(spool.read(chain[i], i * bt, std::span<const std::int32_t>(prompt).subspan(i * bt, bt), cache.pool().block_parts(blocks[i])));
+    reads.push_back(read_spooled_block(spool, cache, blocks[i], chain[i], i * bt, std::span<const std::int32_t>(prompt).subspan(i * bt, bt)));
   }
   std::size_t arrived = 0;
   bool failed = false;
@@ -50,10 +50,9 @@ std::size_t spool_computed_blocks(KvSpool& spool, std::span<const std::int32_t> 
   const std::size_t n_full = std::min(cache.length(seq), tokens.size()) / bt;
   extend_chain(chain, tokens, bt, n_full);
   const std::vector<int>& blocks = cache.blocks(seq);
-  const BlockPool& pool = cache.pool();
   for (std::size_t i = first; i < n_full; ++i) {
-    if (spool.contains(chain[i]) || !pool.has_local(blocks[i])) continue;
-    spool.write(chain[i], i == 0 ? 0 : chain[i - 1], i * bt, tokens.subspan(i * bt, bt), pool.block_parts(blocks[i]), /*wait_for_room=*/true);
+    if (spool.contains(chain[i])) continue;
+    spool_block(spool, cache, blocks[i], chain[i], i == 0 ? 0 : chain[i - 1], i * bt, tokens.subspan(i * bt, bt), /*wait_for_room=*/true);
   }
   if (wait) spool.flush(std::chrono::steady_clock::time_point::max());
   return std::max(first, n_full);

@@ -70,7 +70,7 @@ void Scheduler::start_spool_reads(Sequence& s) {
       block = allocate();
     }
     if (block < 0) break;  // no room now: the rest is recomputed
-    auto read = spool_->read(h, i * bt, tokens.subspan(i * bt, bt), pool.block_parts(block, /*skip_missing=*/behind));
+    auto read = read_spooled_block(*spool_, cache_, block, h, i * bt, tokens.subspan(i * bt, bt), /*skip_missing=*/behind);
     reads_.emplace(h, PendingRead{block, std::move(read), 1});
     wait->awaited.push_back(h);
   }
@@ -167,11 +167,9 @@ void Scheduler::offer_blocks(Sequence& s) {
     // Full blocks are final: spooled now (a copy, written behind), so evicting them later is free.
     const std::vector<ChainHash>& chain = chain_of(s, full);
     const std::vector<int>& blocks = cache_.blocks(s.seq_id);
-    const BlockPool& pool = cache_.pool();
     for (std::size_t i = s.inserted_blocks; i < full; ++i) {
-      if (spool_->contains(chain[i]) || !pool.has_local(blocks[i])) continue;
-      spool_->write(chain[i], i == 0 ? 0 : chain[i - 1], i * bt, std::span<const std::int32_t>(s.tokens).subspan(i * bt, bt),
-                    pool.block_parts(blocks[i]));
+      if (spool_->contains(chain[i])) continue;
+      spool_block(*spool_, cache_, blocks[i], chain[i], i == 0 ? 0 : chain[i - 1], i * bt, std::span<const std::int32_t>(s.tokens).subspan(i * bt, bt));
     }
   }
   tree_.insert(std::span<const std::int32_t>(s.tokens).first(full * cache_.block_tokens()), cache_.blocks(s.seq_id));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "kv/block_transfer.h"
 
 namespace promptly {
 
@@ -91,6 +92,13 @@ class KvCache {
   // tables, lengths and reference counts, the device the keys and values, block ids the same.
   struct DeviceState {
     virtual ~DeviceState() = default;
+    // The KV spool's way to the blocks' bytes (kv/block_transfer.h), in the layout of a host pool
+    // of F16 rows stored head by head (what a device's cache is made with: Model::make_cache).
+    // A copy of `block` as the passes so far left it, on its way to host memory; null when there
+    // is no room to stage it now (the spool skips that write, as with a full queue).
+    virtual std::shared_ptr<PendingBlock> save_block(int block) = 0;
+    // Where a block read back from the spool into `block` goes.
+    virtual BlockSink load_block(int block) = 0;
   };
   DeviceState* device_state() const { return device_state_.get(); }
   void set_device_state(std::unique_ptr<DeviceState> state) { device_state_ = std::move(state); }

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "kv/kv_cache.h"
 #include "util/error.h"
 #include "util/hash.h"
 
@@ -335,19 +336,35 @@ std::size_t total_bytes(const auto& parts) {
 
 }  // namespace
 
+KvSpool::Admit KvSpool::admit(ChainHash hash, bool wait_for_room, std::unique_lock<std::mutex>& lock) {
+  if (wait_for_room) {
+    written_.wait(lock, [&] { return !enabled_ || queued_bytes_ + settings_.block_bytes <= options_.write_queue_bytes; });
+  }
+  if (!enabled_) return Admit::No;
+  if (index_.count(hash) > 0 || queued_.count(hash) > 0) return Admit::AlreadyThere;
+  if (queued_bytes_ + settings_.block_bytes > options_.write_queue_bytes) {
+    ++counters_.write_dropped;
+    return Admit::No;
+  }
+  return Admit::Queue;
+}
+
+bool KvSpool::enqueue(WriteJob job, std::unique_lock<std::mutex>& lock) {
+  if (!enabled_) return false;  // disabled while the copy was made outside the lock
+  queued_[job.hash] = true;
+  queued_bytes_ += settings_.block_bytes;
+  writes_.push_back(std::move(job));
+  lock.unlock();
+  work_.notify_all();
+  return true;
+}
+
 bool KvSpool::write(ChainHash hash, ChainHash parent, std::uint64_t position, std::span<const std::int32_t> tokens,
                     const std::vector<std::span<const std::uint8_t>>& parts, bool wait_for_room) {
   if (total_bytes(parts) != settings_.block_bytes) throw Error("internal: a spooled KV block of the wrong size");
   std::unique_lock lock(mutex_);
-  if (wait_for_room) {
-    written_.wait(lock, [&] { return !enabled_ || queued_bytes_ + settings_.block_bytes <= options_.write_queue_bytes; });
-  }
-  if (!enabled_) return false;
-  if (index_.count(hash) > 0 || queued_.count(hash) > 0) return true;
-  if (queued_bytes_ + settings_.block_bytes > options_.write_queue_bytes) {
-    ++counters_.write_dropped;
-    return false;
-  }
+  const Admit admitted = admit(hash, wait_for_room, lock);
+  if (admitted != Admit::Queue) return admitted == Admit::AlreadyThere;
   WriteJob job;
   job.hash = hash;
   job.parent = parent;
@@ -362,15 +379,30 @@ bool KvSpool::write(ChainHash hash, ChainHash parent, std::uint64_t position, st
   job.data.clear();
   for (const auto& part : parts) job.data.insert(job.data.end(), part.begin(), part.end());
   lock.lock();
-  queued_[hash] = true;
-  queued_bytes_ += settings_.block_bytes;
-  writes_.push_back(std::move(job));
-  lock.unlock();
-  work_.notify_all();
-  return true;
+  return enqueue(std::move(job), lock);
 }
 
-bool KvSpool::write_file(const WriteJob& job) {
+bool KvSpool::write(ChainHash hash, ChainHash parent, std::uint64_t position, std::span<const std::int32_t> tokens,
+                    std::shared_ptr<PendingBlock> pending, bool wait_for_room) {
+  if (!pending) throw Error("internal: a spooled KV block with no bytes");
+  std::unique_lock lock(mutex_);
+  const Admit admitted = admit(hash, wait_for_room, lock);
+  if (admitted != Admit::Queue) return admitted == Admit::AlreadyThere;
+  WriteJob job;
+  job.hash = hash;
+  job.parent = parent;
+  job.position = position;
+  job.tokens.assign(tokens.begin(), tokens.end());
+  job.pending = std::move(pending);
+  return enqueue(std::move(job), lock);
+}
+
+void KvSpool::count_dropped_write() {
+  std::lock_guard lock(mutex_);
+  ++counters_.write_dropped;
+}
+
+bool KvSpool::write_file(const WriteJob& job, std::span<const std::uint8_t> data) {
   FixedHeader h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.version = kVersion;
@@ -385,8 +417,8 @@ bool KvSpool::write_file(const WriteJob& job) {
   h.first_position = job.position;
   h.parent_hash = job.parent;
   h.chain_hash = job.hash;
-  h.data_bytes = job.data.size();
-  h.data_checksum = hash_bytes(job.data.data(), job.data.size());
+  h.data_bytes = data.size();
+  h.data_checksum = hash_bytes(data.data(), data.size());
   std::vector<std::uint8_t> header(h.header_bytes);
   std::memcpy(header.data(), &h, sizeof h);
   std::memcpy(header.data() + sizeof h, job.tokens.data(), 4 * job.tokens.size());
@@ -397,7 +429,7 @@ bool KvSpool::write_file(const WriteJob& job) {
   const std::string temp_path = options_.dir + "/" + kTempPrefix + std::to_string(::getpid()) + "-" + hex64(job.hash);
   const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return false;
-  const bool ok = write_all(fd, header.data(), header.size()) && write_all(fd, job.data.data(), job.data.size());
+  const bool ok = write_all(fd, header.data(), header.size()) && write_all(fd, data.data(), data.size());
   const bool closed = ::close(fd) == 0;
   if (!ok || !closed || ::rename(temp_path.c_str(), final_path.c_str()) != 0) {
     ::unlink(temp_path.c_str());
@@ -420,21 +452,27 @@ void KvSpool::writer_loop() {
     writes_.pop_front();
     writing_ = true;
     lock.unlock();
-    const bool ok = write_file(job);
+    // A device's block: its bytes may still be on their way (waited for here, never by a step).
+    const std::span<const std::uint8_t> data = job.pending ? job.pending->wait() : std::span<const std::uint8_t>(job.data);
+    const bool arrived = data.size() == settings_.block_bytes;
+    const bool ok = !arrived || write_file(job, data);
     const int err = errno;
+    job.pending.reset();  // gives the device its staging memory back
     lock.lock();
     writing_ = false;
     queued_.erase(job.hash);
     queued_bytes_ -= std::min<std::uint64_t>(queued_bytes_, settings_.block_bytes);
-    if (ok) {
-      add_entry(job.hash, job.parent, header_bytes_for(job.tokens.size()) + job.data.size(), now_ns());
+    if (!arrived) {
+      ++counters_.write_dropped;
+    } else if (ok) {
+      add_entry(job.hash, job.parent, header_bytes_for(job.tokens.size()) + data.size(), now_ns());
       ++counters_.written;
       evict_over_cap();
     } else {
       reject(SpoolReject::Io);
       disable(std::string("writing a block failed (") + std::strerror(err) + ")");
     }
-    if (spare_buffers_.size() < 32) spare_buffers_.push_back(std::move(job.data));
+    if (job.data.capacity() > 0 && spare_buffers_.size() < 32) spare_buffers_.push_back(std::move(job.data));
     written_.notify_all();
   }
 }
@@ -458,9 +496,10 @@ bool KvSpool::read_file(const ReadJob& job) {
     ok = false;  // not the block asked for (a hash collision, or a file renamed by hand)
     why = SpoolReject::Header;
   }
-  // One run is read in place; a block in several (local layers apart) through a buffer, scattered
-  // once its checksum holds (runs with no memory, for KV the block does not keep, are skipped).
-  const bool in_place = job.dst.size() == 1 && job.dst[0].data() != nullptr;
+  // One run is read in place; a block in several (local layers apart), or for a sink, through a
+  // buffer, scattered once its checksum holds (runs with no memory, for KV the block does not keep,
+  // are skipped).
+  const bool in_place = !job.sink && job.dst.size() == 1 && job.dst[0].data() != nullptr;
   if (!in_place) read_buffer_.resize(settings_.block_bytes);
   std::uint8_t* data = in_place ? job.dst[0].data() : read_buffer_.data();
   if (ok && !read_all(fd, data, settings_.block_bytes, h.fixed.header_bytes)) {
@@ -471,15 +510,24 @@ bool KvSpool::read_file(const ReadJob& job) {
     ok = false;
     why = SpoolReject::Checksum;
   }
-  if (ok && !in_place) {
+  bool stored = true;  // false: the file is sound, but its bytes found no place (a device error)
+  if (ok && job.sink) {
+    stored = job.sink(std::span<const std::uint8_t>(data, settings_.block_bytes));
+  } else if (ok && !in_place) {
     for (std::span<std::uint8_t> part : job.dst) {
       if (part.data()) std::memcpy(part.data(), data, part.size());
       data += part.size();
     }
   }
-  if (ok) ::futimens(fd, nullptr);  // last used now: the LRU order survives a restart
+  if (ok && stored) ::futimens(fd, nullptr);  // last used now: the LRU order survives a restart
   ::close(fd);
   std::lock_guard lock(mutex_);
+  if (ok && !stored) {
+    reject(SpoolReject::Io);
+    std::fprintf(stderr, "promptly: warning: KV spool block %s could not be stored in the device's KV cache: its tokens are recomputed\n",
+                 path.c_str());
+    return false;
+  }
   if (ok) {
     touch(job.hash, now_ns());
     ++counters_.read_blocks;
@@ -496,13 +544,25 @@ bool KvSpool::read_file(const ReadJob& job) {
 std::shared_ptr<const KvSpool::Read> KvSpool::read(ChainHash hash, std::uint64_t position, std::span<const std::int32_t> tokens,
                                                    std::vector<std::span<std::uint8_t>> dst) {
   if (total_bytes(dst) != settings_.block_bytes) throw Error("internal: a KV block read into the wrong size");
+  return queue_read(ReadJob{hash, position, std::vector<std::int32_t>(tokens.begin(), tokens.end()), std::move(dst), {}, nullptr, {}});
+}
+
+std::shared_ptr<const KvSpool::Read> KvSpool::read(ChainHash hash, std::uint64_t position, std::span<const std::int32_t> tokens,
+                                                   BlockSink sink) {
+  if (!sink) throw Error("internal: a KV block read into nowhere");
+  return queue_read(ReadJob{hash, position, std::vector<std::int32_t>(tokens.begin(), tokens.end()), {}, std::move(sink), nullptr, {}});
+}
+
+std::shared_ptr<const KvSpool::Read> KvSpool::queue_read(ReadJob job) {
   auto result = std::make_shared<Read>();
   std::unique_lock lock(mutex_);
   if (!enabled_ || stopping_) {
     result->done.store(true, std::memory_order_release);
     return result;
   }
-  reads_.push_back(ReadJob{hash, position, std::vector<std::int32_t>(tokens.begin(), tokens.end()), std::move(dst), result, std::chrono::steady_clock::now()});
+  job.result = result;
+  job.queued = std::chrono::steady_clock::now();
+  reads_.push_back(std::move(job));
   lock.unlock();
   work_.notify_all();
   return result;
@@ -548,6 +608,27 @@ SpoolStats KvSpool::stats() const {
   s.bytes = bytes_;
   s.write_queue_bytes = queued_bytes_;
   return s;
+}
+
+bool spool_block(KvSpool& spool, const KvCache& cache, int block, ChainHash hash, ChainHash parent, std::uint64_t position,
+                 std::span<const std::int32_t> tokens, bool wait_for_room) {
+  if (KvCache::DeviceState* device = cache.device_state()) {
+    if (spool.contains(hash)) return true;  // spares the device a copy
+    std::shared_ptr<PendingBlock> pending = device->save_block(block);
+    if (!pending) {
+      spool.count_dropped_write();
+      return false;
+    }
+    return spool.write(hash, parent, position, tokens, std::move(pending), wait_for_room);
+  }
+  if (!cache.pool().has_local(block)) return false;
+  return spool.write(hash, parent, position, tokens, cache.pool().block_parts(block), wait_for_room);
+}
+
+std::shared_ptr<const KvSpool::Read> read_spooled_block(KvSpool& spool, KvCache& cache, int block, ChainHash hash, std::uint64_t position,
+                                                        std::span<const std::int32_t> tokens, bool skip_missing) {
+  if (KvCache::DeviceState* device = cache.device_state()) return spool.read(hash, position, tokens, device->load_block(block));
+  return spool.read(hash, position, tokens, cache.pool().block_parts(block, skip_missing));
 }
 
 }  // namespace promptly

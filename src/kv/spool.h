@@ -40,8 +40,11 @@
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "kv/block_transfer.h"
 
 namespace promptly {
+
+class KvCache;
 
 using ChainHash = std::uint64_t;
 // The chain hash of a block holding `tokens` after the prefix whose chain hash is `parent` (0 for
@@ -112,6 +115,12 @@ class KvSpool {
              bool wait_for_room = false) {
     return write(hash, parent, position, tokens, {std::span<const std::uint8_t>(data, settings_.block_bytes)}, wait_for_room);
   }
+  // The same for bytes still on their way to host memory (a device's block): the writer waits for
+  // them, and drops the write if they never come.
+  bool write(ChainHash hash, ChainHash parent, std::uint64_t position, std::span<const std::int32_t> tokens,
+             std::shared_ptr<PendingBlock> pending, bool wait_for_room = false);
+  // Counts a write skipped before it reached the queue (a device with no room to stage the copy).
+  void count_dropped_write();
 
   // A read in flight: `done` turns true once `ok` is final.
   struct Read {
@@ -128,6 +137,8 @@ class KvSpool {
   std::shared_ptr<const Read> read(ChainHash hash, std::uint64_t position, std::span<const std::int32_t> tokens, std::uint8_t* dst) {
     return read(hash, position, tokens, {std::span<std::uint8_t>(dst, settings_.block_bytes)});
   }
+  // The same into a sink (a device's block): it gets the bytes once they are verified.
+  std::shared_ptr<const Read> read(ChainHash hash, std::uint64_t position, std::span<const std::int32_t> tokens, BlockSink sink);
   // Called on the reader thread after each read completes (the engine wakes its loop with it).
   void set_on_read_done(std::function<void()> f);
 
@@ -147,12 +158,14 @@ class KvSpool {
     std::uint64_t position = 0;
     std::vector<std::int32_t> tokens;
     std::vector<std::uint8_t> data;
+    std::shared_ptr<PendingBlock> pending;  // instead of data: bytes still on their way
   };
   struct ReadJob {
     ChainHash hash = 0;
     std::uint64_t position = 0;
     std::vector<std::int32_t> tokens;
     std::vector<std::span<std::uint8_t>> dst;
+    BlockSink sink;  // instead of dst
     std::shared_ptr<Read> result;
     std::chrono::steady_clock::time_point queued;
   };
@@ -160,7 +173,14 @@ class KvSpool {
   void scan();
   void writer_loop();
   void reader_loop();
-  bool write_file(const WriteJob& job);  // false on an I/O error (the spool is then disabled)
+  // False on an I/O error (the spool is then disabled).
+  bool write_file(const WriteJob& job, std::span<const std::uint8_t> data);
+  // Queues a job whose bytes are (or will be) in it; the caller holds `lock`.
+  bool enqueue(WriteJob job, std::unique_lock<std::mutex>& lock);
+  // Waits for room in the queue if asked; whether a write of `hash` may go ahead (false counts a drop).
+  enum class Admit { Queue, AlreadyThere, No };
+  Admit admit(ChainHash hash, bool wait_for_room, std::unique_lock<std::mutex>& lock);
+  std::shared_ptr<const Read> queue_read(ReadJob job);
   bool read_file(const ReadJob& job);
   void disable(const std::string& why);
   std::string path_of(ChainHash hash) const;
@@ -198,5 +218,14 @@ class KvSpool {
   std::condition_variable work_, written_;
   std::thread writer_, reader_;
 };
+
+// A cache's block to and from the spool, wherever the cache keeps its bytes: its host pool, or a
+// device (KvCache::DeviceState). spool_block skips a block whose sliding-window layers' KV is gone
+// (false); otherwise as KvSpool::write. read_spooled_block: as KvSpool::read, into `block`
+// (`skip_missing`: see BlockPool::block_parts).
+bool spool_block(KvSpool& spool, const KvCache& cache, int block, ChainHash hash, ChainHash parent, std::uint64_t position,
+                 std::span<const std::int32_t> tokens, bool wait_for_room = false);
+std::shared_ptr<const KvSpool::Read> read_spooled_block(KvSpool& spool, KvCache& cache, int block, ChainHash hash, std::uint64_t position,
+                                                        std::span<const std::int32_t> tokens, bool skip_missing = false);
 
 }  // namespace promptly

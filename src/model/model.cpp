@@ -329,9 +329,12 @@ LocalLayers Model::local_layers() const {
 }
 
 KvCache Model::make_cache(std::size_t max_positions, KvType type, std::size_t max_sequences, bool release_local) const {
-  const LocalLayers local = release_local ? local_layers() : LocalLayers{};
-  KvCache cache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, type, KvCache::kDefaultBlockTokens, config_.head_dim,
-                local);
+  // A device keeps every layer of a block together, as F16 (backend/device.h): the host pool says
+  // the same, so that what the KV spool writes of it is a host pool's block, files the same either way.
+  const LocalLayers local = release_local && !device_ ? local_layers() : LocalLayers{};
+  KvCache cache(config_.n_layer, config_.kv_dim(), max_positions, max_sequences, device_ ? backend::kDeviceKvType : type,
+                KvCache::kDefaultBlockTokens, config_.head_dim, local);
+  if (device_) device_->attach_kv(cache);
   // The other ranks repeat rank 0's row copies (a prefix's copy-on-read, a token tree's accepted path
   // moving into place) before the next pass: send_step.
   if (tp_ && tp_->rank() == 0) cache.pool().log_copies(true);

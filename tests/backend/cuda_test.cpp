@@ -27,12 +27,14 @@
 #include "backend/gpu_stats.h"
 #include "convert/quantize.h"
 #include "engine/engine.h"
+#include "kv/spool.h"
 #include "tokenizer/tokenizer.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
 #include "tensor/quant.h"
 #include "util/error.h"
 #include "util/fp16.h"
+#include "../test_util.h"
 
 namespace promptly::backend::cuda {
 namespace {
@@ -647,6 +649,89 @@ TEST(CudaEngine, SampledStreamsDrawOnTheGpuFromTheirSeeds) {
   EXPECT_EQ(ta, tb);
   EXPECT_NE(ta, tc);
   EXPECT_EQ(engine.stats().device_sampled_tokens, 3u * 48u);
+}
+
+// The KV spool on a GPU (on by default in serve): a conversation's blocks are copied back and
+// written behind the steps, and after a restart read back into device memory, the follow-up
+// prefilling only its new tokens and answering as before. The files are a host pool's blocks: a CPU
+// engine reads the GPU's and answers as it does from its own computation.
+struct SpoolRun {
+  std::vector<std::int32_t> tokens;
+  std::uint64_t hit_blocks = 0, written = 0, evicted = 0;
+};
+
+// Each prompt in turn (the tokens of the last), then the spool flushed; kv_memory 0: the default budget.
+SpoolRun run_with_spool(const Model& model, const Tokenizer& tokenizer, const std::string& dir,
+                        const std::vector<std::vector<std::int32_t>>& prompts, std::size_t kv_memory = 0) {
+  EngineOptions options;
+  options.threads = 2;
+  options.kv_spool_dir = dir;
+  options.spec = EngineOptions::Spec::None;
+  options.kv_memory = kv_memory;
+  Engine engine(model, &tokenizer, options);
+  Streams s;
+  SpoolRun run;
+  for (const auto& prompt : prompts) run.tokens = s.wait(engine.submit(s.request(prompt, 16)));
+  EXPECT_TRUE(engine.flush_spool(std::chrono::steady_clock::now() + std::chrono::seconds(60)));
+  const EngineStats st = engine.stats();
+  run.hit_blocks = st.spool_hit_blocks;
+  run.evicted = st.evicted_blocks;
+  run.written = engine.spool()->stats().written;
+  EXPECT_EQ(engine.spool()->stats().write_dropped, 0u);
+  return run;
+}
+
+TEST(CudaEngine, KvSpoolSurvivesARestartAndIsTheCpusFormat) {
+  REQUIRE_GPU();
+  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
+  const Tokenizer tokenizer(Vocab::from_gguf(*file));
+  const std::unique_ptr<Model> on_gpu = gpu_model(file);
+  Model cpu(file);
+  test::TempDir tmp;
+  const std::string dir = tmp.file("spool");
+  std::mt19937 rng(21);
+  std::vector<std::int32_t> prompt = {1};
+  while (prompt.size() < 150) prompt.push_back(static_cast<std::int32_t>(3 + rng() % 500));
+  const std::size_t whole_blocks = (prompt.size() - 1) / KvCache::kDefaultBlockTokens;  // 9: the last token is always computed
+
+  const SpoolRun first = run_with_spool(*on_gpu, tokenizer, dir, {prompt});
+  EXPECT_EQ(first.hit_blocks, 0u);
+  EXPECT_GE(first.written, whole_blocks);
+  const SpoolRun again = run_with_spool(*on_gpu, tokenizer, dir, {prompt});  // a restarted server
+  EXPECT_EQ(again.hit_blocks, whole_blocks);
+  EXPECT_EQ(again.tokens, first.tokens);
+  const SpoolRun on_cpu = run_with_spool(cpu, tokenizer, dir, {prompt});  // the GPU's files, read by the CPU
+  EXPECT_EQ(on_cpu.hit_blocks, whole_blocks);
+  test::TempDir fresh;
+  EXPECT_EQ(on_cpu.tokens, run_with_spool(cpu, tokenizer, fresh.file("spool"), {prompt}).tokens);
+}
+
+// Blocks taken again right after their copies back were queued: with room for one conversation
+// only, the next prompt's first step writes into the blocks the last one just finished (evicted
+// from the prefix tree). Its writes wait for those copies (DeviceKvStore::order_writes_after_saves),
+// so what the spool holds of each conversation is still that conversation's: read back after a
+// restart, each answers as it did.
+TEST(CudaEngine, KvSpoolCopiesFinishBeforeTheirBlocksAreReused) {
+  REQUIRE_GPU();
+  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
+  const Tokenizer tokenizer(Vocab::from_gguf(*file));
+  const std::unique_ptr<Model> on_gpu = gpu_model(file);
+  test::TempDir tmp;
+  const std::string dir = tmp.file("spool");
+  std::mt19937 rng(33);
+  std::vector<std::vector<std::int32_t>> prompts(4, std::vector<std::int32_t>{1});
+  for (auto& p : prompts) {
+    while (p.size() < 150) p.push_back(static_cast<std::int32_t>(3 + rng() % 500));
+  }
+  const std::size_t tight = 12 * on_gpu->device()->kv_block_bytes(KvCache::kDefaultBlockTokens);  // 192 positions: one conversation
+  std::vector<std::vector<std::int32_t>> answers;
+  for (const auto& p : prompts) answers.push_back(run_with_spool(*on_gpu, tokenizer, tmp.file("alone"), {p}).tokens);
+  EXPECT_GE(run_with_spool(*on_gpu, tokenizer, dir, prompts, tight).evicted, 3 * 9u);  // each next prompt took the last one's blocks
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const SpoolRun back = run_with_spool(*on_gpu, tokenizer, dir, {prompts[i]});
+    EXPECT_EQ(back.hit_blocks, (prompts[i].size() - 1) / KvCache::kDefaultBlockTokens) << "conversation " << i;
+    EXPECT_EQ(back.tokens, answers[i]) << "conversation " << i;
+  }
 }
 
 }  // namespace

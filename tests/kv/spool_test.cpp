@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -104,6 +105,71 @@ TEST(KvSpool, BlocksSurviveARestartAndReadBackExactly) {
   auto r = spool.read(c.hashes[1], kBlockTokens, wrong, buf.data());
   while (!r->done.load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
   EXPECT_FALSE(r->ok);
+}
+
+// A device's block (kv/block_transfer.h): bytes still on their way when the write is queued, which
+// the writer waits for (the engine's thread never does); bytes that never come skip the write; a
+// read goes to a sink once verified, and a sink that cannot store it fails the read but keeps the
+// sound file.
+class LateBlock final : public PendingBlock {
+ public:
+  LateBlock(std::vector<std::uint8_t> bytes, std::chrono::milliseconds delay, bool arrives, std::atomic<int>& alive)
+      : bytes_(std::move(bytes)), ready_at_(Clock::now() + delay), arrives_(arrives), alive_(alive) {
+    ++alive_;
+  }
+  ~LateBlock() override { --alive_; }
+  std::span<const std::uint8_t> wait() override {
+    std::this_thread::sleep_until(ready_at_);
+    if (!arrives_) return {};
+    return bytes_;
+  }
+
+ private:
+  std::vector<std::uint8_t> bytes_;
+  Clock::time_point ready_at_;
+  bool arrives_;
+  std::atomic<int>& alive_;
+};
+
+TEST(KvSpool, DeviceBlocksAreWrittenOnceTheyArriveAndReadIntoASink) {
+  test::TempDir tmp;
+  const std::string dir = tmp.file("spool");
+  const SpoolSettings s = settings();
+  const Chain c(3, 7, s.block_bytes);
+  std::atomic<int> alive = 0;
+  {
+    KvSpool spool({dir}, s);
+    const auto queued = Clock::now();
+    ASSERT_TRUE(spool.write(c.hashes[0], 0, 0, c.block(0), std::make_shared<LateBlock>(c.data[0], std::chrono::milliseconds(200), true, alive)));
+    EXPECT_LT(Clock::now() - queued, std::chrono::milliseconds(100));  // queued, not waited for
+    EXPECT_TRUE(spool.contains(c.hashes[0]));                           // already: no second copy is asked for
+    ASSERT_TRUE(spool.write(c.hashes[1], c.hashes[0], kBlockTokens, c.block(1),
+                            std::make_shared<LateBlock>(c.data[1], std::chrono::milliseconds(0), false, alive)));
+    ASSERT_TRUE(spool.flush(Clock::now() + std::chrono::seconds(30)));
+    EXPECT_EQ(spool.stats().written, 1u);
+    EXPECT_EQ(spool.stats().write_dropped, 1u);
+    EXPECT_FALSE(spool.contains(c.hashes[1]));
+    EXPECT_EQ(alive.load(), 0);  // the device's staging memory is given back once written or dropped
+    EXPECT_EQ(spool.stats().write_queue_bytes, 0u);
+  }
+  KvSpool spool({dir}, s);
+  EXPECT_EQ(spool.present_run(c.hashes, 0), 1u);
+  EXPECT_TRUE(read_back(spool, c, 0));  // the bytes are the block's, as if copied from host memory
+  const auto read_into = [&](BlockSink sink) {
+    auto r = spool.read(c.hashes[0], 0, c.block(0), std::move(sink));
+    while (!r->done.load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    return r->ok;
+  };
+  std::vector<std::uint8_t> got;
+  EXPECT_TRUE(read_into([&](std::span<const std::uint8_t> bytes) {
+    got.assign(bytes.begin(), bytes.end());
+    return true;
+  }));
+  EXPECT_EQ(got, c.data[0]);
+  EXPECT_FALSE(read_into([](std::span<const std::uint8_t>) { return false; }));
+  EXPECT_EQ(rejected(spool, SpoolReject::Io), 1u);
+  EXPECT_EQ(spool.present_run(c.hashes, 0), 1u);  // the file was sound: kept
+  EXPECT_TRUE(read_back(spool, c, 0));
 }
 
 TEST(KvSpool, DamagedFilesAreDroppedAndCountedNeverUsed) {

@@ -25,6 +25,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/kv_store.h"
 #include "backend/cuda/sampling.cuh"
 #include "backend/cuda/step_layout.h"
 #include "backend/cuda/step_profile.h"
@@ -113,12 +114,6 @@ struct DeviceLayer {
   bool local = false;
 };
 
-// The cache's keys and values on the device, block for block with the host pool.
-struct KvState : KvCache::DeviceState {
-  DeviceBuffer<__half> data;
-  DeviceKv desc{};
-};
-
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
@@ -204,6 +199,11 @@ class CudaForward final : public DeviceForward {
     return static_cast<std::size_t>(c_.n_layer) * 2 * block_tokens * c_.kv_dim() * sizeof(__half);
   }
 
+  void attach_kv(KvCache& cache) override {
+    PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
+    kv_state(cache);
+  }
+
   double measure_bandwidth_gbs() override {
     PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
     constexpr std::size_t kBytes = std::size_t{1} << 30;  // far past any L2
@@ -230,11 +230,13 @@ class CudaForward final : public DeviceForward {
     PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
     const int T = static_cast<int>(batch.size());
     reserve_for(batch, cache);
-    KvState& kv = kv_state(cache);
+    DeviceKvStore& kv = kv_state(cache);
     profile_.begin(compute_, T <= kGemvMaxTokens);
+    const std::vector<BlockPool::RowCopy> copies = cache.pool().take_copies();
+    kv.order_writes_after_saves(blocks_written(batch, cache, copies), compute_);  // the KV spool's copies back
     profile_.mark("kv copy-on-write replays");
-    for (const BlockPool::RowCopy& copy : cache.pool().take_copies()) {  // prefix sharing's copy-on-write, in order
-      copy_kv_rows(kv.desc, copy.from, static_cast<int>(copy.from_slot), copy.to, static_cast<int>(copy.to_slot),
+    for (const BlockPool::RowCopy& copy : copies) {  // prefix sharing's copy-on-write, in order
+      copy_kv_rows(kv.desc(), copy.from, static_cast<int>(copy.from_slot), copy.to, static_cast<int>(copy.to_slot),
                    static_cast<int>(copy.n_rows), compute_);
     }
     const int longest = *std::max_element(batch.positions.begin(), batch.positions.end()) + 1;
@@ -360,24 +362,28 @@ class CudaForward final : public DeviceForward {
     for (std::size_t t = 0; t < batch.size(); ++t) cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.kv_slots[t]) + 1);
   }
 
-  KvState& kv_state(KvCache& cache) {
-    if (auto* state = dynamic_cast<KvState*>(cache.device_state())) return *state;
-    auto state = std::make_unique<KvState>();
-    state->desc.n_layer = static_cast<int>(c_.n_layer);
-    state->desc.n_head_kv = static_cast<int>(c_.n_head_kv);
-    state->desc.head_dim = static_cast<int>(c_.head_dim);
-    state->desc.block_tokens = static_cast<int>(cache.block_tokens());
-    const std::size_t n_blocks = cache.pool().n_blocks();
-    state->data = DeviceBuffer<__half>(n_blocks * c_.n_layer * 2 * state->desc.part_elems());
-    state->desc.data = state->data.get();
+  DeviceKvStore& kv_state(KvCache& cache) {
+    if (auto* state = dynamic_cast<DeviceKvStore*>(cache.device_state())) return *state;
+    auto state = std::make_unique<DeviceKvStore>(device_, static_cast<int>(c_.n_layer), static_cast<int>(c_.n_head_kv),
+                                                 static_cast<int>(c_.head_dim), cache);
     // From here on the pool logs its copies (a prefix's last partial block copied before a
     // sequence writes into it), and each pass repeats them here first.
     cache.pool().take_copies();
     cache.pool().log_copies(true);
-    KvState& ref = *state;
+    DeviceKvStore& ref = *state;
     cache.set_device_state(std::move(state));
     graphs_clear();  // the graphs hold the previous cache's pointer
     return ref;
+  }
+
+  // The blocks a pass writes into: its tokens' and the copies' destinations.
+  const std::vector<int>& blocks_written(const Batch& batch, const KvCache& cache, const std::vector<BlockPool::RowCopy>& copies) {
+    written_.clear();
+    for (std::size_t t = 0; t < batch.size(); ++t) {
+      written_.push_back(cache.blocks(batch.seq_ids[t])[static_cast<std::size_t>(batch.kv_slots[t]) / cache.block_tokens()]);
+    }
+    for (const BlockPool::RowCopy& copy : copies) written_.push_back(copy.to);
+    return written_;
   }
 
   // Sends the step's per-token facts and the rows to draw up (copies from pinned buffers, on the
@@ -450,8 +456,8 @@ class CudaForward final : public DeviceForward {
     graphs_.clear();
   }
 
-  void run_graph(int T, int n_out, AttentionShape shape, KvState& kv, const float* inv_freq) {
-    const auto key = std::make_tuple(T, n_out, shape.chunk, kv.desc.data, inv_freq);
+  void run_graph(int T, int n_out, AttentionShape shape, DeviceKvStore& kv, const float* inv_freq) {
+    const auto key = std::make_tuple(T, n_out, shape.chunk, kv.desc().data, inv_freq);
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       cudaGraph_t graph = nullptr;
@@ -551,7 +557,7 @@ class CudaForward final : public DeviceForward {
     }
   }
 
-  bool run_layers(int T, int n_out, AttentionShape shape, KvState& kv, const float* inv_freq,
+  bool run_layers(int T, int n_out, AttentionShape shape, DeviceKvStore& kv, const float* inv_freq,
                   const std::function<bool(std::size_t)>& stop_before) {
     const int D = static_cast<int>(c_.n_embd), F = static_cast<int>(c_.n_ff);
     const float embed_scale = c_.desc->embed_scale ? std::sqrt(static_cast<float>(D)) : 1.0f;
@@ -573,12 +579,12 @@ class CudaForward final : public DeviceForward {
                    static_cast<int>(c_.head_dim), static_cast<int>(c_.n_rot), c_.rope_neox, c_.rope_attn_factor, c_.rms_eps,
                    static_cast<int>(il)};
       profile_.mark("q/k/v post (rope, kv write)");
-      qkv_post(post, meta_, T, kv.desc, compute_);
+      qkv_post(post, meta_, T, kv.desc(), compute_);
       AttentionArgs args{q_.get(), attn_.get(), partials_.get(), static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv),
                          static_cast<int>(c_.head_dim), static_cast<int>(il), L.local ? static_cast<int>(c_.sliding_window) : 0,
                          1.0f / std::sqrt(static_cast<float>(c_.head_dim)), c_.attn_softcap, shape.chunk, shape.n_splits};
       profile_.mark("attention");
-      attention(args, meta_, T, kv.desc, compute_);
+      attention(args, meta_, T, kv.desc(), compute_);
       profile_.mark("attention output matmul");
       matmul({{L.wo, tmp_.get()}}, attn_.get(), T);
       // FFN sublayer.
@@ -632,6 +638,7 @@ class CudaForward final : public DeviceForward {
   DeviceBuffer<DeviceDraw> draws_;
   DeviceBuffer<std::int32_t> drawn_;
   std::vector<char> row_drawn_;  // this pass's logit rows drawn on the device
+  std::vector<int> written_;     // blocks_written's
   DeviceBuffer<float> x_, xn_, tmp_, q_, attn_, k_, v_, gate_, up_, out_x_, logits_, partials_;
   DeviceBuffer<__half> x_half_, w_half_;
   DeviceBuffer<std::int8_t> x_q8_;

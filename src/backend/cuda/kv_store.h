@@ -1,0 +1,57 @@
+#pragma once
+// The cache's keys and values on the device, block for block with the host pool, and their way to
+// and from the KV spool (KvCache::DeviceState): a block to spool is copied back on a stream of its
+// own into pinned staging memory while the next steps run (the spool's writer thread waits for it,
+// the engine's never does); a block read from the spool is copied up on another stream by the
+// spool's reader thread before the read counts as done. The bytes are the host pool's layout
+// (F16, head by head, every layer together), so the spool's files are the same as the CPU's.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+
+#include "backend/cuda/kernels.cuh"
+#include "kv/kv_cache.h"
+
+namespace promptly::backend::cuda {
+
+class StagingSlots;
+
+class DeviceKvStore final : public KvCache::DeviceState {
+ public:
+  // Room for every block of `cache`'s pool, on `device`.
+  DeviceKvStore(int device, int n_layer, int n_head_kv, int head_dim, const KvCache& cache);
+  ~DeviceKvStore() override;
+  DeviceKvStore(const DeviceKvStore&) = delete;
+  DeviceKvStore& operator=(const DeviceKvStore&) = delete;
+
+  const DeviceKv& desc() const { return desc_; }
+
+  std::shared_ptr<PendingBlock> save_block(int block) override;
+  BlockSink load_block(int block) override;
+
+  // Makes `stream` wait for the copies back of any of `blocks` still running: a pass about to write
+  // into them (a freed block taken again before its copy for the spool was done).
+  void order_writes_after_saves(std::span<const int> blocks, cudaStream_t stream);
+
+ private:
+  __half* block_data(int block) const;
+  bool load(int block, std::span<const std::uint8_t> bytes);
+  void forget_finished_saves();  // holds mutex_
+
+  int device_;
+  DeviceKv desc_{};
+  __half* data_ = nullptr;
+  std::size_t block_bytes_ = 0;
+  bool spoolable_ = false;  // the host pool's layout is the device's (it always is when made by Model::make_cache)
+  cudaStream_t saves_ = nullptr, loads_ = nullptr;
+  cudaEvent_t saves_done_ = nullptr;  // recorded after each copy back: once it has passed, all have
+  std::mutex mutex_;                  // the engine's thread saves and passes, the spool's reader loads
+  std::set<int> saving_;              // blocks whose copies back may still be running
+  std::shared_ptr<StagingSlots> staging_;
+};
+
+}  // namespace promptly::backend::cuda
