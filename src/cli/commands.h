@@ -25,14 +25,17 @@ struct SpecFlags {
   float tree_min_p = -1;     // --spec-tree-min-p: least cumulative draft probability of a tree node (<0: default)
   std::string draft_weights = "Q8_0";  // --draft-weights: the type the draft's float matrices run in, or "stored"
 };
-// The proposer the flags ask for (null for none); `draft_model` keeps the draft model alive.
+// The proposer the flags ask for (null for none); `draft_model` keeps the draft model alive. A draft
+// model runs on `device` (the target's, resolve_device's answer).
 std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Vocab& target_vocab, std::size_t ctx,
                                               KvType kv_type, const SamplingParams& sampling, ThreadPool& pool,
-                                              std::unique_ptr<Model>& draft_model, std::size_t& spec_tokens);
+                                              std::unique_ptr<Model>& draft_model, std::size_t& spec_tokens,
+                                              const backend::DeviceSpec& device = {});
 
 // The engine's speculation settings from the flags (validated as make_proposer does); the draft
-// model, when there is one, is loaded into `draft_model`.
-void apply_spec_flags(const SpecFlags& flags, const Vocab& target_vocab, EngineOptions& engine, std::unique_ptr<Model>& draft_model);
+// model, when there is one, is loaded into `draft_model`, on `device`.
+void apply_spec_flags(const SpecFlags& flags, const Vocab& target_vocab, EngineOptions& engine, std::unique_ptr<Model>& draft_model,
+                      const backend::DeviceSpec& device = {});
 
 // --device, shared by run, serve, bench model and perplexity (device_flags.cpp). Where the model
 // will run: the flag parsed (Error on a bad value) and refused with --tp R > 1; the CPU, with a

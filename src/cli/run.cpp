@@ -63,7 +63,7 @@ int run(const RunOptions& o) {
   std::unique_ptr<Model> draft_model;
   const std::size_t ctx = gen.ctx_size ? gen.ctx_size : model.config().n_ctx_train;
   const std::unique_ptr<spec::Proposer> proposer =
-      make_proposer(o.spec, tokenizer.vocab(), ctx, gen.kv_type, gen.sampling, pool, draft_model, gen.spec_tokens);
+      make_proposer(o.spec, tokenizer.vocab(), ctx, gen.kv_type, gen.sampling, pool, draft_model, gen.spec_tokens, device);
   gen.proposer = proposer.get();
   if (!o.json_schema.empty() || !o.grammar.empty()) {
     if (!o.json_schema.empty() && !o.grammar.empty()) throw Error("give --json-schema or --grammar, not both");

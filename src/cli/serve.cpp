@@ -47,7 +47,7 @@ int serve(const ServeOptions& o) {
   eo.ctx_size = o.ctx_size;
   eo.max_running = o.max_running;
   std::unique_ptr<Model> draft_model;
-  apply_spec_flags(o.spec, tokenizer.vocab(), eo, draft_model);
+  apply_spec_flags(o.spec, tokenizer.vocab(), eo, draft_model, device);
   eo.spec_max_streams = o.spec_max_streams;
   Engine engine(model, &tokenizer, eo);
 

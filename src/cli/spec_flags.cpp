@@ -1,8 +1,10 @@
 // Turns the speculative decoding flags into a proposer, with the errors a user needs.
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <string>
 
+#include "backend/device.h"
 #include "cli/commands.h"
 #include "model/builtin_model.h"
 #include "spec/draft_model.h"
@@ -14,7 +16,8 @@ namespace promptly::cli {
 namespace {
 constexpr std::size_t kMaxSpecTokens = 64;
 
-// What the flags ask for, checked, with the defaults filled in; the draft model loaded and its
+// What the flags ask for, checked, with the defaults filled in; the draft model loaded (on `device`,
+// the target's: a draft on the CPU would guess slower than a GPU's target decodes) and its
 // vocabulary checked when there is one. `by_default`: the mode to use when neither --spec nor
 // --draft is given.
 struct ResolvedSpec {
@@ -24,7 +27,8 @@ struct ResolvedSpec {
   std::size_t tree_width = spec::kDefaultTreeWidth, tree_nodes = spec::kDefaultTreeNodes;
   float tree_min_p = spec::kDefaultTreeMinP;
 };
-ResolvedSpec resolve(const SpecFlags& flags, const Vocab& target_vocab, std::unique_ptr<Model>& draft_model, const char* by_default) {
+ResolvedSpec resolve(const SpecFlags& flags, const Vocab& target_vocab, std::unique_ptr<Model>& draft_model, const char* by_default,
+                     const backend::DeviceSpec& device) {
   ResolvedSpec r;
   r.mode = !flags.mode.empty() ? flags.mode : flags.draft.empty() ? by_default : "draft";
   if (r.mode != "none" && r.mode != "ngram" && r.mode != "draft" && r.mode != "tree") {
@@ -60,6 +64,7 @@ ResolvedSpec resolve(const SpecFlags& flags, const Vocab& target_vocab, std::uni
     throw Error("--spec " + r.mode + " needs a draft model: --draft FILE (a small model with the target's vocabulary)");
   }
   ModelLoadOptions load;
+  load.keep_file_layout = device.is_cuda();  // the device uploads the file's blocks (or their Q8_0 conversion)
   if (flags.draft_weights != "stored") {
     std::string name = flags.draft_weights;
     std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
@@ -70,6 +75,12 @@ ResolvedSpec resolve(const SpecFlags& flags, const Vocab& target_vocab, std::uni
   try {
     draft_model = std::make_unique<Model>(file, nullptr, load);
     spec::check_same_vocabulary(target_vocab, Vocab::from_gguf(*file));
+    if (device.is_cuda()) {
+      backend::place_on_device(*draft_model, device);
+      const backend::DeviceForward& on = *draft_model->device();
+      std::fprintf(stderr, "promptly: draft model on %s, %.0f MB of weights in device memory\n", on.name().c_str(),
+                   static_cast<double>(on.weight_bytes()) / 1e6);
+    }
   } catch (const Error& e) {
     throw Error("draft model '" + flags.draft + "': " + e.what());
   }
@@ -79,8 +90,9 @@ ResolvedSpec resolve(const SpecFlags& flags, const Vocab& target_vocab, std::uni
 
 std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Vocab& target_vocab, std::size_t ctx,
                                               KvType kv_type, const SamplingParams& sampling, ThreadPool& pool,
-                                              std::unique_ptr<Model>& draft_model, std::size_t& spec_tokens) {
-  const ResolvedSpec r = resolve(flags, target_vocab, draft_model, "none");
+                                              std::unique_ptr<Model>& draft_model, std::size_t& spec_tokens,
+                                              const backend::DeviceSpec& device) {
+  const ResolvedSpec r = resolve(flags, target_vocab, draft_model, "none", device);
   spec_tokens = r.mode == "tree" ? r.tree_nodes : r.tokens;  // what a pass verifies: a tree's nodes
   if (r.mode == "none") return nullptr;
   if (r.mode == "ngram") return std::make_unique<spec::NgramProposer>(flags.ngram);
@@ -97,12 +109,13 @@ std::unique_ptr<spec::Proposer> make_proposer(const SpecFlags& flags, const Voca
   return std::make_unique<spec::DraftModelProposer>(*draft_model, d, pool);
 }
 
-void apply_spec_flags(const SpecFlags& flags, const Vocab& target_vocab, EngineOptions& engine, std::unique_ptr<Model>& draft_model) {
+void apply_spec_flags(const SpecFlags& flags, const Vocab& target_vocab, EngineOptions& engine, std::unique_ptr<Model>& draft_model,
+                      const backend::DeviceSpec& device) {
   // serve's default without --spec or --draft: n-gram lookup for greedy requests (README, Serving
   // defaults: 1.7x a greedy stream on the built-in model, nothing to load, and sampled requests
   // keep their seeded reproducibility). The proposers themselves are made per stream by the engine.
   const bool by_default = flags.mode.empty() && flags.draft.empty();
-  const ResolvedSpec r = resolve(flags, target_vocab, draft_model, "ngram");
+  const ResolvedSpec r = resolve(flags, target_vocab, draft_model, "ngram", device);
   engine.spec_sampled = !by_default;
   if (r.mode == "none") return;
   engine.spec = r.mode == "draft" ? EngineOptions::Spec::Draft : r.mode == "tree" ? EngineOptions::Spec::Tree : EngineOptions::Spec::Ngram;

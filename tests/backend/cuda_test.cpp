@@ -651,6 +651,49 @@ TEST(CudaEngine, SampledStreamsDrawOnTheGpuFromTheirSeeds) {
   EXPECT_EQ(engine.stats().device_sampled_tokens, 3u * 48u);
 }
 
+// Speculation with a draft model, both on the GPU (as `--device cuda --draft FILE` loads them: the
+// draft's float matrices as Q8_0): the code pair's greedy streams, token for token as the CPU engine
+// with the same pair gives them, with guesses accepted.
+std::vector<std::int32_t> draft_speculation(const Model& target, const Model& draft, const Tokenizer& tokenizer, EngineStats& stats) {
+  EngineOptions options;
+  options.threads = 2;
+  options.spec = EngineOptions::Spec::Draft;
+  options.draft = &draft;
+  options.spec_tokens = 4;
+  Engine engine(target, &tokenizer, options);
+  Streams s;
+  const std::vector<std::int32_t> prompt = tokenizer.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", true);
+  std::vector<std::int32_t> out = s.wait(engine.submit(s.request(prompt, 48)));
+  stats = engine.stats();
+  return out;
+}
+
+TEST(CudaEngine, DraftModelSpeculatesOnTheGpu) {
+  REQUIRE_GPU();
+  const std::string target_path = shared_model("code/code-target-f16.gguf"), draft_path = shared_model("code/code-draft-f16.gguf");
+  if (!std::filesystem::exists(target_path) || !std::filesystem::exists(draft_path)) GTEST_SKIP() << "the code models are missing";
+  const auto target_file = gguf::File::open(target_path), draft_file = gguf::File::open(draft_path);
+  const Tokenizer tokenizer(Vocab::from_gguf(*target_file));
+  ModelLoadOptions as_q8;
+  as_q8.float_matrices_as = DType::Q8_0;
+  ModelLoadOptions as_q8_on_gpu = as_q8;
+  as_q8_on_gpu.keep_file_layout = true;
+  Model draft_gpu(draft_file, nullptr, as_q8_on_gpu);
+  place_on_device(draft_gpu, parse_device("cuda"));
+  ASSERT_NE(draft_gpu.device(), nullptr);
+  const std::unique_ptr<Model> target_gpu = gpu_model(target_file);
+  Model target_cpu(target_file), draft_cpu(draft_file, nullptr, as_q8);
+  EngineStats on_gpu, on_cpu;
+  const std::vector<std::int32_t> got = draft_speculation(*target_gpu, draft_gpu, tokenizer, on_gpu);
+  EXPECT_EQ(got, draft_speculation(target_cpu, draft_cpu, tokenizer, on_cpu));
+  EXPECT_EQ(got.size(), 48u);
+  // A draft that guessed wrong would only cost speed: its guesses are held to the CPU draft's.
+  EXPECT_GE(on_gpu.spec_accepted_tokens * 10, on_cpu.spec_accepted_tokens * 9)
+      << on_gpu.spec_accepted_tokens << " of " << on_gpu.spec_draft_tokens << " guesses accepted on the GPU, " << on_cpu.spec_accepted_tokens
+      << " of " << on_cpu.spec_draft_tokens << " on the CPU";
+  EXPECT_GT(on_cpu.spec_accepted_tokens, 10u);
+}
+
 // The KV spool on a GPU (on by default in serve): a conversation's blocks are copied back and
 // written behind the steps, and after a restart read back into device memory, the follow-up
 // prefilling only its new tokens and answering as before. The files are a host pool's blocks: a CPU
