@@ -68,12 +68,15 @@ for m in .gpu/models/stories260K.gguf models/promptly-code-23m-q8_0.gguf; do
   gpu=$(timeout 60 $P run -m "$m" -p 'Once upon a time' -n 48 --temp 0 --device cuda 2>"$out/run-stderr.txt")
   if [ -n "$gpu" ] && [ "$cpu" = "$gpu" ]; then say "same text: $m"; else say "DIFFERENT text: $m"; say "cpu: $cpu"; say "gpu: $gpu"; cat "$out/run-stderr.txt" >> "$summary"; fi
 done
-# Speculation with the draft model on the GPU beside its target (the built-in code model's pair).
-draft=(-m models/promptly-code-23m-q8_0.gguf --draft .gpu/models/code/code-draft-f16.gguf -p 'def fibonacci(n):' -n 64 --temp 0)
-cpu=$(timeout 60 $P run "${draft[@]}" 2>/dev/null)
-gpu=$(timeout 60 $P run "${draft[@]}" --device cuda 2>"$out/run-stderr.txt")
-if [ -n "$gpu" ] && [ "$cpu" = "$gpu" ]; then say "same text with --draft on the GPU"; else say "DIFFERENT text with --draft"; say "cpu: $cpu"; say "gpu: $gpu"; fi
-grep -iE 'draft|accept|model on' "$out/run-stderr.txt" | head -n 4 | tee -a "$summary"
+# Speculation with the draft model on the GPU beside its target (the built-in code model's pair),
+# as chains and as token trees.
+for mode in draft tree; do
+  draft=(-m models/promptly-code-23m-q8_0.gguf --draft .gpu/models/code/code-draft-f16.gguf --spec "$mode" -p 'def fibonacci(n):' -n 64 --temp 0)
+  cpu=$(timeout 60 $P run "${draft[@]}" 2>/dev/null)
+  gpu=$(timeout 60 $P run "${draft[@]}" --device cuda 2>"$out/run-stderr.txt")
+  if [ -n "$gpu" ] && [ "$cpu" = "$gpu" ]; then say "same text with --spec $mode on the GPU"; else say "DIFFERENT text with --spec $mode"; say "cpu: $cpu"; say "gpu: $gpu"; fi
+  grep -iE 'speculation|model on|error' "$out/run-stderr.txt" | head -n 4 | tee -a "$summary"
+done
 
 say "== Llama-3-8B shape, random weights (targets: Q4_K_M decode >= 80% of the HBM floor; prefill 512 <= 40 ms; F16 prefill >= 50% of the bf16 peak)"
 # Q4_K_M whole (llama.cpp's mix: Q4_K, Q6_K for the output and some layers' attn_v and ffn_down; its quantization is most of this script's time: ~1.5 min on 16 cores, estimated from

@@ -45,8 +45,6 @@ backend::DeviceSpec resolve_device(const std::string& flag, int tp_ranks);
 // the device uploads, then placed there, saying so on stderr.
 std::unique_ptr<Model> load_model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::Communicator> tp,
                                   const backend::DeviceSpec& device);
-// Refuses what runs on the CPU only yet, naming the flag to change: token trees (--spec tree).
-void check_runs_on_device(const backend::DeviceSpec& device, const SpecFlags& spec);
 // `promptly devices`: the GPUs this binary can run on, or why there are none.
 int devices();
 

@@ -34,11 +34,6 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const gguf::File> file, std::s
   return model;
 }
 
-void check_runs_on_device(const backend::DeviceSpec& device, const SpecFlags& spec) {
-  if (!device.is_cuda()) return;
-  if (spec.mode == "tree") throw Error("--spec tree with --device " + backend::to_string(device) + ": token trees run on the CPU only; use --spec draft");
-}
-
 int devices() {
   for (const std::string& line : backend::describe_devices()) std::printf("%s\n", line.c_str());
   return 0;

@@ -29,7 +29,6 @@ int run(const RunOptions& o) {
   }
 
   const backend::DeviceSpec device = resolve_device(o.device, o.tp);
-  check_runs_on_device(device, o.spec);
   const auto t_load = SteadyClock::now();
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   const auto tp = join_tensor_parallel(o.tp);

@@ -31,7 +31,6 @@ constexpr double kTensorParallelShutdownSilenceS = 2;
 int serve(const ServeOptions& o) {
   const backend::DeviceSpec device = resolve_device(o.device, o.tp);
   EngineFlags flags = o.engine;
-  check_runs_on_device(device, o.spec);
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   const auto tp = join_tensor_parallel(o.tp);
   const std::unique_ptr<Model> loaded = load_model(file, tp, device);

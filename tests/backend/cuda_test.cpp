@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <cfloat>
@@ -28,6 +29,7 @@
 #include "convert/quantize.h"
 #include "engine/engine.h"
 #include "kv/spool.h"
+#include "spec/proposer.h"
 #include "tokenizer/tokenizer.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
@@ -216,8 +218,9 @@ TEST(CudaKernels, DequantizeToHalfMatchesTheReference) {
   }
 }
 
-// Attention over a paged cache whose blocks are scattered, with GQA, a window and a soft cap,
-// against the softmax computed here in double.
+// Attention over a paged cache whose blocks are scattered, with GQA, a window and a soft cap, and
+// token-tree nodes (their tree's context, then only their ancestors' slots), against the softmax
+// computed here in double.
 TEST(CudaKernels, PagedAttentionMatchesTheReference) {
   REQUIRE_GPU();
   std::mt19937 rng(11);
@@ -234,16 +237,33 @@ TEST(CudaKernels, PagedAttentionMatchesTheReference) {
     return ((static_cast<std::size_t>(block) * n_layer + layer) * 2 + which) * kv.part_elems() +
            (static_cast<std::size_t>(head) * bt + pos % bt) * hd;
   };
+  // Three ordinary tokens, then three nodes of a tree after 100 positions: the first level's first
+  // node (slot 100), a node two levels down from it (slot 103, ancestors 100 and 102) and one whose
+  // ancestors reach the tree's last slot (111).
+  struct Query {
+    std::int32_t position, tree;
+    std::uint64_t ancestors;
+  };
+  const std::vector<Query> queries = {{0, -1, 0}, {45, -1, 0}, {111, -1, 0}, {100, 100, 0b1}, {102, 100, 0b1101}, {101, 100, 0b100000000010}};
+  const int T = static_cast<int>(queries.size());
   for (const int window : {0, 37}) {
     for (const float cap : {0.0f, 20.0f}) {
-      const std::vector<std::int32_t> positions = {0, 45, 111};
-      const int T = static_cast<int>(positions.size());
-      // StepMeta's layout: tokens, positions, slots, table starts (T each), then the block table.
-      std::vector<std::int32_t> meta_host(static_cast<std::size_t>(4 * T), 0);
-      for (int t = 0; t < T; ++t) meta_host[T + t] = meta_host[2 * T + t] = positions[t];
+      // StepMeta's layout (step_layout.h): tokens, positions, slots, table starts, rows, tree contexts
+      // (T each), tree ancestors (2T), then the block table.
+      std::vector<std::int32_t> meta_host(static_cast<std::size_t>(8 * T), 0);
+      for (int t = 0; t < T; ++t) {
+        const Query& qt = queries[static_cast<std::size_t>(t)];
+        meta_host[T + t] = qt.position;
+        meta_host[2 * T + t] = qt.tree < 0 ? qt.position : qt.tree + static_cast<int>(std::bit_width(qt.ancestors)) - 1;  // its own bit is its last
+        meta_host[5 * T + t] = qt.tree;
+        meta_host[6 * T + 2 * t] = static_cast<std::int32_t>(static_cast<std::uint32_t>(qt.ancestors));
+        meta_host[6 * T + 2 * t + 1] = static_cast<std::int32_t>(static_cast<std::uint32_t>(qt.ancestors >> 32));
+      }
       meta_host.insert(meta_host.end(), table.begin(), table.end());
       Device<std::int32_t> meta_dev(meta_host);
-      const StepMeta meta{meta_dev.p, meta_dev.p + T, meta_dev.p + 2 * T, meta_dev.p + 3 * T, meta_dev.p + 4 * T};
+      const StepMeta meta{meta_dev.p,         meta_dev.p + T,     meta_dev.p + 2 * T,
+                          meta_dev.p + 3 * T, meta_dev.p + 8 * T, meta_dev.p + 5 * T,
+                          reinterpret_cast<const std::uint32_t*>(meta_dev.p + 6 * T)};
       std::vector<float> q(static_cast<std::size_t>(T) * n_head * hd);
       for (float& v : q) v = normal(rng);
       Device<float> dq(q), out(q.size());
@@ -256,11 +276,17 @@ TEST(CudaKernels, PagedAttentionMatchesTheReference) {
         CUDA_OK(cudaDeviceSynchronize());
         std::vector<double> want(q.size());
         for (int t = 0; t < T; ++t) {
-          const int end = positions[t] + 1, first = window && end > window ? end - window : 0;
+          const Query& qt = queries[static_cast<std::size_t>(t)];
+          const int end = qt.tree < 0 ? qt.position + 1 : qt.tree, first = window && end > window ? end - window : 0;
+          std::vector<int> seen;
+          for (int p = first; p < end; ++p) seen.push_back(p);
+          for (int j = 0; j < 64; ++j) {
+            if (qt.tree >= 0 && (qt.ancestors >> j & 1)) seen.push_back(qt.tree + j);
+          }
           for (int h = 0; h < n_head; ++h) {
             const int kh = h / (n_head / n_head_kv);
             std::vector<double> score;
-            for (int p = first; p < end; ++p) {
+            for (const int p : seen) {
               double s = 0;
               for (int d = 0; d < hd; ++d) s += q[(static_cast<std::size_t>(t) * n_head + h) * hd + d] * __half2float(store[at(p, kh, 0) + d]);
               s *= scale;
@@ -272,7 +298,7 @@ TEST(CudaKernels, PagedAttentionMatchesTheReference) {
             for (double& s : score) sum += (s = std::exp(s - top));
             for (int d = 0; d < hd; ++d) {
               double o = 0;
-              for (int p = first; p < end; ++p) o += score[p - first] * __half2float(store[at(p, kh, 1) + d]);
+              for (std::size_t i = 0; i < seen.size(); ++i) o += score[i] * __half2float(store[at(seen[i], kh, 1) + d]);
               want[(static_cast<std::size_t>(t) * n_head + h) * hd + d] = o / sum;
             }
           }
@@ -537,17 +563,43 @@ TEST(CudaModel, ProfileSplitsEachPassByStretch) {
   EXPECT_EQ(quiet->device()->profile_report(), "");
 }
 
-TEST(CudaModel, TokenTreesAreAClearError) {
-  REQUIRE_GPU();
-  const std::unique_ptr<Model> on_gpu = gpu_model(gguf::File::open(shared_model("stories260K.gguf")));
-  Model& gpu = *on_gpu;
-  ThreadPool pool(1);
-  KvCache cache = gpu.make_cache(64, KvType::F16);
+// A token tree after a prompt (two first-level nodes, branches of depth 2 and 3): each node's logits
+// as the CPU's, so each sees its context and its own ancestors, never a sibling's branch.
+std::vector<std::vector<float>> tree_logits(const Model& model, ThreadPool& pool) {
+  KvCache cache = model.make_cache(128, KvType::F16);
   Batch batch;
-  batch.add(1, 0, 0, true);
-  batch.add_tree_node(5, 0, 1, 0, 1, 1, true);
+  const int context = 20;
+  for (int i = 0; i < context; ++i) batch.add(1 + (i * 37) % 500, i, 0, i + 1 == context);
   std::vector<float> logits;
-  EXPECT_THROW(gpu.forward(batch, cache, pool, logits), Error);
+  model.forward(batch, cache, pool, logits);
+  batch.clear();
+  const std::vector<std::int32_t> tokens = {402, 33, 87, 265, 12, 400}, parents = {-1, -1, 0, 2, 1, 0};
+  std::vector<std::uint64_t> ancestors(tokens.size());
+  std::vector<std::int32_t> depth(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const std::int32_t parent = parents[i];
+    ancestors[i] = (std::uint64_t{1} << i) | (parent < 0 ? 0 : ancestors[static_cast<std::size_t>(parent)]);
+    depth[i] = parent < 0 ? 1 : depth[static_cast<std::size_t>(parent)] + 1;
+    batch.add_tree_node(tokens[i], 0, context, static_cast<std::int32_t>(i), depth[i], ancestors[i], true);
+  }
+  model.forward(batch, cache, pool, logits);
+  std::vector<std::vector<float>> rows;
+  const std::size_t n_vocab = model.config().n_vocab;
+  for (std::size_t i = 0; i < tokens.size(); ++i) rows.emplace_back(logits.begin() + i * n_vocab, logits.begin() + (i + 1) * n_vocab);
+  return rows;
+}
+
+TEST(CudaModel, TokenTreesAttendAsOnTheCpu) {
+  REQUIRE_GPU();
+  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
+  Model cpu(file);
+  const std::unique_ptr<Model> gpu = gpu_model(file);
+  ThreadPool pool(2);
+  const std::vector<std::vector<float>> want = tree_logits(cpu, pool), got = tree_logits(*gpu, pool);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_LT(relative_error(got[i], std::vector<double>(want[i].begin(), want[i].end())), 2e-2) << "node " << i;
+  }
 }
 
 // The serving engine over a GPU model: a follow-up turn that reuses the first's blocks (its partly
@@ -652,14 +704,17 @@ TEST(CudaEngine, SampledStreamsDrawOnTheGpuFromTheirSeeds) {
 }
 
 // Speculation with a draft model, both on the GPU (as `--device cuda --draft FILE` loads them: the
-// draft's float matrices as Q8_0): the code pair's greedy streams, token for token as the CPU engine
-// with the same pair gives them, with guesses accepted.
-std::vector<std::int32_t> draft_speculation(const Model& target, const Model& draft, const Tokenizer& tokenizer, EngineStats& stats) {
+// draft's float matrices as Q8_0), as chains and as token trees (the draft grows them on the GPU,
+// the target verifies them there, the accepted path's K/V moved into place by the device): the code
+// pair's greedy streams, token for token as the CPU engine with the same pair gives them, with
+// guesses accepted as often.
+std::vector<std::int32_t> draft_speculation(const Model& target, const Model& draft, const Tokenizer& tokenizer, EngineStats& stats,
+                                            EngineOptions::Spec mode) {
   EngineOptions options;
   options.threads = 2;
-  options.spec = EngineOptions::Spec::Draft;
+  options.spec = mode;
   options.draft = &draft;
-  options.spec_tokens = 4;
+  options.spec_tokens = mode == EngineOptions::Spec::Tree ? spec::kDefaultTreeNodes : 4;
   Engine engine(target, &tokenizer, options);
   Streams s;
   const std::vector<std::int32_t> prompt = tokenizer.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", true);
@@ -668,7 +723,7 @@ std::vector<std::int32_t> draft_speculation(const Model& target, const Model& dr
   return out;
 }
 
-TEST(CudaEngine, DraftModelSpeculatesOnTheGpu) {
+TEST(CudaEngine, DraftModelSpeculatesOnTheGpuInChainsAndTrees) {
   REQUIRE_GPU();
   const std::string target_path = shared_model("code/code-target-f16.gguf"), draft_path = shared_model("code/code-draft-f16.gguf");
   if (!std::filesystem::exists(target_path) || !std::filesystem::exists(draft_path)) GTEST_SKIP() << "the code models are missing";
@@ -683,15 +738,18 @@ TEST(CudaEngine, DraftModelSpeculatesOnTheGpu) {
   ASSERT_NE(draft_gpu.device(), nullptr);
   const std::unique_ptr<Model> target_gpu = gpu_model(target_file);
   Model target_cpu(target_file), draft_cpu(draft_file, nullptr, as_q8);
-  EngineStats on_gpu, on_cpu;
-  const std::vector<std::int32_t> got = draft_speculation(*target_gpu, draft_gpu, tokenizer, on_gpu);
-  EXPECT_EQ(got, draft_speculation(target_cpu, draft_cpu, tokenizer, on_cpu));
-  EXPECT_EQ(got.size(), 48u);
-  // A draft that guessed wrong would only cost speed: its guesses are held to the CPU draft's.
-  EXPECT_GE(on_gpu.spec_accepted_tokens * 10, on_cpu.spec_accepted_tokens * 9)
-      << on_gpu.spec_accepted_tokens << " of " << on_gpu.spec_draft_tokens << " guesses accepted on the GPU, " << on_cpu.spec_accepted_tokens
-      << " of " << on_cpu.spec_draft_tokens << " on the CPU";
-  EXPECT_GT(on_cpu.spec_accepted_tokens, 10u);
+  for (const auto mode : {EngineOptions::Spec::Draft, EngineOptions::Spec::Tree}) {
+    const char* name = mode == EngineOptions::Spec::Tree ? "tree" : "chain";
+    EngineStats on_gpu, on_cpu;
+    const std::vector<std::int32_t> got = draft_speculation(*target_gpu, draft_gpu, tokenizer, on_gpu, mode);
+    EXPECT_EQ(got, draft_speculation(target_cpu, draft_cpu, tokenizer, on_cpu, mode)) << name;
+    EXPECT_EQ(got.size(), 48u) << name;
+    // A draft that guessed wrong would only cost speed: its guesses are held to the CPU draft's.
+    EXPECT_GE(on_gpu.spec_accepted_tokens * 10, on_cpu.spec_accepted_tokens * 9)
+        << name << ": " << on_gpu.spec_accepted_tokens << " of " << on_gpu.spec_draft_tokens << " guesses accepted on the GPU, "
+        << on_cpu.spec_accepted_tokens << " of " << on_cpu.spec_draft_tokens << " on the CPU";
+    EXPECT_GT(on_cpu.spec_accepted_tokens, 10u) << name;
+  }
 }
 
 // The KV spool on a GPU (on by default in serve): a conversation's blocks are copied back and

@@ -21,7 +21,7 @@ TEST(StepLayout, PacksEachSequencesBlockTableOnceAndTheRowsThatWantLogits) {
   const StepLayout layout = pack_step(batch, cache, packed);
   ASSERT_EQ(layout.T, 3);
   EXPECT_EQ(layout.n_out, 2);
-  ASSERT_EQ(packed.size(), 5u * 3 + 3 + 1);
+  ASSERT_EQ(packed.size(), 8u * 3 + 3 + 1);
   const auto at = [&](int offset, int n) { return std::vector<std::int32_t>(packed.begin() + offset, packed.begin() + offset + n); };
   EXPECT_EQ(at(layout.tokens(), 3), (std::vector<std::int32_t>{11, 12, 13}));
   EXPECT_EQ(at(layout.positions(), 3), (std::vector<std::int32_t>{37, 9, 38}));
@@ -32,6 +32,29 @@ TEST(StepLayout, PacksEachSequencesBlockTableOnceAndTheRowsThatWantLogits) {
   std::vector<std::int32_t> tables(cache.blocks(7).begin(), cache.blocks(7).end());
   tables.insert(tables.end(), cache.blocks(3).begin(), cache.blocks(3).end());
   EXPECT_EQ(at(layout.tables(), 4), tables);
+}
+
+// Token trees: each node's tree context and 64-bit ancestor mask (halves, low first); ordinary
+// tokens -1 and none. A node's attention scans its context and the tree's slots to its last ancestor.
+TEST(StepLayout, PacksTreeNodesContextsAndAncestors) {
+  KvCache cache = KvCache::with_blocks(2, 64, 32, 256, KvType::F16, 16);
+  cache.reserve(0, 100);
+  Batch batch;
+  batch.add(5, 29, 0, true);
+  batch.add_tree_node(6, 0, 30, 0, 1, 0b1, true);
+  const std::uint64_t deep = (std::uint64_t{1} << 40) | (std::uint64_t{1} << 33) | 0b1;
+  batch.add_tree_node(7, 0, 30, 40, 3, deep, true);
+  std::vector<std::int32_t> packed;
+  const StepLayout layout = pack_step(batch, cache, packed);
+  const auto at = [&](int offset, int n) { return std::vector<std::int32_t>(packed.begin() + offset, packed.begin() + offset + n); };
+  EXPECT_EQ(at(layout.tree_contexts(), 3), (std::vector<std::int32_t>{-1, 30, 30}));
+  EXPECT_EQ(at(layout.tree_ancestors(), 6), (std::vector<std::int32_t>{0, 0, 1, 0, 1, (1 << 1) | (1 << 8)}));
+  EXPECT_EQ(at(layout.slots(), 3), (std::vector<std::int32_t>{29, 30, 70}));
+  EXPECT_EQ(at(layout.positions(), 3), (std::vector<std::int32_t>{29, 30, 32}));
+  EXPECT_EQ(attention_span(batch), 30 + 41);
+  Batch plain;
+  plain.add(5, 29, 0, true);
+  EXPECT_EQ(attention_span(plain), 30);
 }
 
 TEST(StepLayout, AttentionChunksArePowersOfTwoThatCoverTheContext) {

@@ -239,8 +239,7 @@ class CudaForward final : public DeviceForward {
       copy_kv_rows(kv.desc(), copy.from, static_cast<int>(copy.from_slot), copy.to, static_cast<int>(copy.to_slot),
                    static_cast<int>(copy.n_rows), compute_);
     }
-    const int longest = *std::max_element(batch.positions.begin(), batch.positions.end()) + 1;
-    const AttentionShape shape = attention_shape(T, static_cast<int>(c_.n_head), longest, multiprocessors_, kMaxSplits);
+    const AttentionShape shape = attention_shape(T, static_cast<int>(c_.n_head), attention_span(batch), multiprocessors_, kMaxSplits);
     profile_.mark("step upload (waited for)");
     const int n_out = upload_step(batch, cache, shape.n_splits, sampling);
     const int n_draws = sampling ? static_cast<int>(sampling->draws.size()) : 0;
@@ -356,9 +355,8 @@ class CudaForward final : public DeviceForward {
   }
 
   // ---- one step ------------------------------------------------------------------------------
-  // Model::forward has checked the batch (Model::check_batch); what the GPU does not run yet is refused here.
+  // Model::forward has checked the batch (Model::check_batch); each token's slot is reserved here.
   static void reserve_for(const Batch& batch, KvCache& cache) {
-    if (batch.has_tree()) throw Error("--device cuda: token trees run on the CPU only (use --spec draft or ngram)");
     for (std::size_t t = 0; t < batch.size(); ++t) cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.kv_slots[t]) + 1);
   }
 
@@ -402,7 +400,9 @@ class CudaForward final : public DeviceForward {
     PROMPTLY_CUDA_CHECK(cudaEventRecord(uploaded_, copy_));
     PROMPTLY_CUDA_CHECK(cudaStreamWaitEvent(compute_, uploaded_, 0));
     const std::int32_t* d = step_.get();
-    meta_ = {d + layout.tokens(), d + layout.positions(), d + layout.slots(), d + layout.table_starts(), d + layout.tables()};
+    meta_ = {d + layout.tokens(),       d + layout.positions(),     d + layout.slots(),
+             d + layout.table_starts(), d + layout.tables(),        d + layout.tree_contexts(),
+             reinterpret_cast<const std::uint32_t*>(d + layout.tree_ancestors())};
     out_rows_ = d + layout.out_rows();
     return layout.n_out;
   }

@@ -422,8 +422,14 @@ __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(Atte
   const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, hd = a.head_dim;
   const int kh = h / (a.n_head / a.n_head_kv);
-  const int end = meta.positions[t] + 1;
-  const int first = a.window > 0 && end > a.window ? end - a.window : 0;
+  // A tree node sees its tree's context (the window reckoned from there, as on the CPU) and then,
+  // of the tree's slots, only its ancestors' and its own.
+  const int tree = meta.tree_context[t];
+  const std::uint64_t ancestors =
+      tree < 0 ? 0 : meta.tree_ancestors[2 * t] | static_cast<std::uint64_t>(meta.tree_ancestors[2 * t + 1]) << 32;
+  const int context_end = tree < 0 ? meta.positions[t] + 1 : tree;
+  const int end = tree < 0 ? context_end : tree + 64 - __clzll(static_cast<long long>(ancestors));
+  const int first = a.window > 0 && context_end > a.window ? context_end - a.window : 0;
   const int begin = max(first, split * a.chunk), stop = min(end, (split + 1) * a.chunk);
   float q[kPerLane], acc[kPerLane];
   const float* qh = a.q + (static_cast<std::size_t>(t) * a.n_head + h) * hd;
@@ -439,7 +445,7 @@ __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(Atte
   // then line up across the block, as CPU runtimes of this code (HIP-CPU) need.
   for (int base = begin; base < stop; base += kAttentionWarps) {
     const int pos = base + warp;
-    const bool valid = pos < stop;
+    const bool valid = pos < stop && (pos < context_end || (ancestors >> (pos - context_end) & 1));
     const int block = valid ? table[pos / kv.block_tokens] : 0;
     const std::size_t row = (static_cast<std::size_t>(kh) * kv.block_tokens + (valid ? pos : 0) % kv.block_tokens) * hd;
     const __half* key = kv_part(kv, block, a.layer, 0) + row;

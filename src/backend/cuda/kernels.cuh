@@ -25,6 +25,11 @@ struct StepMeta {
   const std::int32_t* slots;        // [T] where its K/V go (its position)
   const std::int32_t* table_start;  // [T] where its sequence's block table starts in `tables`
   const std::int32_t* tables;       // block ids, sequence after sequence
+  // Token trees (model/batch.h): [T] -1 for an ordinary token; for a tree node, its tree's context
+  // C: it sees positions [0, C) and the slots C + j of the bits j of its ancestors ([T] pairs of
+  // 32-bit halves, low first).
+  const std::int32_t* tree_context;
+  const std::uint32_t* tree_ancestors;
 };
 
 // The paged KV store on the device: for block b and layer l, keys then values, each n_head_kv runs

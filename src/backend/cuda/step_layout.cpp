@@ -9,6 +9,15 @@
 
 namespace promptly::backend::cuda {
 
+int attention_span(const Batch& batch) {
+  int longest = 0;
+  for (std::size_t t = 0; t < batch.size(); ++t) {
+    const std::int32_t tree = batch.tree_context[t];
+    longest = std::max(longest, tree < 0 ? batch.positions[t] + 1 : tree + static_cast<int>(std::bit_width(batch.tree_ancestors[t])));
+  }
+  return longest;
+}
+
 StepLayout pack_step(const Batch& batch, const KvCache& cache, std::vector<std::int32_t>& packed) {
   StepLayout layout;
   layout.T = static_cast<int>(batch.size());
@@ -19,6 +28,11 @@ StepLayout pack_step(const Batch& batch, const KvCache& cache, std::vector<std::
     packed[layout.tokens() + t] = batch.tokens[t];
     packed[layout.positions() + t] = batch.positions[t];
     packed[layout.slots() + t] = batch.kv_slots[t];
+    const std::int32_t tree = batch.tree_context[t];
+    const std::uint64_t ancestors = tree < 0 ? 0 : batch.tree_ancestors[t];
+    packed[layout.tree_contexts() + t] = tree;
+    packed[layout.tree_ancestors() + 2 * t] = static_cast<std::int32_t>(static_cast<std::uint32_t>(ancestors));
+    packed[layout.tree_ancestors() + 2 * t + 1] = static_cast<std::int32_t>(static_cast<std::uint32_t>(ancestors >> 32));
     auto [it, fresh] = table_start.try_emplace(batch.seq_ids[t], static_cast<std::int32_t>(packed.size()) - layout.tables());
     if (fresh) {
       const std::vector<int>& blocks = cache.blocks(batch.seq_ids[t]);

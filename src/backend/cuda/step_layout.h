@@ -13,8 +13,9 @@ struct Batch;
 namespace promptly::backend::cuda {
 
 // Offsets (in int32s) of StepMeta's arrays in the packed step: tokens, positions, slots, table
-// starts and the rows that want logits (T each), then the block tables of the batch's sequences,
-// each sequence's once, in order of first appearance.
+// starts, the rows that want logits and the tree contexts (T each), the tree ancestors (2T: each
+// token's 64-bit mask, low half first), then the block tables of the batch's sequences, each
+// sequence's once, in order of first appearance.
 struct StepLayout {
   int T = 0;
   int n_out = 0;  // rows that want logits
@@ -23,8 +24,14 @@ struct StepLayout {
   int slots() const { return 2 * T; }
   int table_starts() const { return 3 * T; }
   int out_rows() const { return 4 * T; }
-  int tables() const { return 5 * T; }
+  int tree_contexts() const { return 5 * T; }
+  int tree_ancestors() const { return 6 * T; }
+  int tables() const { return 8 * T; }
 };
+
+// The most positions a token of `batch` scans in attention: its position + 1, or for a tree node its
+// tree's context and the tree's slots up to its last ancestor.
+int attention_span(const Batch& batch);
 
 // Packs `batch` (whose sequences the cache holds, reserved up to each token's slot) into `packed`.
 StepLayout pack_step(const Batch& batch, const KvCache& cache, std::vector<std::int32_t>& packed);
