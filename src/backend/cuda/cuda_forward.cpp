@@ -584,9 +584,10 @@ class CudaForward final : public DeviceForward {
                          static_cast<int>(c_.head_dim), static_cast<int>(il), L.local ? static_cast<int>(c_.sliding_window) : 0,
                          1.0f / std::sqrt(static_cast<float>(c_.head_dim)), c_.attn_softcap, shape.chunk, shape.n_splits};
       profile_.mark("attention");
-      attention(args, meta_, T, kv.desc(), compute_);
+      const Q8Out q8_o = attention_writes_q8(args.head_dim) ? q8_for(T, {&L.wo}) : Q8Out{};
+      attention(args, meta_, T, kv.desc(), compute_, q8_o);
       profile_.mark("attention output matmul");
-      matmul({{L.wo, tmp_.get()}}, attn_.get(), T);
+      matmul({{L.wo, tmp_.get()}}, attn_.get(), T, q8_o.q != nullptr);
       // FFN sublayer.
       profile_.mark("norms");
       const Q8Out q8_gate_up = q8_for(T, {&L.gate, &L.up});

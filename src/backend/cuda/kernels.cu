@@ -495,7 +495,7 @@ __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(Atte
   }
 }
 
-__global__ void attention_combine_kernel(AttentionArgs a) {
+__global__ void attention_combine_kernel(AttentionArgs a, Q8Out q8) {
   const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
   const float* parts = a.partials + (static_cast<std::size_t>(t) * a.n_head + h) * a.n_splits * (hd + 2);
   float top = -FLT_MAX;
@@ -507,13 +507,19 @@ __global__ void attention_combine_kernel(AttentionArgs a) {
     const float l = parts[s * (hd + 2) + hd + 1];
     if (l > 0.0f) total += l * __expf(parts[s * (hd + 2) + hd] - top);
   }
-  float* out = a.out + (static_cast<std::size_t>(t) * a.n_head + h) * hd;
+  const std::size_t row = (static_cast<std::size_t>(t) * a.n_head + h) * hd;
+  float* out = a.out + row;
+  // With q8 (head_dim a multiple of 32): a warp's 32 outputs are one int8 block of the o
+  // projection's input, written here rather than by a launch of its own. Every lane of a warp is
+  // in the loop or out of it together.
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float sum = 0.0f;
     for (int s = 0; s < a.n_splits; ++s) {
       if (parts[s * (hd + 2) + hd + 1] > 0.0f) sum += parts[s * (hd + 2) + d] * __expf(parts[s * (hd + 2) + hd] - top);
     }
-    out[d] = total > 0.0f ? sum / total : 0.0f;
+    const float v = total > 0.0f ? sum / total : 0.0f;
+    out[d] = v;
+    if (q8.q) warp_quantize_q8(v, (row + d) / kWarp, true, q8);
   }
 }
 
@@ -627,9 +633,9 @@ void qkv_post(const QkvPost& p, const StepMeta& meta, int T, const DeviceKv& kv,
   qkv_post_kernel<<<grid, 128, p.head_dim * sizeof(float), stream>>>(p, meta, kv);
 }
 
-void attention(const AttentionArgs& a, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream) {
+void attention(const AttentionArgs& a, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream, const Q8Out& q8) {
   attention_kernel<<<dim3(T, a.n_head, a.n_splits), kAttentionWarps * kWarp, 0, stream>>>(a, meta, kv);
-  attention_combine_kernel<<<dim3(T, a.n_head), 128, 0, stream>>>(a);
+  attention_combine_kernel<<<dim3(T, a.n_head), 128, 0, stream>>>(a, attention_writes_q8(a.head_dim) ? q8 : Q8Out{});
 }
 
 void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cudaStream_t stream, const Q8Out& q8) {

@@ -116,7 +116,10 @@ struct AttentionArgs {
   float scale, softcap;
   int chunk, n_splits;
 };
-void attention(const AttentionArgs& a, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream);
+// With q8, and heads whose size attention_writes_q8 takes, the output as int8 too (for the o
+// projection's integer GEMV: one launch fewer a layer).
+void attention(const AttentionArgs& a, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream, const Q8Out& q8 = {});
+constexpr bool attention_writes_q8(int head_dim) { return head_dim % 32 == 0; }
 
 // gate = act(gate) * up over n values (SwiGLU, or GeGLU with tanh when gelu); with q8 (rows of a
 // multiple of 32) the result as int8 too.
