@@ -32,6 +32,7 @@
 #include "kv/kv_cache.h"
 #include "model/batch.h"
 #include "model/model.h"
+#include "model/moe.h"
 
 namespace promptly::backend::cuda {
 namespace {
@@ -110,6 +111,8 @@ struct DeviceMatrix {
 
 struct DeviceLayer {
   DeviceMatrix wq, wk, wv, wo, gate, up, down;
+  DeviceMatrix router;                                // mixture of experts: n_expert rows
+  std::vector<DeviceMatrix> exp_gate, exp_up, exp_down;
   DeviceBuffer<float> attn_norm, ffn_norm, post_attn_norm, post_ffn_norm, q_norm, k_norm, bq, bk, bv;
   bool local = false;
 };
@@ -141,14 +144,14 @@ class PinnedBuffer {
 class CudaForward final : public DeviceForward {
  public:
   CudaForward(const Model& model, int index) : model_(model), c_(model.config()), device_(index) {
-    if (c_.is_moe()) throw Error("--device cuda: mixture-of-experts layers run on the CPU only for now (run this model without --device)");
     if (c_.head_dim > static_cast<std::uint32_t>(kMaxHeadDim) || c_.head_dim % 2) {
       throw Error("--device cuda: heads of " + std::to_string(c_.head_dim) + " elements; the GPU attention takes even sizes up to " +
                   std::to_string(kMaxHeadDim));
     }
     // PROMPTLY_CUDA_GRAPHS=0 launches every kernel of every step (for compute-sanitizer, profilers,
-    // and runtimes without graphs).
-    use_graphs_ = !env_is("PROMPTLY_CUDA_GRAPHS", "0");
+    // and runtimes without graphs). A mixture of experts is routed on the host mid-pass (moe_ffn),
+    // which a graph cannot wait for.
+    use_graphs_ = !env_is("PROMPTLY_CUDA_GRAPHS", "0") && !c_.is_moe();
     // PROMPTLY_CUDA_GEMV=float keeps decode's products on the float kernel (x as floats), for
     // comparing it with the integer one (tools/gpu-check.sh times both).
     integer_gemv_ = !env_is("PROMPTLY_CUDA_GEMV", "float");
@@ -334,6 +337,13 @@ class CudaForward final : public DeviceForward {
       upload(L.wq, d.wq, blk + "attn_q"), upload(L.wk, d.wk, blk + "attn_k"), upload(L.wv, d.wv, blk + "attn_v");
       upload(L.wo, d.wo, blk + "attn_output");
       upload(L.w_gate, d.gate, blk + "ffn_gate"), upload(L.w_up, d.up, blk + "ffn_up"), upload(L.w_down, d.down, blk + "ffn_down");
+      upload(L.router, d.router, blk + "ffn_gate_inp");
+      d.exp_gate.resize(L.exp_gate.size()), d.exp_up.resize(L.exp_up.size()), d.exp_down.resize(L.exp_down.size());
+      for (std::size_t e = 0; e < L.exp_gate.size(); ++e) {
+        const std::string expert = " (expert " + std::to_string(e) + ")";
+        upload(L.exp_gate[e], d.exp_gate[e], blk + "ffn_gate_exps" + expert), upload(L.exp_up[e], d.exp_up[e], blk + "ffn_up_exps" + expert);
+        upload(L.exp_down[e], d.exp_down[e], blk + "ffn_down_exps" + expert);
+      }
       upload(L.attn_norm, D, d.attn_norm), upload(L.ffn_norm, D, d.ffn_norm);
       upload(L.post_attn_norm, D, d.post_attn_norm), upload(L.post_ffn_norm, D, d.post_ffn_norm);
       upload(L.q_norm, HD, d.q_norm), upload(L.k_norm, HD, d.k_norm);
@@ -439,12 +449,20 @@ class CudaForward final : public DeviceForward {
     moved |= attn_.reserve(t * c_.q_dim());
     moved |= k_.reserve(t * c_.kv_dim());
     moved |= v_.reserve(t * c_.kv_dim());
-    moved |= gate_.reserve(t * c_.n_ff);
-    moved |= up_.reserve(t * c_.n_ff);
+    const std::size_t ffn_width = std::max<std::size_t>(c_.n_ff, c_.n_ff_expert);
+    moved |= gate_.reserve(t * ffn_width);
+    moved |= up_.reserve(t * ffn_width);
+    if (c_.is_moe()) {
+      moved |= router_logits_.reserve(t * c_.n_expert);
+      moved |= expert_x_.reserve(t * c_.n_embd);
+      moved |= expert_y_.reserve(t * c_.n_embd);
+      moved |= expert_rows_.reserve(t * c_.n_expert_used);
+      moved |= expert_weights_.reserve(t * c_.n_expert_used);
+    }
     moved |= out_x_.reserve(std::max<std::size_t>(static_cast<std::size_t>(n_out), 1) * c_.n_embd);
     moved |= logits_.reserve(std::max<std::size_t>(static_cast<std::size_t>(n_out), 1) * c_.n_vocab);
     // The integer GEMV's x: allocated here, never while a graph is being captured.
-    const std::size_t widest_input = std::max({c_.n_embd, c_.q_dim(), c_.n_ff});
+    const std::size_t widest_input = std::max({std::size_t{c_.n_embd}, std::size_t{c_.q_dim()}, ffn_width});
     moved |= x_q8_.reserve(t * widest_input);
     moved |= x_q8_scales_.reserve(t * widest_input / 32 + 1);
     moved |= partials_.reserve(t * c_.n_head * static_cast<std::size_t>(n_splits) * (c_.head_dim + 2));
@@ -589,6 +607,12 @@ class CudaForward final : public DeviceForward {
       profile_.mark("attention output matmul");
       matmul({{L.wo, tmp_.get()}}, attn_.get(), T, q8_o.q != nullptr);
       // FFN sublayer.
+      if (c_.is_moe()) {
+        profile_.mark("norms");
+        add_rmsnorm(x_.get(), tmp_.get(), L.post_attn_norm.get(), L.ffn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_);
+        moe_ffn(L, T);
+        continue;
+      }
       profile_.mark("norms");
       const Q8Out q8_gate_up = q8_for(T, {&L.gate, &L.up});
       add_rmsnorm(x_.get(), tmp_.get(), L.post_attn_norm.get(), L.ffn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_, q8_gate_up);
@@ -609,6 +633,55 @@ class CudaForward final : public DeviceForward {
     if (c_.final_softcap > 0.0f) softcap(logits_.get(), static_cast<std::size_t>(n_out) * c_.n_vocab, c_.final_softcap, compute_);
     PROMPTLY_CUDA_CHECK(cudaGetLastError());
     return true;
+  }
+
+  // The mixture-of-experts FFN, Model::moe_ffn's steps: the router's logits come back to the host,
+  // which routes each token as the CPU does (route_experts); each chosen expert then runs once over
+  // its tokens (their rows of xn_ gathered; gate/up, activation and down as the dense FFN's), and
+  // each token's share joins tmp_ with its weight, expert by expert in index order as on the CPU.
+  void moe_ffn(const DeviceLayer& L, int T) {
+    const int D = static_cast<int>(c_.n_embd), F = static_cast<int>(c_.n_ff_expert);
+    const std::size_t E = c_.n_expert, K = c_.n_expert_used, t_count = static_cast<std::size_t>(T);
+    profile_.mark("moe router (routed on the host)");
+    matmul({{L.router, router_logits_.get()}}, xn_.get(), T);
+    host_router_.reserve(t_count * E * sizeof(float));
+    PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(host_router_.as<float>(), router_logits_.get(), t_count * E * sizeof(float), cudaMemcpyDeviceToHost,
+                                        compute_));
+    // Also the last use of the previous layer's routes (pinned_routes_) has run once this returns.
+    PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    choices_.resize(t_count * K);
+    for (std::size_t t = 0; t < t_count; ++t) {
+      route_experts(host_router_.as<float>() + t * E, c_.n_expert, c_.n_expert_used, c_.desc->router, c_.expert_weights_norm, &choices_[t * K]);
+    }
+    // Each expert's tokens and weights, expert after expert, up in one copy.
+    pinned_routes_.reserve(t_count * K * (sizeof(std::int32_t) + sizeof(float)));
+    std::int32_t* rows = pinned_routes_.as<std::int32_t>();
+    float* weights = reinterpret_cast<float*>(rows + t_count * K);
+    expert_first_.assign(E + 1, 0);
+    for (const ExpertChoice& choice : choices_) ++expert_first_[choice.expert + 1];
+    for (std::size_t e = 0; e < E; ++e) expert_first_[e + 1] += expert_first_[e];
+    std::vector<std::size_t>& next = expert_next_;
+    next.assign(expert_first_.begin(), expert_first_.end() - 1);
+    for (std::size_t i = 0; i < choices_.size(); ++i) {
+      const std::size_t at = next[choices_[i].expert]++;
+      rows[at] = static_cast<std::int32_t>(i / K);
+      weights[at] = choices_[i].weight;
+    }
+    PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(expert_rows_.get(), rows, t_count * K * sizeof(std::int32_t), cudaMemcpyHostToDevice, compute_));
+    PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(expert_weights_.get(), weights, t_count * K * sizeof(float), cudaMemcpyHostToDevice, compute_));
+    PROMPTLY_CUDA_CHECK(cudaMemsetAsync(tmp_.get(), 0, t_count * D * sizeof(float), compute_));
+    profile_.mark("moe experts");
+    const bool gelu = c_.desc->activation == arch::Activation::GeluTanh;
+    for (std::size_t e = 0; e < E; ++e) {
+      const int first = static_cast<int>(expert_first_[e]), n = static_cast<int>(expert_first_[e + 1]) - first;
+      if (n == 0) continue;
+      gather_rows(xn_.get(), expert_rows_.get() + first, n, D, expert_x_.get(), compute_);
+      matmul({{L.exp_gate[e], gate_.get()}, {L.exp_up[e], up_.get()}}, expert_x_.get(), n);
+      const Q8Out q8_down = q8_for(n, {&L.exp_down[e]});
+      gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(n) * F, gelu, compute_, q8_down);
+      matmul({{L.exp_down[e], expert_y_.get()}}, gate_.get(), n, q8_down.q != nullptr);
+      add_weighted_rows(expert_y_.get(), expert_rows_.get() + first, expert_weights_.get() + first, n, D, tmp_.get(), compute_);
+    }
   }
 
   static constexpr int kMaxSplits = 256;
@@ -642,6 +715,13 @@ class CudaForward final : public DeviceForward {
   std::vector<int> written_;     // blocks_written's
   DeviceBuffer<float> x_, xn_, tmp_, q_, attn_, k_, v_, gate_, up_, out_x_, logits_, partials_;
   DeviceBuffer<__half> x_half_, w_half_;
+  // Mixture of experts (moe_ffn): router logits, each expert's gathered input and output, the
+  // routes (rows and weights, expert after expert) on the device and the host.
+  DeviceBuffer<float> router_logits_, expert_x_, expert_y_, expert_weights_;
+  DeviceBuffer<std::int32_t> expert_rows_;
+  PinnedBuffer host_router_, pinned_routes_;
+  std::vector<ExpertChoice> choices_;
+  std::vector<std::size_t> expert_first_, expert_next_;
   DeviceBuffer<std::int8_t> x_q8_;
   DeviceBuffer<float2> x_q8_scales_;
   std::map<std::tuple<int, int, int, const __half*, const float*>, cudaGraphExec_t> graphs_;

@@ -539,6 +539,13 @@ __global__ void gated_activation_kernel(float* gate, const float* up, std::size_
   if (q8.q) warp_quantize_q8(v, i / kWarp, in, q8);
 }
 
+__global__ void add_weighted_rows_kernel(const float* src, const std::int32_t* rows, const float* weights, int d, float* dst) {
+  const float w = weights[blockIdx.x];
+  const float* s = src + static_cast<std::size_t>(blockIdx.x) * d;
+  float* o = dst + static_cast<std::size_t>(rows[blockIdx.x]) * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] += w * s[i];
+}
+
 __global__ void gather_rows_kernel(const float* src, const std::int32_t* rows, int d, float* dst) {
   const float* s = src + static_cast<std::size_t>(rows[blockIdx.x]) * d;
   float* o = dst + static_cast<std::size_t>(blockIdx.x) * d;
@@ -644,6 +651,10 @@ void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cu
 
 void gather_rows(const float* src, const std::int32_t* rows, int n, int d, float* dst, cudaStream_t stream) {
   if (n > 0) gather_rows_kernel<<<n, 256, 0, stream>>>(src, rows, d, dst);
+}
+
+void add_weighted_rows(const float* src, const std::int32_t* rows, const float* weights, int n, int d, float* dst, cudaStream_t stream) {
+  if (n > 0) add_weighted_rows_kernel<<<n, 256, 0, stream>>>(src, rows, weights, d, dst);
 }
 
 void softcap(float* x, std::size_t n, float cap, cudaStream_t stream) {

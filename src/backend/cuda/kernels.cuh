@@ -125,8 +125,11 @@ constexpr bool attention_writes_q8(int head_dim) { return head_dim % 32 == 0; }
 // multiple of 32) the result as int8 too.
 void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cudaStream_t stream, const Q8Out& q8 = {});
 
-// dst[i] = src[rows[i]] (d floats each), for the rows that want logits.
+// dst[i] = src[rows[i]] (d floats each): the rows that want logits, an expert's tokens.
 void gather_rows(const float* src, const std::int32_t* rows, int n, int d, float* dst, cudaStream_t stream);
+// dst[rows[i]] += weights[i] * src[i] (d floats each; rows distinct): an expert's outputs joining
+// its tokens' FFN sums.
+void add_weighted_rows(const float* src, const std::int32_t* rows, const float* weights, int n, int d, float* dst, cudaStream_t stream);
 // x = cap * tanh(x / cap).
 void softcap(float* x, std::size_t n, float cap, cudaStream_t stream);
 
