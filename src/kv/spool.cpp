@@ -365,11 +365,7 @@ bool KvSpool::write(ChainHash hash, ChainHash parent, std::uint64_t position, st
   std::unique_lock lock(mutex_);
   const Admit admitted = admit(hash, wait_for_room, lock);
   if (admitted != Admit::Queue) return admitted == Admit::AlreadyThere;
-  WriteJob job;
-  job.hash = hash;
-  job.parent = parent;
-  job.position = position;
-  job.tokens.assign(tokens.begin(), tokens.end());
+  WriteJob job{hash, parent, position, std::vector<std::int32_t>(tokens.begin(), tokens.end()), {}, nullptr};
   if (!spare_buffers_.empty()) {
     job.data = std::move(spare_buffers_.back());
     spare_buffers_.pop_back();
@@ -388,11 +384,7 @@ bool KvSpool::write(ChainHash hash, ChainHash parent, std::uint64_t position, st
   std::unique_lock lock(mutex_);
   const Admit admitted = admit(hash, wait_for_room, lock);
   if (admitted != Admit::Queue) return admitted == Admit::AlreadyThere;
-  WriteJob job;
-  job.hash = hash;
-  job.parent = parent;
-  job.position = position;
-  job.tokens.assign(tokens.begin(), tokens.end());
+  WriteJob job{hash, parent, position, std::vector<std::int32_t>(tokens.begin(), tokens.end()), {}, nullptr};
   job.pending = std::move(pending);
   return enqueue(std::move(job), lock);
 }
