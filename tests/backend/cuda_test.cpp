@@ -29,6 +29,7 @@
 #include "convert/quantize.h"
 #include "convert/synthetic_model.h"
 #include "engine/engine.h"
+#include "engine/generate.h"
 #include "kv/spool.h"
 #include "spec/proposer.h"
 #include "tokenizer/tokenizer.h"
@@ -829,6 +830,31 @@ TEST(CudaEngine, KvSpoolSurvivesARestartAndIsTheCpusFormat) {
   EXPECT_EQ(on_cpu.hit_blocks, whole_blocks);
   test::TempDir fresh;
   EXPECT_EQ(on_cpu.tokens, run_with_spool(cpu, tokenizer, fresh.file("spool"), {prompt}).tokens);
+}
+
+// `promptly run --kv-spool` on the GPU (engine/generate.cpp): the prompt's blocks spooled after its
+// prefill, read back into device memory by the next run before any pass, the same greedy text.
+TEST(CudaEngine, RunReadsItsSpooledPromptBackIntoTheGpu) {
+  REQUIRE_GPU();
+  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
+  const Tokenizer tokenizer(Vocab::from_gguf(*file));
+  const std::unique_ptr<Model> on_gpu = gpu_model(file);
+  test::TempDir tmp;
+  GenerateOptions options;
+  options.max_tokens = 16;
+  options.ignore_eos = true;
+  options.sampling.temperature = 0;
+  options.kv_spool_dir = tmp.file("spool");
+  ThreadPool pool(2);
+  std::mt19937 rng(44);
+  std::vector<std::int32_t> prompt = {1};
+  while (prompt.size() < 70) prompt.push_back(static_cast<std::int32_t>(3 + rng() % 500));
+  const GenerateResult cold = generate(*on_gpu, tokenizer, prompt, options, pool);
+  EXPECT_EQ(cold.timings.n_spooled, 0u);
+  const GenerateResult warm = generate(*on_gpu, tokenizer, prompt, options, pool);
+  EXPECT_EQ(warm.timings.n_spooled, (prompt.size() - 1) / KvCache::kDefaultBlockTokens * KvCache::kDefaultBlockTokens);  // 64
+  EXPECT_EQ(warm.ids, cold.ids);
+  EXPECT_EQ(cold.ids.size(), 16u);
 }
 
 // Blocks taken again right after their copies back were queued: with room for one conversation
