@@ -104,6 +104,22 @@ for spec in "Q4_K_M 0 300" "F16 $slice 120"; do
   rm -f "$f"
 done
 
+# A mixture of experts (Qwen3-30B-A3B's shape, a 4-layer slice, Q4_K_M): its passes route on the
+# host once a layer and run without graphs; what that costs shows against the dense decode above.
+moe_preset=qwen3-30b-a3b moe_layers=4; [ "$preset" = llama3-8b ] || { moe_preset=tiny-qwen3moe; moe_layers=2; }
+if [ "$SECONDS" -lt 380 ]; then
+  f=/tmp/$moe_preset-Q4_K_M.gguf
+  if timeout 90 $P gen-model --preset "$moe_preset" --dtype Q4_K_M --layers "$moe_layers" -t "$threads" -o "$f" > "$out/gen-moe.log" 2>&1; then
+    say "$moe_preset Q4_K_M (layers: $moe_layers): $(du -h "$f" | cut -f1)"
+    timeout 90 $P bench model -m "$f" --device cuda -p 512 -n 64 -r 2 2>&1 | tee "$out/bench-moe.log" | tail -n 6 | tee -a "$summary"
+  else
+    say "gen-model $moe_preset failed or ran past 90 s"; tail -n 3 "$out/gen-moe.log" | tee -a "$summary"
+  fi
+  rm -f "$f"
+else
+  say "skipped the MoE shape: ${SECONDS}s gone, keeping under 8 minutes"
+fi
+
 say "== serve --device cuda: greedy, streamed and concurrent sampled completions, the GPU gauges"
 # A fresh KV spool directory (serve's default one would hold older runs' blocks), outside $OUT
 # (whose files come back).
