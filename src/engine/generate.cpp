@@ -51,7 +51,6 @@ std::size_t spool_computed_blocks(KvSpool& spool, std::span<const std::int32_t> 
   extend_chain(chain, tokens, bt, n_full);
   const std::vector<int>& blocks = cache.blocks(seq);
   for (std::size_t i = first; i < n_full; ++i) {
-    if (spool.contains(chain[i])) continue;
     spool_block(spool, cache, blocks[i], chain[i], i == 0 ? 0 : chain[i - 1], i * bt, tokens.subspan(i * bt, bt), /*wait_for_room=*/true);
   }
   if (wait) spool.flush(std::chrono::steady_clock::time_point::max());

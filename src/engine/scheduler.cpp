@@ -168,7 +168,6 @@ void Scheduler::offer_blocks(Sequence& s) {
     const std::vector<ChainHash>& chain = chain_of(s, full);
     const std::vector<int>& blocks = cache_.blocks(s.seq_id);
     for (std::size_t i = s.inserted_blocks; i < full; ++i) {
-      if (spool_->contains(chain[i])) continue;
       spool_block(*spool_, cache_, blocks[i], chain[i], i == 0 ? 0 : chain[i - 1], i * bt, std::span<const std::int32_t>(s.tokens).subspan(i * bt, bt));
     }
   }

@@ -604,8 +604,8 @@ SpoolStats KvSpool::stats() const {
 
 bool spool_block(KvSpool& spool, const KvCache& cache, int block, ChainHash hash, ChainHash parent, std::uint64_t position,
                  std::span<const std::int32_t> tokens, bool wait_for_room) {
+  if (spool.contains(hash)) return true;  // before any copy of the block's bytes
   if (KvCache::DeviceState* device = cache.device_state()) {
-    if (spool.contains(hash)) return true;  // spares the device a copy
     std::shared_ptr<PendingBlock> pending = device->save_block(block);
     if (!pending) {
       spool.count_dropped_write();

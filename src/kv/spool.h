@@ -220,8 +220,8 @@ class KvSpool {
 };
 
 // A cache's block to and from the spool, wherever the cache keeps its bytes: its host pool, or a
-// device (KvCache::DeviceState). spool_block skips a block whose sliding-window layers' KV is gone
-// (false); otherwise as KvSpool::write. read_spooled_block: as KvSpool::read, into `block`
+// device (KvCache::DeviceState). spool_block skips a block already spooled (true) or whose
+// sliding-window layers' KV is gone (false); otherwise as KvSpool::write. read_spooled_block: as KvSpool::read, into `block`
 // (`skip_missing`: see BlockPool::block_parts).
 bool spool_block(KvSpool& spool, const KvCache& cache, int block, ChainHash hash, ChainHash parent, std::uint64_t position,
                  std::span<const std::int32_t> tokens, bool wait_for_room = false);

@@ -659,6 +659,13 @@ struct Streams {
   }
 };
 
+// A prompt of n tokens: BOS, then random ordinary ones.
+std::vector<std::int32_t> random_prompt(std::mt19937& rng, std::size_t n) {
+  std::vector<std::int32_t> prompt = {1};
+  while (prompt.size() < n) prompt.push_back(static_cast<std::int32_t>(3 + rng() % 500));
+  return prompt;
+}
+
 std::vector<std::vector<std::int32_t>> serve_scenario(const Model& model, const Tokenizer& tokenizer, EngineStats& stats) {
   EngineOptions options;
   options.threads = 2;
@@ -667,16 +674,14 @@ std::vector<std::vector<std::int32_t>> serve_scenario(const Model& model, const 
   Engine engine(model, &tokenizer, options);
   Streams s;
   std::mt19937 rng(9);
-  std::vector<std::int32_t> turn1 = {1};
-  while (turn1.size() < 100) turn1.push_back(static_cast<std::int32_t>(3 + rng() % 500));
+  const std::vector<std::int32_t> turn1 = random_prompt(rng, 100);
   std::vector<std::vector<std::int32_t>> out;
   out.push_back(s.wait(engine.submit(s.request(turn1, 20))));
   auto turn2 = turn1;  // the history, the answer and a new message: a prefix-cache hit
   turn2.insert(turn2.end(), out.back().begin(), out.back().end());
   for (int i = 0; i < 10; ++i) turn2.push_back(static_cast<std::int32_t>(3 + rng() % 500));
   const auto follow_up = engine.submit(s.request(turn2, 12));
-  std::vector<std::int32_t> long_prompt = {1};
-  while (long_prompt.size() < 300) long_prompt.push_back(static_cast<std::int32_t>(3 + rng() % 500));
+  const std::vector<std::int32_t> long_prompt = random_prompt(rng, 300);
   const auto beside = engine.submit(s.request(long_prompt, 16));
   out.push_back(s.wait(follow_up));
   out.push_back(s.wait(beside));
@@ -816,8 +821,7 @@ TEST(CudaEngine, KvSpoolSurvivesARestartAndIsTheCpusFormat) {
   test::TempDir tmp;
   const std::string dir = tmp.file("spool");
   std::mt19937 rng(21);
-  std::vector<std::int32_t> prompt = {1};
-  while (prompt.size() < 150) prompt.push_back(static_cast<std::int32_t>(3 + rng() % 500));
+  const std::vector<std::int32_t> prompt = random_prompt(rng, 150);
   const std::size_t whole_blocks = (prompt.size() - 1) / KvCache::kDefaultBlockTokens;  // 9: the last token is always computed
 
   const SpoolRun first = run_with_spool(*on_gpu, tokenizer, dir, {prompt});
@@ -847,8 +851,7 @@ TEST(CudaEngine, RunReadsItsSpooledPromptBackIntoTheGpu) {
   options.kv_spool_dir = tmp.file("spool");
   ThreadPool pool(2);
   std::mt19937 rng(44);
-  std::vector<std::int32_t> prompt = {1};
-  while (prompt.size() < 70) prompt.push_back(static_cast<std::int32_t>(3 + rng() % 500));
+  const std::vector<std::int32_t> prompt = random_prompt(rng, 70);
   const GenerateResult cold = generate(*on_gpu, tokenizer, prompt, options, pool);
   EXPECT_EQ(cold.timings.n_spooled, 0u);
   const GenerateResult warm = generate(*on_gpu, tokenizer, prompt, options, pool);
@@ -870,10 +873,8 @@ TEST(CudaEngine, KvSpoolCopiesFinishBeforeTheirBlocksAreReused) {
   test::TempDir tmp;
   const std::string dir = tmp.file("spool");
   std::mt19937 rng(33);
-  std::vector<std::vector<std::int32_t>> prompts(4, std::vector<std::int32_t>{1});
-  for (auto& p : prompts) {
-    while (p.size() < 150) p.push_back(static_cast<std::int32_t>(3 + rng() % 500));
-  }
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back(random_prompt(rng, 150));
   const std::size_t tight = 12 * on_gpu->device()->kv_block_bytes(KvCache::kDefaultBlockTokens);  // 192 positions: one conversation
   std::vector<std::vector<std::int32_t>> answers;
   for (const auto& p : prompts) answers.push_back(run_with_spool(*on_gpu, tokenizer, tmp.file("alone"), {p}).tokens);

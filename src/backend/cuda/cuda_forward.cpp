@@ -24,6 +24,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cublas_loader.h"
+#include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/kv_store.h"
 #include "backend/cuda/sampling.cuh"
@@ -55,52 +56,6 @@ bool env_is(const char* name, const char* value) {
   const char* set = std::getenv(name);
   return set && std::strcmp(set, value) == 0;
 }
-
-// Device memory that frees itself.
-template <typename T>
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t n) { resize(n); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(p_, o.p_), std::swap(n_, o.n_);
-    return *this;
-  }
-  ~DeviceBuffer() {
-    if (p_) cudaFree(p_);
-  }
-  // Grows (contents lost) to hold at least n; returns whether it moved.
-  bool reserve(std::size_t n) {
-    if (n <= n_) return false;
-    resize(n);
-    return true;
-  }
-  T* get() const { return p_; }
-  std::size_t size() const { return n_; }
-
- private:
-  void resize(std::size_t n) {
-    if (p_) cudaFree(std::exchange(p_, nullptr));
-    n_ = 0;
-    if (n == 0) return;
-    void* p = nullptr;
-    const cudaError_t status = cudaMalloc(&p, n * sizeof(T));
-    if (status != cudaSuccess) {
-      cudaGetLastError();
-      std::size_t free_bytes = 0, total = 0;
-      cudaMemGetInfo(&free_bytes, &total);
-      throw Error("CUDA: could not allocate " + std::to_string(n * sizeof(T) >> 20) + " MiB on the GPU (" +
-                  std::to_string(free_bytes >> 20) + " MiB free of " + std::to_string(total >> 20) + "): " + cudaGetErrorString(status));
-    }
-    p_ = static_cast<T*>(p);
-    n_ = n;
-  }
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
-};
 
 struct DeviceMatrix {
   DeviceBuffer<std::uint8_t> bytes;
@@ -236,7 +191,7 @@ class CudaForward final : public DeviceForward {
     DeviceKvStore& kv = kv_state(cache);
     profile_.begin(compute_, T <= kGemvMaxTokens);
     const std::vector<BlockPool::RowCopy> copies = cache.pool().take_copies();
-    kv.order_writes_after_saves(blocks_written(batch, cache, copies), compute_);  // the KV spool's copies back
+    if (kv.saves_in_flight()) kv.order_writes_after_saves(blocks_written(batch, cache, copies), compute_);  // the KV spool's copies back
     profile_.mark("kv copy-on-write replays");
     for (const BlockPool::RowCopy& copy : copies) {  // prefix sharing's copy-on-write, in order
       copy_kv_rows(kv.desc(), copy.from, static_cast<int>(copy.from_slot), copy.to, static_cast<int>(copy.to_slot),
@@ -456,8 +411,7 @@ class CudaForward final : public DeviceForward {
       moved |= router_logits_.reserve(t * c_.n_expert);
       moved |= expert_x_.reserve(t * c_.n_embd);
       moved |= expert_y_.reserve(t * c_.n_embd);
-      moved |= expert_rows_.reserve(t * c_.n_expert_used);
-      moved |= expert_weights_.reserve(t * c_.n_expert_used);
+      moved |= expert_routes_.reserve(2 * t * c_.n_expert_used);  // rows, then weights (floats)
     }
     moved |= out_x_.reserve(std::max<std::size_t>(static_cast<std::size_t>(n_out), 1) * c_.n_embd);
     moved |= logits_.reserve(std::max<std::size_t>(static_cast<std::size_t>(n_out), 1) * c_.n_vocab);
@@ -607,15 +561,13 @@ class CudaForward final : public DeviceForward {
       profile_.mark("attention output matmul");
       matmul({{L.wo, tmp_.get()}}, attn_.get(), T, q8_o.q != nullptr);
       // FFN sublayer.
+      profile_.mark("norms");
+      const Q8Out q8_gate_up = c_.is_moe() ? Q8Out{} : q8_for(T, {&L.gate, &L.up});
+      add_rmsnorm(x_.get(), tmp_.get(), L.post_attn_norm.get(), L.ffn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_, q8_gate_up);
       if (c_.is_moe()) {
-        profile_.mark("norms");
-        add_rmsnorm(x_.get(), tmp_.get(), L.post_attn_norm.get(), L.ffn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_);
         moe_ffn(L, T);
         continue;
       }
-      profile_.mark("norms");
-      const Q8Out q8_gate_up = q8_for(T, {&L.gate, &L.up});
-      add_rmsnorm(x_.get(), tmp_.get(), L.post_attn_norm.get(), L.ffn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_, q8_gate_up);
       profile_.mark("gate/up matmuls");
       matmul({{L.gate, gate_.get()}, {L.up, up_.get()}}, xn_.get(), T, q8_gate_up.q != nullptr);
       profile_.mark("gated activation");
@@ -667,20 +619,22 @@ class CudaForward final : public DeviceForward {
       rows[at] = static_cast<std::int32_t>(i / K);
       weights[at] = choices_[i].weight;
     }
-    PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(expert_rows_.get(), rows, t_count * K * sizeof(std::int32_t), cudaMemcpyHostToDevice, compute_));
-    PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(expert_weights_.get(), weights, t_count * K * sizeof(float), cudaMemcpyHostToDevice, compute_));
+    PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(expert_routes_.get(), rows, t_count * K * (sizeof(std::int32_t) + sizeof(float)), cudaMemcpyHostToDevice,
+                                        compute_));
+    const std::int32_t* device_rows = expert_routes_.get();
+    const float* device_weights = reinterpret_cast<const float*>(device_rows + t_count * K);
     PROMPTLY_CUDA_CHECK(cudaMemsetAsync(tmp_.get(), 0, t_count * D * sizeof(float), compute_));
     profile_.mark("moe experts");
     const bool gelu = c_.desc->activation == arch::Activation::GeluTanh;
     for (std::size_t e = 0; e < E; ++e) {
       const int first = static_cast<int>(expert_first_[e]), n = static_cast<int>(expert_first_[e + 1]) - first;
       if (n == 0) continue;
-      gather_rows(xn_.get(), expert_rows_.get() + first, n, D, expert_x_.get(), compute_);
+      gather_rows(xn_.get(), device_rows + first, n, D, expert_x_.get(), compute_);
       matmul({{L.exp_gate[e], gate_.get()}, {L.exp_up[e], up_.get()}}, expert_x_.get(), n);
       const Q8Out q8_down = q8_for(n, {&L.exp_down[e]});
       gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(n) * F, gelu, compute_, q8_down);
       matmul({{L.exp_down[e], expert_y_.get()}}, gate_.get(), n, q8_down.q != nullptr);
-      add_weighted_rows(expert_y_.get(), expert_rows_.get() + first, expert_weights_.get() + first, n, D, tmp_.get(), compute_);
+      add_weighted_rows(expert_y_.get(), device_rows + first, device_weights + first, n, D, tmp_.get(), compute_);
     }
   }
 
@@ -717,8 +671,8 @@ class CudaForward final : public DeviceForward {
   DeviceBuffer<__half> x_half_, w_half_;
   // Mixture of experts (moe_ffn): router logits, each expert's gathered input and output, the
   // routes (rows and weights, expert after expert) on the device and the host.
-  DeviceBuffer<float> router_logits_, expert_x_, expert_y_, expert_weights_;
-  DeviceBuffer<std::int32_t> expert_rows_;
+  DeviceBuffer<float> router_logits_, expert_x_, expert_y_;
+  DeviceBuffer<std::int32_t> expert_routes_;
   PinnedBuffer host_router_, pinned_routes_;
   std::vector<ExpertChoice> choices_;
   std::vector<std::size_t> expert_first_, expert_next_;

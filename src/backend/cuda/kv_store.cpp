@@ -108,15 +108,12 @@ DeviceKvStore::DeviceKvStore(int device, int n_layer, int n_head_kv, int head_di
   spoolable_ = pool.type() == KvType::F16 && pool.segment_dim() == static_cast<std::size_t>(head_dim) && !pool.has_separate_local_layers() &&
                BlockPool::block_bytes(pool.n_layers(), pool.kv_dim(), pool.block_tokens(), pool.type()) == block_bytes_;
   PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
-  const std::size_t bytes = pool.n_blocks() * block_bytes_;
-  if (const cudaError_t status = cudaMalloc(&data_, bytes); status != cudaSuccess) {
-    cudaGetLastError();
-    std::size_t free_bytes = 0, total = 0;
-    cudaMemGetInfo(&free_bytes, &total);
-    throw Error("CUDA: could not allocate " + std::to_string(bytes >> 20) + " MiB of KV cache on the GPU (" + std::to_string(free_bytes >> 20) +
-                " MiB free of " + std::to_string(total >> 20) + "): " + cudaGetErrorString(status) + "; lower --kv-memory or --ctx-size");
+  try {
+    data_ = DeviceBuffer<__half>(pool.n_blocks() * block_bytes_ / sizeof(__half));
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + ", for the KV cache; lower --kv-memory or --ctx-size");
   }
-  desc_.data = data_;
+  desc_.data = data_.get();
   PROMPTLY_CUDA_CHECK(cudaStreamCreateWithFlags(&saves_, cudaStreamNonBlocking));
   PROMPTLY_CUDA_CHECK(cudaStreamCreateWithFlags(&loads_, cudaStreamNonBlocking));
   PROMPTLY_CUDA_CHECK(cudaEventCreateWithFlags(&saves_done_, cudaEventDisableTiming));
@@ -130,10 +127,9 @@ DeviceKvStore::~DeviceKvStore() {
   cudaEventDestroy(saves_done_);
   cudaStreamDestroy(saves_);
   cudaStreamDestroy(loads_);
-  cudaFree(data_);
 }
 
-__half* DeviceKvStore::block_data(int block) const { return data_ + static_cast<std::size_t>(block) * desc_.n_layer * 2 * desc_.part_elems(); }
+__half* DeviceKvStore::block_data(int block) const { return data_.get() + static_cast<std::size_t>(block) * desc_.n_layer * 2 * desc_.part_elems(); }
 
 void DeviceKvStore::forget_finished_saves() {
   if (!saving_.empty() && cudaEventQuery(saves_done_) == cudaSuccess) saving_.clear();
@@ -173,10 +169,15 @@ bool DeviceKvStore::load(int block, std::span<const std::uint8_t> bytes) {
          cudaStreamSynchronize(loads_) == cudaSuccess;
 }
 
+bool DeviceKvStore::saves_in_flight() {
+  std::lock_guard lock(mutex_);
+  forget_finished_saves();
+  return !saving_.empty();
+}
+
 void DeviceKvStore::order_writes_after_saves(std::span<const int> blocks, cudaStream_t stream) {
   std::lock_guard lock(mutex_);
   forget_finished_saves();
-  if (saving_.empty()) return;
   if (std::any_of(blocks.begin(), blocks.end(), [&](int b) { return saving_.count(b) > 0; })) {
     PROMPTLY_CUDA_CHECK(cudaStreamWaitEvent(stream, saves_done_, 0));
   }

@@ -13,6 +13,7 @@
 #include <set>
 #include <span>
 
+#include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kernels.cuh"
 #include "kv/kv_cache.h"
 
@@ -33,6 +34,8 @@ class DeviceKvStore final : public KvCache::DeviceState {
   std::shared_ptr<PendingBlock> save_block(int block) override;
   BlockSink load_block(int block) override;
 
+  // Whether any copy back may still be running (a pass then asks order_writes_after_saves).
+  bool saves_in_flight();
   // Makes `stream` wait for the copies back of any of `blocks` still running: a pass about to write
   // into them (a freed block taken again before its copy for the spool was done).
   void order_writes_after_saves(std::span<const int> blocks, cudaStream_t stream);
@@ -44,7 +47,7 @@ class DeviceKvStore final : public KvCache::DeviceState {
 
   int device_;
   DeviceKv desc_{};
-  __half* data_ = nullptr;
+  DeviceBuffer<__half> data_;
   std::size_t block_bytes_ = 0;
   bool spoolable_ = false;  // the host pool's layout is the device's (it always is when made by Model::make_cache)
   cudaStream_t saves_ = nullptr, loads_ = nullptr;
