@@ -104,14 +104,17 @@ for spec in "Q4_K_M 0 300" "F16 $slice 120"; do
   rm -f "$f"
 done
 
-# A mixture of experts (Qwen3-30B-A3B's shape, a 4-layer slice, Q4_K_M): its passes route on the
-# host once a layer and run without graphs; what that costs shows against the dense decode above.
+# A mixture of experts (Qwen3-30B-A3B's shape, a 4-layer slice, Q4_K_M): decode routed on the device
+# (graphs), then on the host (PROMPTLY_CUDA_MOE=host: a wait for the router each layer, no graphs),
+# for the ratio.
 moe_preset=qwen3-30b-a3b moe_layers=4; [ "$preset" = llama3-8b ] || { moe_preset=tiny-qwen3moe; moe_layers=2; }
 if [ "$SECONDS" -lt 380 ]; then
   f=/tmp/$moe_preset-Q4_K_M.gguf
   if timeout 90 $P gen-model --preset "$moe_preset" --dtype Q4_K_M --layers "$moe_layers" -t "$threads" -o "$f" > "$out/gen-moe.log" 2>&1; then
     say "$moe_preset Q4_K_M (layers: $moe_layers): $(du -h "$f" | cut -f1)"
     timeout 90 $P bench model -m "$f" --device cuda -p 512 -n 64 -r 2 2>&1 | tee "$out/bench-moe.log" | tail -n 6 | tee -a "$summary"
+    say "$moe_preset with PROMPTLY_CUDA_MOE=host:"
+    PROMPTLY_CUDA_MOE=host timeout 60 $P bench model -m "$f" --device cuda -p 0 -n 64 -r 2 2>&1 | tee "$out/bench-moe-host.log" | tail -n 5 | tee -a "$summary"
   else
     say "gen-model $moe_preset failed or ran past 90 s"; tail -n 3 "$out/gen-moe.log" | tee -a "$summary"
   fi
@@ -153,4 +156,20 @@ same=$(cmp -s <(grep -o '"text":"[^"]*"' "$spool.story-1.json") <(grep -o '"text
 say "after the restart: $same text; $(curl -s localhost:18181/metrics | grep -E '^promptly:kv_spool_hits_total' | tr '\n' ' ')"
 kill $server 2>/dev/null; wait $server 2>/dev/null
 tail -n 5 "$out/serve.log" >> "$summary"
+
+# The OpenAI-SDK server suite with --device cuda, where this machine has what it needs (node, the
+# suite's npm packages, the shared models beside the checkout: a developer's GPU machine; the lent
+# one has none of them, and says so).
+if command -v node > /dev/null && [ -d tests/e2e/node_modules/openai ] && [ -d ../shared/models ] && [ "$SECONDS" -lt 420 ]; then
+  say "== e2e server suite with PROMPTLY_E2E_SERVE_ARGS='--device cuda'"
+  # Less the two tests that serve the built-in code model (.gpu's binary carries stories260K instead):
+  # the others by name, as node's test runner has no pattern to leave tests out.
+  wanted=$(grep -oP "^test\('\K[^']+" tests/e2e/server.test.mjs | grep -vE '^(serve without -m|tool calls the model writes)' |
+    sed 's/[][\.*^$?+(){}|/]/\\&/g' | paste -sd '|')
+  PROMPTLY_BINARY=.gpu/bin/promptly PROMPTLY_E2E_SERVE_ARGS='--device cuda' timeout 60 node --test --test-reporter=tap \
+    --test-name-pattern="^($wanted)\$" tests/e2e/server.test.mjs > "$out/e2e-server.log" 2>&1
+  grep -E '^# (pass|fail)|^not ok' "$out/e2e-server.log" | tee -a "$summary"
+else
+  say "e2e server suite on the GPU skipped: needs node, tests/e2e/node_modules (npm install) and ../shared/models, under 7 minutes gone"
+fi
 say "== done"

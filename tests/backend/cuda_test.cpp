@@ -34,6 +34,7 @@
 #include "spec/proposer.h"
 #include "tokenizer/tokenizer.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "sampling/sampler.h"
 #include "tensor/quant.h"
 #include "util/error.h"
@@ -194,6 +195,145 @@ TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
       EXPECT_LT(relative_error(got, unquantized), 2e-2) << dtype_name(dtype) << " cols " << cols << " T " << T;
     }
   }
+  }
+}
+
+// Device routing (route_experts) against model/moe.h's: the same experts, in expert order, with the
+// same weights, for both routers, with ties (logits on a coarse grid: the lower index first),
+// -inf and NaN logits; then moe_combine's weighted sums.
+TEST(CudaKernels, RoutesExpertsAsTheCpuDoes) {
+  REQUIRE_GPU();
+  std::mt19937 rng(11);
+  const int T = 5;
+  struct Case {
+    int n_expert, k;
+  };
+  for (const Case c : {Case{4, 2}, Case{8, 1}, Case{37, 3}, Case{128, 8}, Case{40, 32}}) {
+    for (const arch::Router router : {arch::Router::TopKThenSoftmax, arch::Router::SoftmaxThenTopK}) {
+      for (const bool renormalize : {false, true}) {
+        std::vector<float> logits(static_cast<std::size_t>(T) * c.n_expert);
+        for (float& l : logits) l = static_cast<float>(static_cast<int>(rng() % 16)) * 0.25f - 2.0f;  // many ties
+        logits[1] = -INFINITY;
+        logits[static_cast<std::size_t>(c.n_expert) + 2] = NAN;
+        Device<float> dl(logits);
+        Device<std::int32_t> experts(static_cast<std::size_t>(T) * c.k);
+        Device<float> weights(static_cast<std::size_t>(T) * c.k);
+        const bool softmax_over_all = router == arch::Router::SoftmaxThenTopK && !renormalize;
+        route_experts(dl.p, T, c.n_expert, c.k, softmax_over_all, ExpertRoutes{experts.p, weights.p}, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<std::int32_t> got_experts = experts.read();
+        const std::vector<float> got_weights = weights.read();
+        const std::string what = "experts " + std::to_string(c.n_expert) + " k " + std::to_string(c.k) + " router " +
+                                 std::to_string(static_cast<int>(router)) + " renormalize " + std::to_string(renormalize);
+        for (int t = 0; t < T; ++t) {
+          std::vector<float> row(logits.begin() + static_cast<std::ptrdiff_t>(t) * c.n_expert, logits.begin() + static_cast<std::ptrdiff_t>(t + 1) * c.n_expert);
+          for (float& l : row) l = std::isnan(l) ? -INFINITY : l;  // as the kernel reads a NaN
+          std::vector<ExpertChoice> want(static_cast<std::size_t>(c.k));
+          promptly::route_experts(row.data(), static_cast<std::uint32_t>(c.n_expert), static_cast<std::uint32_t>(c.k), router, renormalize, want.data());
+          std::sort(want.begin(), want.end(), [](const ExpertChoice& a, const ExpertChoice& b) { return a.expert < b.expert; });
+          for (int i = 0; i < c.k; ++i) {
+            const std::size_t at = static_cast<std::size_t>(t) * c.k + i;
+            ASSERT_EQ(got_experts[at], static_cast<std::int32_t>(want[i].expert)) << what << " token " << t << " choice " << i;
+            EXPECT_NEAR(got_weights[at], want[i].weight, 1e-6f * std::max(1.0f, want[i].weight)) << what << " token " << t << " choice " << i;
+          }
+        }
+        const int d = 70;
+        std::normal_distribution<float> normal;
+        std::vector<float> y(static_cast<std::size_t>(T) * c.k * d);
+        for (float& v : y) v = normal(rng);
+        Device<float> dy(y), out(static_cast<std::size_t>(T) * d);
+        moe_combine(dy.p, ExpertRoutes{experts.p, weights.p}, T, c.k, d, out.p, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        std::vector<double> want(out.n, 0.0);
+        for (int t = 0; t < T; ++t) {
+          for (int i = 0; i < c.k; ++i) {
+            const std::size_t pair = static_cast<std::size_t>(t) * c.k + i;
+            for (int j = 0; j < d; ++j) want[static_cast<std::size_t>(t) * d + j] += static_cast<double>(got_weights[pair]) * y[pair * d + j];
+          }
+        }
+        EXPECT_LT(relative_error(out.read(), want), 1e-6) << what;
+      }
+    }
+  }
+}
+
+// Each (token, expert) pair through its expert's matrix (gemv_experts), two parts in one launch
+// (gate and up), x rows shared by a token's pairs or each pair's own (down): against the product
+// with the pair's expert, x as the kernel sees it (int8 blocks for the quantized formats).
+TEST(CudaKernels, ExpertGemvTakesEachPairsExpert) {
+  REQUIRE_GPU();
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal;
+  const int rows = 37, n_expert = 5, T = 3, k = 2, pairs = T * k;
+  const std::vector<std::int32_t> chosen = {0, 4, 2, 4, 1, 3};  // expert 4 twice, 0..4 all used
+  struct Case {
+    DType first, second;
+    WeightFormat first_format, second_format;
+    int cols;
+  };
+  for (const Case c : {Case{DType::Q4_K, DType::Q4_K, WeightFormat::Q4_K, WeightFormat::Q4_K, 512},
+                       Case{DType::Q6_K, DType::Q4_K, WeightFormat::Q6_K, WeightFormat::Q4_K, 256},
+                       Case{DType::Q8_0, DType::Q4_0, WeightFormat::Q8_0, WeightFormat::Q4_0, 96},
+                       Case{DType::F16, DType::BF16, WeightFormat::F16, WeightFormat::BF16, 96},
+                       Case{DType::F32, DType::F32, WeightFormat::F32, WeightFormat::F32, 64},
+                       Case{DType::Q8_0, DType::F16, WeightFormat::Q8_0, WeightFormat::F16, 160}}) {  // two kinds: two launches
+    ASSERT_TRUE(gemv_experts_takes(c.first_format, c.cols));
+    for (const int pairs_per_x : {k, 1}) {
+      const int x_rows = pairs / pairs_per_x;
+      std::vector<float> x(static_cast<std::size_t>(x_rows) * c.cols);
+      for (float& v : x) v = normal(rng) * (1.0f + static_cast<float>(rng() % 50));
+      std::vector<float> x_int8(x.size());
+      for (std::size_t b = 0; b < x.size() / 32; ++b) {
+        float amax = 0.0f;
+        for (int l = 0; l < 32; ++l) amax = std::max(amax, std::abs(x[32 * b + l]));
+        const float d = amax / 127.0f;
+        for (int l = 0; l < 32; ++l) x_int8[32 * b + l] = d > 0.0f ? d * std::nearbyint(x[32 * b + l] / d) : 0.0f;
+      }
+      Device<float> dx(x);
+      Device<std::int8_t> q(x.size());
+      Device<float2> scales(x.size() / 32);
+      quantize_q8(dx.p, x_rows, c.cols, q.p, scales.p, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      Device<std::int32_t> experts(chosen);
+      std::vector<std::vector<float>> dequantized(2);
+      std::vector<std::unique_ptr<Device<std::uint8_t>>> weights;
+      std::vector<std::unique_ptr<Device<float>>> outputs;
+      ExpertGemv g{};
+      g.n = 2, g.rows = rows, g.cols = c.cols, g.pairs_per_x = pairs_per_x;
+      for (int part = 0; part < 2; ++part) {
+        const DType dtype = part == 0 ? c.first : c.second;
+        const std::size_t rb = row_bytes(dtype, c.cols), stride = rb * rows;
+        std::vector<std::uint8_t> packed(stride * n_expert);
+        dequantized[part].resize(static_cast<std::size_t>(n_expert) * rows * c.cols);
+        for (int r = 0; r < n_expert * rows; ++r) {
+          std::vector<float> w(static_cast<std::size_t>(c.cols));
+          for (float& v : w) v = normal(rng);
+          quantize_row(dtype, w.data(), &packed[rb * r], c.cols);
+          dequantize_row(dtype, &packed[rb * r], &dequantized[part][static_cast<std::size_t>(r) * c.cols], c.cols);
+        }
+        weights.push_back(std::make_unique<Device<std::uint8_t>>(packed));
+        outputs.push_back(std::make_unique<Device<float>>(static_cast<std::size_t>(pairs) * rows));
+        CUDA_OK(cudaMemset(outputs.back()->p, 0xff, outputs.back()->n * sizeof(float)));  // NaN: every output must be written
+        g.part[part] = {weights.back()->p, stride, part == 0 ? c.first_format : c.second_format, outputs.back()->p};
+      }
+      gemv_experts(g, experts.p, pairs, dx.p, q.p, scales.p, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      for (int part = 0; part < 2; ++part) {
+        const bool as_int8 = !is_float_format(g.part[part].format);
+        std::vector<double> want(static_cast<std::size_t>(pairs) * rows);
+        for (int p = 0; p < pairs; ++p) {
+          const float* xr = (as_int8 ? x_int8 : x).data() + static_cast<std::size_t>(p / pairs_per_x) * c.cols;
+          for (int r = 0; r < rows; ++r) {
+            const float* wr = &dequantized[part][(static_cast<std::size_t>(chosen[p]) * rows + r) * c.cols];
+            double s = 0;
+            for (int j = 0; j < c.cols; ++j) s += static_cast<double>(wr[j]) * xr[j];
+            want[static_cast<std::size_t>(p) * rows + r] = s;
+          }
+        }
+        EXPECT_LT(relative_error(outputs[part]->read(), want), 1e-5)
+            << dtype_name(part == 0 ? c.first : c.second) << " cols " << c.cols << " part " << part << " pairs per x " << pairs_per_x;
+      }
+    }
   }
 }
 
@@ -411,6 +551,13 @@ std::unique_ptr<Model> gpu_model(std::shared_ptr<const gguf::File> file) {
   return model;
 }
 
+// A prompt of n tokens: BOS, then random ordinary ones.
+std::vector<std::int32_t> random_prompt(std::mt19937& rng, std::size_t n) {
+  std::vector<std::int32_t> prompt = {1};
+  while (prompt.size() < n) prompt.push_back(static_cast<std::int32_t>(3 + rng() % 500));
+  return prompt;
+}
+
 struct Greedy {
   std::vector<std::int32_t> tokens;
   std::vector<std::vector<float>> logits;  // each step's
@@ -489,7 +636,8 @@ TEST(CudaModel, Q4KMModelDecodesAsOnTheCpu) {
 }
 
 // Mixtures of experts (Mixtral's router: top-k then softmax; Qwen3-MoE's: softmax, top-k,
-// renormalised), routed on the host from the GPU's router logits, each expert run over its tokens:
+// renormalised), decode steps routed on the device (a prompt of 5: its prefill too), longer prefills on
+// the host from the GPU's router logits, each expert run over its tokens:
 // greedy tokens and logits as the CPU's, in F32 (float GEMV, cuBLAS in FP32) and Q8_0 (the integer
 // GEMV, prefill's experts through cuBLAS on halves). Routing is a discrete choice: with activations
 // quantized to int8 on both sides (each its own way), a router whose k-th and next logits lie within
@@ -507,6 +655,37 @@ TEST(CudaModel, MixturesOfExpertsDecodeAsOnTheCpu) {
       const int steps = type == DType::F32 ? 24 : 6;
       expect_same_greedy(path, 5, steps);
       expect_same_greedy(path, 20, steps);
+    }
+  }
+}
+
+// A decode step of a mixture of experts routed on the device (the default) gives the logits routed
+// on the host gives (PROMPTLY_CUDA_MOE=host), and really is routed there (the profile's stretches).
+TEST(CudaModel, MixturesOfExpertsRouteOnTheDeviceAsOnTheHost) {
+  REQUIRE_GPU();
+  test::TempDir tmp;
+  ThreadPool pool(2);
+  for (const std::string preset : {"tiny-mixtral", "tiny-qwen3moe"}) {
+    for (const DType type : {DType::F32, DType::Q8_0}) {
+      const std::string path = tmp.file(preset + "-" + std::string(dtype_name(type)) + ".gguf");
+      write_synthetic_model(synthetic_preset(preset), type, 5, path, pool);
+      const auto file = gguf::File::open(path);
+      setenv("PROMPTLY_CUDA_MOE", "host", 1);
+      const std::unique_ptr<Model> on_host = gpu_model(file);
+      unsetenv("PROMPTLY_CUDA_MOE");
+      setenv("PROMPTLY_CUDA_PROFILE", "1", 1);
+      const std::unique_ptr<Model> on_device = gpu_model(file);
+      unsetenv("PROMPTLY_CUDA_PROFILE");
+      std::mt19937 rng(9);
+      const std::vector<std::int32_t> prompt = random_prompt(rng, 12);  // past 8: the prefill routed on the host in both
+      const Greedy want = run_greedy(*on_host, prompt, 8, pool), got = run_greedy(*on_device, prompt, 8, pool);
+      EXPECT_EQ(got.tokens, want.tokens) << path;
+      for (std::size_t s = 0; s < want.logits.size(); ++s) {
+        EXPECT_LT(relative_error(got.logits[s], std::vector<double>(want.logits[s].begin(), want.logits[s].end())), 1e-5) << path << " step " << s;
+      }
+      const std::string report = on_device->device()->profile_report();
+      EXPECT_NE(report.find("moe router (routed on the device)"), std::string::npos) << report;
+      EXPECT_NE(report.find("moe router (routed on the host)"), std::string::npos) << report;
     }
   }
 }
@@ -658,13 +837,6 @@ struct Streams {
     return tokens[id];
   }
 };
-
-// A prompt of n tokens: BOS, then random ordinary ones.
-std::vector<std::int32_t> random_prompt(std::mt19937& rng, std::size_t n) {
-  std::vector<std::int32_t> prompt = {1};
-  while (prompt.size() < n) prompt.push_back(static_cast<std::int32_t>(3 + rng() % 500));
-  return prompt;
-}
 
 std::vector<std::vector<std::int32_t>> serve_scenario(const Model& model, const Tokenizer& tokenizer, EngineStats& stats) {
   EngineOptions options;

@@ -13,9 +13,13 @@ export const STORIES = path.join(SHARED, 'stories260K.gguf');
 process.env.XDG_CACHE_HOME = mkdtempSync(path.join(tmpdir(), 'promptly-e2e-cache-'));
 process.on('exit', () => rmSync(process.env.XDG_CACHE_HOME, { recursive: true, force: true }));
 
+// Flags added to every server a test starts: PROMPTLY_E2E_SERVE_ARGS='--device cuda' runs the suite
+// against the GPU backend (on a machine without a GPU, serve says so and runs on the CPU).
+const EXTRA_SERVE_ARGS = (process.env.PROMPTLY_E2E_SERVE_ARGS ?? '').split(/\s+/).filter(Boolean);
+
 export async function startServer(args, { env } = {}) {
   const threads = args.includes('-t') ? [] : ['-t', '1'];
-  const proc = spawn(BINARY, ['serve', '--port', '0', ...threads, ...args], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
+  const proc = spawn(BINARY, ['serve', '--port', '0', ...threads, ...args, ...EXTRA_SERVE_ARGS], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
   const { port, log } = await listeningPort(proc, 30000);
   const baseURL = `http://127.0.0.1:${port}`;
   return {

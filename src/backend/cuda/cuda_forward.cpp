@@ -57,17 +57,34 @@ bool env_is(const char* name, const char* value) {
   return set && std::strcmp(set, value) == 0;
 }
 
-struct DeviceMatrix {
-  DeviceBuffer<std::uint8_t> bytes;
+// A matrix in device memory, as the file stores it.
+struct MatrixView {
+  const std::uint8_t* bytes = nullptr;
   WeightFormat format = WeightFormat::F32;
   int rows = 0, cols = 0;
-  const std::uint8_t* data() const { return bytes.get(); }
+  const std::uint8_t* data() const { return bytes; }
+};
+
+struct DeviceMatrix {
+  DeviceBuffer<std::uint8_t> bytes;
+  MatrixView view;
+  operator const MatrixView&() const { return view; }
+};
+
+// One layer's experts of one kind (gate, up or down) in one allocation, expert after expert; where
+// they share a format and shape (a GGUF's stacked tensor always does) at a fixed stride, by which
+// the device-routed kernels find an expert's matrix from its index.
+struct DeviceExperts {
+  DeviceBuffer<std::uint8_t> bytes;
+  std::vector<MatrixView> each;
+  std::size_t stride = 0;  // 0: not uniform
+  ExpertMatrices indexed(float* y) const { return {each.front().bytes, stride, each.front().format, y}; }
 };
 
 struct DeviceLayer {
   DeviceMatrix wq, wk, wv, wo, gate, up, down;
   DeviceMatrix router;                                // mixture of experts: n_expert rows
-  std::vector<DeviceMatrix> exp_gate, exp_up, exp_down;
+  DeviceExperts exp_gate, exp_up, exp_down;
   DeviceBuffer<float> attn_norm, ffn_norm, post_attn_norm, post_ffn_norm, q_norm, k_norm, bq, bk, bv;
   bool local = false;
 };
@@ -104,9 +121,8 @@ class CudaForward final : public DeviceForward {
                   std::to_string(kMaxHeadDim));
     }
     // PROMPTLY_CUDA_GRAPHS=0 launches every kernel of every step (for compute-sanitizer, profilers,
-    // and runtimes without graphs). A mixture of experts is routed on the host mid-pass (moe_ffn),
-    // which a graph cannot wait for.
-    use_graphs_ = !env_is("PROMPTLY_CUDA_GRAPHS", "0") && !c_.is_moe();
+    // and runtimes without graphs).
+    use_graphs_ = !env_is("PROMPTLY_CUDA_GRAPHS", "0");
     // PROMPTLY_CUDA_GEMV=float keeps decode's products on the float kernel (x as floats), for
     // comparing it with the integer one (tools/gpu-check.sh times both).
     integer_gemv_ = !env_is("PROMPTLY_CUDA_GEMV", "float");
@@ -125,6 +141,12 @@ class CudaForward final : public DeviceForward {
     PROMPTLY_CUDA_CHECK(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
     PROMPTLY_CUDA_CHECK(cudaEventCreateWithFlags(&sampled_, cudaEventDisableTiming));
     upload_weights();
+    // A mixture of experts routes decode-sized batches on the device (moe_ffn_on_device), so that
+    // their steps are graphs too, where its experts allow; PROMPTLY_CUDA_MOE=host routes them all on
+    // the host (moe_ffn), which waits for the router once a layer and runs without graphs, for
+    // comparing the two (tools/gpu-check.sh).
+    moe_on_device_ = c_.is_moe() && !env_is("PROMPTLY_CUDA_MOE", "host") && experts_routable_on_device();
+    if (c_.is_moe() && !moe_on_device_) use_graphs_ = false;
   }
 
   ~CudaForward() override {
@@ -260,20 +282,46 @@ class CudaForward final : public DeviceForward {
 
  private:
   // ---- loading -------------------------------------------------------------------------------
-  void upload(const kernels::WeightMatrix& m, DeviceMatrix& out, const std::string& what) {
-    if (!m.data) return;
+  // m's format and shape, checked (its bytes not yet anywhere).
+  static MatrixView describe(const kernels::WeightMatrix& m, const std::string& what) {
     if (m.layout != kernels::Layout::Plain) throw Error("internal: " + what + " was repacked for the CPU before its upload");
-    out.format = format_of(m.type, what);
-    out.rows = static_cast<int>(m.rows);
-    out.cols = static_cast<int>(m.cols);
+    MatrixView view{nullptr, format_of(m.type, what), static_cast<int>(m.rows), static_cast<int>(m.cols)};
     // Block formats' rows are whole blocks by construction (GGUF); float rows may have any length.
-    if (m.cols % 32 && !is_float_format(out.format)) {
+    if (m.cols % 32 && !is_float_format(view.format)) {
       throw Error("--device cuda: " + what + " has rows of " + std::to_string(m.cols) + " elements, not whole 32-element chunks");
     }
+    return view;
+  }
+  void upload(const kernels::WeightMatrix& m, DeviceMatrix& out, const std::string& what) {
+    if (!m.data) return;
+    out.view = describe(m, what);
     const std::size_t bytes = m.rows * m.row_stride();
     out.bytes = DeviceBuffer<std::uint8_t>(bytes);
     PROMPTLY_CUDA_CHECK(cudaMemcpy(out.bytes.get(), m.data, bytes, cudaMemcpyHostToDevice));
+    out.view.bytes = out.bytes.get();
     weight_bytes_ += bytes;
+  }
+  void upload(const std::vector<kernels::WeightMatrix>& experts, DeviceExperts& out, const std::string& what) {
+    if (experts.empty()) return;
+    std::vector<std::size_t> offsets;
+    std::size_t total = 0;
+    bool uniform = true;
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+      const kernels::WeightMatrix& m = experts[e];
+      out.each.push_back(describe(m, what + " (expert " + std::to_string(e) + ")"));
+      offsets.push_back(total);
+      total += m.rows * m.row_stride();
+      const MatrixView& first = out.each.front();
+      uniform = uniform && out.each.back().format == first.format && out.each.back().rows == first.rows && out.each.back().cols == first.cols;
+    }
+    out.bytes = DeviceBuffer<std::uint8_t>(total);
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+      const kernels::WeightMatrix& m = experts[e];
+      PROMPTLY_CUDA_CHECK(cudaMemcpy(out.bytes.get() + offsets[e], m.data, m.rows * m.row_stride(), cudaMemcpyHostToDevice));
+      out.each[e].bytes = out.bytes.get() + offsets[e];
+    }
+    out.stride = uniform ? total / experts.size() : 0;
+    weight_bytes_ += total;
   }
   void upload(const float* v, std::size_t n, DeviceBuffer<float>& out) {
     if (!v) return;
@@ -293,12 +341,8 @@ class CudaForward final : public DeviceForward {
       upload(L.wo, d.wo, blk + "attn_output");
       upload(L.w_gate, d.gate, blk + "ffn_gate"), upload(L.w_up, d.up, blk + "ffn_up"), upload(L.w_down, d.down, blk + "ffn_down");
       upload(L.router, d.router, blk + "ffn_gate_inp");
-      d.exp_gate.resize(L.exp_gate.size()), d.exp_up.resize(L.exp_up.size()), d.exp_down.resize(L.exp_down.size());
-      for (std::size_t e = 0; e < L.exp_gate.size(); ++e) {
-        const std::string expert = " (expert " + std::to_string(e) + ")";
-        upload(L.exp_gate[e], d.exp_gate[e], blk + "ffn_gate_exps" + expert), upload(L.exp_up[e], d.exp_up[e], blk + "ffn_up_exps" + expert);
-        upload(L.exp_down[e], d.exp_down[e], blk + "ffn_down_exps" + expert);
-      }
+      upload(L.exp_gate, d.exp_gate, blk + "ffn_gate_exps"), upload(L.exp_up, d.exp_up, blk + "ffn_up_exps");
+      upload(L.exp_down, d.exp_down, blk + "ffn_down_exps");
       upload(L.attn_norm, D, d.attn_norm), upload(L.ffn_norm, D, d.ffn_norm);
       upload(L.post_attn_norm, D, d.post_attn_norm), upload(L.post_ffn_norm, D, d.post_ffn_norm);
       upload(L.q_norm, HD, d.q_norm), upload(L.k_norm, HD, d.k_norm);
@@ -405,20 +449,22 @@ class CudaForward final : public DeviceForward {
     moved |= k_.reserve(t * c_.kv_dim());
     moved |= v_.reserve(t * c_.kv_dim());
     const std::size_t ffn_width = std::max<std::size_t>(c_.n_ff, c_.n_ff_expert);
-    moved |= gate_.reserve(t * ffn_width);
-    moved |= up_.reserve(t * ffn_width);
+    // moe_ffn_on_device's (token, expert) pairs: their FFN rows in gate_/up_, outputs in expert_y_.
+    const std::size_t pairs = moe_on_device_ && T <= kGemvMaxTokens ? t * c_.n_expert_used : 0;
+    moved |= gate_.reserve(std::max(t * ffn_width, pairs * c_.n_ff_expert));
+    moved |= up_.reserve(std::max(t * ffn_width, pairs * c_.n_ff_expert));
     if (c_.is_moe()) {
       moved |= router_logits_.reserve(t * c_.n_expert);
       moved |= expert_x_.reserve(t * c_.n_embd);
-      moved |= expert_y_.reserve(t * c_.n_embd);
-      moved |= expert_routes_.reserve(2 * t * c_.n_expert_used);  // rows, then weights (floats)
+      moved |= expert_y_.reserve(std::max(t, pairs) * c_.n_embd);
+      moved |= expert_routes_.reserve(2 * t * c_.n_expert_used);  // rows (or experts), then weights (floats)
     }
     moved |= out_x_.reserve(std::max<std::size_t>(static_cast<std::size_t>(n_out), 1) * c_.n_embd);
     moved |= logits_.reserve(std::max<std::size_t>(static_cast<std::size_t>(n_out), 1) * c_.n_vocab);
     // The integer GEMV's x: allocated here, never while a graph is being captured.
     const std::size_t widest_input = std::max({std::size_t{c_.n_embd}, std::size_t{c_.q_dim()}, ffn_width});
-    moved |= x_q8_.reserve(t * widest_input);
-    moved |= x_q8_scales_.reserve(t * widest_input / 32 + 1);
+    moved |= x_q8_.reserve(std::max(t * widest_input, pairs * c_.n_ff_expert));
+    moved |= x_q8_scales_.reserve(std::max(t * widest_input, pairs * c_.n_ff_expert) / 32 + 1);
     moved |= partials_.reserve(t * c_.n_head * static_cast<std::size_t>(n_splits) * (c_.head_dim + 2));
     if (moved) graphs_clear();
   }
@@ -452,15 +498,15 @@ class CudaForward final : public DeviceForward {
   }
 
   struct Product {
-    const DeviceMatrix& w;
+    MatrixView w;
     float* y;
   };
   // Where the kernel that writes a matmul's input should also write it as int8: where the integer
   // GEMV takes one of the matrices that read it (else nowhere: no int8 form wanted).
-  Q8Out q8_for(int T, std::initializer_list<const DeviceMatrix*> readers) const {
+  Q8Out q8_for(int T, std::initializer_list<MatrixView> readers) const {
     if (T > kGemvMaxTokens || !integer_gemv_) return {};
-    for (const DeviceMatrix* m : readers) {
-      if (gemv_q8_takes(m->format, m->cols)) return {x_q8_.get(), x_q8_scales_.get()};
+    for (const MatrixView& m : readers) {
+      if (gemv_q8_takes(m.format, m.cols)) return {x_q8_.get(), x_q8_scales_.get()};
     }
     return {};
   }
@@ -489,7 +535,7 @@ class CudaForward final : public DeviceForward {
     }
   }
 
-  void gemm(const DeviceMatrix& w, const float* x, int T, float* y, bool& x_in_half) {
+  void gemm(const MatrixView& w, const float* x, int T, float* y, bool& x_in_half) {
     const CublasApi& api = cublas();
     if (!cublas_handle_) {
       if (api.create(&cublas_handle_) != CUBLAS_STATUS_SUCCESS) throw Error("cuBLAS: could not create a handle");
@@ -534,14 +580,14 @@ class CudaForward final : public DeviceForward {
     const int D = static_cast<int>(c_.n_embd), F = static_cast<int>(c_.n_ff);
     const float embed_scale = c_.desc->embed_scale ? std::sqrt(static_cast<float>(D)) : 1.0f;
     profile_.mark("embedding");
-    embed(token_embd_.data(), token_embd_.format, D, meta_, T, embed_scale, x_.get(), compute_);
+    embed(token_embd_.view.bytes, token_embd_.view.format, D, meta_, T, embed_scale, x_.get(), compute_);
     for (std::size_t il = 0; il < c_.n_layer; ++il) {
       if (il > 0 && stop_before && stop_before(il)) return false;
       const DeviceLayer& L = layers_[il];
       // Attention sublayer (the previous FFN output joins the stream first).
       const float* prev_post = il > 0 ? layers_[il - 1].post_ffn_norm.get() : nullptr;
       profile_.mark("norms");
-      const Q8Out q8_qkv = q8_for(T, {&L.wq, &L.wk, &L.wv});
+      const Q8Out q8_qkv = q8_for(T, {L.wq, L.wk, L.wv});
       add_rmsnorm(x_.get(), il > 0 ? tmp_.get() : nullptr, prev_post, L.attn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_, q8_qkv);
       profile_.mark("q/k/v matmuls");
       matmul({{L.wq, q_.get()}, {L.wk, k_.get()}, {L.wv, v_.get()}}, xn_.get(), T, q8_qkv.q != nullptr);
@@ -556,22 +602,23 @@ class CudaForward final : public DeviceForward {
                          static_cast<int>(c_.head_dim), static_cast<int>(il), L.local ? static_cast<int>(c_.sliding_window) : 0,
                          1.0f / std::sqrt(static_cast<float>(c_.head_dim)), c_.attn_softcap, shape.chunk, shape.n_splits};
       profile_.mark("attention");
-      const Q8Out q8_o = attention_writes_q8(args.head_dim) ? q8_for(T, {&L.wo}) : Q8Out{};
+      const Q8Out q8_o = attention_writes_q8(args.head_dim) ? q8_for(T, {L.wo}) : Q8Out{};
       attention(args, meta_, T, kv.desc(), compute_, q8_o);
       profile_.mark("attention output matmul");
       matmul({{L.wo, tmp_.get()}}, attn_.get(), T, q8_o.q != nullptr);
       // FFN sublayer.
       profile_.mark("norms");
-      const Q8Out q8_gate_up = c_.is_moe() ? Q8Out{} : q8_for(T, {&L.gate, &L.up});
+      const bool routed_here = moe_on_device_ && T <= kGemvMaxTokens;
+      const Q8Out q8_gate_up = !c_.is_moe() ? q8_for(T, {L.gate, L.up}) : routed_here ? q8_for(T, {L.exp_gate.each[0], L.exp_up.each[0]}) : Q8Out{};
       add_rmsnorm(x_.get(), tmp_.get(), L.post_attn_norm.get(), L.ffn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_, q8_gate_up);
       if (c_.is_moe()) {
-        moe_ffn(L, T);
+        routed_here ? moe_ffn_on_device(L, T, q8_gate_up.q != nullptr) : moe_ffn(L, T);
         continue;
       }
       profile_.mark("gate/up matmuls");
       matmul({{L.gate, gate_.get()}, {L.up, up_.get()}}, xn_.get(), T, q8_gate_up.q != nullptr);
       profile_.mark("gated activation");
-      const Q8Out q8_down = q8_for(T, {&L.down});
+      const Q8Out q8_down = q8_for(T, {L.down});
       gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(T) * F, c_.desc->activation == arch::Activation::GeluTanh, compute_,
                        q8_down);
       profile_.mark("down matmul");
@@ -581,7 +628,7 @@ class CudaForward final : public DeviceForward {
     add_rmsnorm(x_.get(), tmp_.get(), layers_.back().post_ffn_norm.get(), output_norm_.get(), D, T, c_.rms_eps, xn_.get(), compute_);
     profile_.mark("output matmul");
     gather_rows(xn_.get(), out_rows_, n_out, D, out_x_.get(), compute_);
-    if (n_out > 0) matmul({{output_tied_ ? token_embd_ : output_, logits_.get()}}, out_x_.get(), n_out);
+    if (n_out > 0) matmul({{output_tied_ ? token_embd_.view : output_.view, logits_.get()}}, out_x_.get(), n_out);
     if (c_.final_softcap > 0.0f) softcap(logits_.get(), static_cast<std::size_t>(n_out) * c_.n_vocab, c_.final_softcap, compute_);
     PROMPTLY_CUDA_CHECK(cudaGetLastError());
     return true;
@@ -630,12 +677,50 @@ class CudaForward final : public DeviceForward {
       const int first = static_cast<int>(expert_first_[e]), n = static_cast<int>(expert_first_[e + 1]) - first;
       if (n == 0) continue;
       gather_rows(xn_.get(), device_rows + first, n, D, expert_x_.get(), compute_);
-      matmul({{L.exp_gate[e], gate_.get()}, {L.exp_up[e], up_.get()}}, expert_x_.get(), n);
-      const Q8Out q8_down = q8_for(n, {&L.exp_down[e]});
+      matmul({{L.exp_gate.each[e], gate_.get()}, {L.exp_up.each[e], up_.get()}}, expert_x_.get(), n);
+      const Q8Out q8_down = q8_for(n, {L.exp_down.each[e]});
       gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(n) * F, gelu, compute_, q8_down);
-      matmul({{L.exp_down[e], expert_y_.get()}}, gate_.get(), n, q8_down.q != nullptr);
+      matmul({{L.exp_down.each[e], expert_y_.get()}}, gate_.get(), n, q8_down.q != nullptr);
       add_weighted_rows(expert_y_.get(), device_rows + first, device_weights + first, n, D, tmp_.get(), compute_);
     }
+  }
+
+  // The same FFN for decode-sized batches without a trip to the host: the router's logits routed
+  // on the device (route_experts, as the CPU chooses and weighs), each (token, chosen expert) pair
+  // through its expert's gate/up, activation and down (gemv_experts: one launch for gate and up,
+  // one for down, every pair at once), the pairs summed into tmp_ in expert order (moe_combine).
+  // Five launches a layer whatever the batch, and graphs capture them. x_in_q8: x_q8_ holds xn_.
+  void moe_ffn_on_device(const DeviceLayer& L, int T, bool x_in_q8) {
+    const int D = static_cast<int>(c_.n_embd), F = static_cast<int>(c_.n_ff_expert), K = static_cast<int>(c_.n_expert_used);
+    const int pairs = T * K;
+    profile_.mark("moe router (routed on the device)");
+    matmul({{L.router, router_logits_.get()}}, xn_.get(), T, x_in_q8);
+    const ExpertRoutes routes{expert_routes_.get(), reinterpret_cast<float*>(expert_routes_.get() + pairs)};
+    const bool softmax_over_all = c_.desc->router == arch::Router::SoftmaxThenTopK && !c_.expert_weights_norm;
+    route_experts(router_logits_.get(), T, static_cast<int>(c_.n_expert), K, softmax_over_all, routes, compute_);
+    profile_.mark("moe experts");
+    const auto reads_q8 = [](const DeviceExperts& m) { return !is_float_format(m.each.front().format); };
+    if ((reads_q8(L.exp_gate) || reads_q8(L.exp_up)) && !x_in_q8) quantize_q8(xn_.get(), T, D, x_q8_.get(), x_q8_scales_.get(), compute_);
+    const ExpertGemv gate_up{{L.exp_gate.indexed(gate_.get()), L.exp_up.indexed(up_.get())}, 2, F, D, K};
+    gemv_experts(gate_up, routes.experts, pairs, xn_.get(), x_q8_.get(), x_q8_scales_.get(), compute_);
+    const Q8Out q8_down = reads_q8(L.exp_down) ? Q8Out{x_q8_.get(), x_q8_scales_.get()} : Q8Out{};
+    gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(pairs) * F, c_.desc->activation == arch::Activation::GeluTanh, compute_,
+                     q8_down);
+    const ExpertGemv down{{L.exp_down.indexed(expert_y_.get()), {}}, 1, D, F, 1};
+    gemv_experts(down, routes.experts, pairs, gate_.get(), x_q8_.get(), x_q8_scales_.get(), compute_);
+    moe_combine(expert_y_.get(), routes, T, K, D, tmp_.get(), compute_);
+  }
+
+  // Whether every layer's experts suit moe_ffn_on_device: each kind at a fixed stride, in a format
+  // gemv_experts reads, and at most 32 experts a token (route_experts' one warp).
+  bool experts_routable_on_device() const {
+    if (c_.n_expert_used > 32) return false;
+    for (const DeviceLayer& L : layers_) {
+      for (const DeviceExperts* m : {&L.exp_gate, &L.exp_up, &L.exp_down}) {
+        if (m->each.empty() || m->stride == 0 || !gemv_experts_takes(m->each.front().format, m->each.front().cols)) return false;
+      }
+    }
+    return true;
   }
 
   static constexpr int kMaxSplits = 256;
@@ -647,6 +732,7 @@ class CudaForward final : public DeviceForward {
   int multiprocessors_ = 0;
   bool use_graphs_ = true;
   bool integer_gemv_ = true;
+  bool moe_on_device_ = false;  // moe_ffn_on_device for decode-sized batches
   StepProfile profile_;
   std::size_t weight_bytes_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;

@@ -1,6 +1,7 @@
 // The CUDA backend's kernels (see kernels.cuh). Written for clarity first: one warp per matrix row
 // or cached position, 32-element chunks decoded by blocks.h's decoders, float accumulation.
 #include <cfloat>
+#include <climits>
 
 #include "backend/cuda/kernels.cuh"
 
@@ -103,19 +104,12 @@ __device__ __forceinline__ void write_row_sums(const float (&acc)[kGemvMaxTokens
   }
 }
 
-// One warp per row; each lane decodes 32-element chunks lane, lane + 32, ... and dots them with
-// every token's x.
-constexpr int kGemvWarps = 4;
+// A warp's share of one row of a float-decoded GEMV against every token's x, added to acc (before
+// the warp's sum): each lane decodes 32-element chunks lane, lane + 32, ... and dots them with every
+// token's x.
 template <WeightFormat F>
-__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const std::uint8_t* w, int rows, int cols, const float* x, int T,
-                                                                  float* y) {
+__device__ __forceinline__ void float_row(const std::uint8_t* wr, bool active, int cols, const float* x, int T, float (&acc)[kGemvMaxTokens]) {
   const int lane = threadIdx.x % kWarp;
-  const int row = blockIdx.x * kGemvWarps + threadIdx.x / kWarp;
-  // Warps past the last row stay to the end doing nothing rather than return: every warp of a
-  // block then meets the same shuffles, which CPU runtimes of this code (HIP-CPU) need.
-  const bool active = row < rows;
-  const std::uint8_t* wr = w + format_row_bytes(F, cols) * static_cast<std::size_t>(active ? row : 0);
-  float acc[kGemvMaxTokens] = {};
   float wc[32];
   for (int c = lane; active && c < cols / 32; c += kWarp) {
     decode_chunk<F>(wr, c, wc);
@@ -133,6 +127,20 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const std::uin
       }
     }
   }
+}
+
+// One warp per row.
+constexpr int kGemvWarps = 4;
+template <WeightFormat F>
+__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const std::uint8_t* w, int rows, int cols, const float* x, int T,
+                                                                  float* y) {
+  const int row = blockIdx.x * kGemvWarps + threadIdx.x / kWarp;
+  // Warps past the last row stay to the end doing nothing rather than return: every warp of a
+  // block then meets the same shuffles, which CPU runtimes of this code (HIP-CPU) need.
+  const bool active = row < rows;
+  const std::uint8_t* wr = w + format_row_bytes(F, cols) * static_cast<std::size_t>(active ? row : 0);
+  float acc[kGemvMaxTokens] = {};
+  float_row<F>(wr, active, cols, x, T, acc);
   write_row_sums(acc, T, active, y, rows, row);
 }
 
@@ -320,6 +328,105 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_parts_kernel(GemvP
     default: q8_0_or_q4_0_row_q8<WeightFormat::Q4_0>(wr, active, cols, xq, xds, T, acc); break;
   }
   write_row_sums(acc, T, active, part.y, part.rows, row);
+}
+
+// ---- mixtures of experts, routed on the device -----------------------------------------------
+
+// One warp per token: route_experts' choice (the k largest logits, the lower index first among
+// equals; NaN counts as -inf, so k distinct experts are always chosen) by k rounds of a warp
+// argmax over the experts not yet taken, lane i keeping choice i; written in expert order.
+__global__ void route_experts_kernel(const float* logits, int n_expert, int k, bool softmax_over_all, ExpertRoutes routes) {
+  extern __shared__ float shared[];
+  float* l = shared;                                             // [n_expert]
+  unsigned char* taken = reinterpret_cast<unsigned char*>(l + n_expert);  // [n_expert]
+  const int t = blockIdx.x, lane = threadIdx.x;
+  const float* row = logits + static_cast<std::size_t>(t) * n_expert;
+  for (int e = lane; e < n_expert; e += kWarp) {
+    l[e] = isnan(row[e]) ? -INFINITY : row[e];
+    taken[e] = 0;
+  }
+  __syncwarp();
+  int mine = -1;  // lane i < k: choice i's expert
+  float mine_logit = -INFINITY, max = -INFINITY;
+  for (int i = 0; i < k; ++i) {
+    float best = -INFINITY;
+    int best_e = INT_MAX;
+    for (int e = lane; e < n_expert; e += kWarp) {
+      if (!taken[e] && (l[e] > best || (l[e] == best && e < best_e))) best = l[e], best_e = e;
+    }
+    for (int o = kWarp / 2; o > 0; o /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, best, o);
+      const int other_e = __shfl_xor_sync(0xffffffffu, best_e, o);
+      if (other > best || (other == best && other_e < best_e)) best = other, best_e = other_e;
+    }
+    if (lane == 0) taken[best_e] = 1;
+    __syncwarp();
+    if (lane == i) mine = best_e, mine_logit = best;
+    if (i == 0) max = best;
+  }
+  const float weight = lane < k ? expf(mine_logit - max) : 0.0f;
+  float denominator = 0.0f;
+  if (softmax_over_all) {
+    for (int e = lane; e < n_expert; e += kWarp) denominator += expf(l[e] - max);
+  } else {
+    denominator = weight;
+  }
+  denominator = warp_sum(denominator);
+  int rank = 0;  // among the chosen, by expert
+  for (int j = 0; j < k; ++j) rank += __shfl_sync(0xffffffffu, mine, j) < mine;
+  if (lane < k) {
+    routes.experts[t * k + rank] = mine;
+    routes.weights[t * k + rank] = weight / denominator;
+  }
+}
+
+// Each (token, chosen expert) pair, blockIdx.y, through its expert's matrix: one warp per row of
+// the parts' rows taken in turn (gate and up in one launch), the pair's x row pair / pairs_per_x;
+// kInteger: the quantized formats by dp4a on x as int8, else the float formats on x as floats.
+template <bool kInteger>
+__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_experts_kernel(ExpertGemv g, const std::int32_t* experts, const float* x,
+                                                                          const std::int8_t* xq, const float2* xds) {
+  const int pair = static_cast<int>(blockIdx.y);
+  const int row_blocks = (g.rows + kGemvWarps - 1) / kGemvWarps;
+  const bool second = g.n > 1 && static_cast<int>(blockIdx.x) >= row_blocks;
+  const ExpertMatrices m = second ? g.part[1] : g.part[0];
+  const int row = (static_cast<int>(blockIdx.x) - (second ? row_blocks : 0)) * kGemvWarps + threadIdx.x / kWarp;
+  const bool active = row < g.rows;  // no early return (see gemv_kernel)
+  const std::uint8_t* wr = m.w + m.stride * static_cast<std::size_t>(experts[pair]) +
+                           format_row_bytes(m.format, g.cols) * static_cast<std::size_t>(active ? row : 0);
+  const std::size_t x_row = static_cast<std::size_t>(pair / g.pairs_per_x);
+  float acc[kGemvMaxTokens] = {};
+  if constexpr (kInteger) {
+    const std::int8_t* q = xq + x_row * g.cols;
+    const float2* ds = xds + x_row * (g.cols / 32);
+    switch (m.format) {
+      case WeightFormat::Q4_K: q4k_row_q8(wr, active, g.cols, q, ds, 1, acc); break;
+      case WeightFormat::Q6_K: q6k_row_q8(wr, active, g.cols, q, ds, 1, acc); break;
+      case WeightFormat::Q8_0: q8_0_or_q4_0_row_q8<WeightFormat::Q8_0>(wr, active, g.cols, q, ds, 1, acc); break;
+      default: q8_0_or_q4_0_row_q8<WeightFormat::Q4_0>(wr, active, g.cols, q, ds, 1, acc); break;
+    }
+  } else {
+    const float* xr = x + x_row * g.cols;
+    switch (m.format) {
+      case WeightFormat::F16: float_row<WeightFormat::F16>(wr, active, g.cols, xr, 1, acc); break;
+      case WeightFormat::BF16: float_row<WeightFormat::BF16>(wr, active, g.cols, xr, 1, acc); break;
+      default: float_row<WeightFormat::F32>(wr, active, g.cols, xr, 1, acc); break;
+    }
+  }
+  write_row_sums(acc, 1, active, m.y + static_cast<std::size_t>(pair) * g.rows, g.rows, row);
+}
+
+// out[t] = sum over token t's pairs, in expert order (the CPU's order), of weight * y[pair].
+__global__ void moe_combine_kernel(const float* y, ExpertRoutes routes, int k, int d, float* out) {
+  const int t = blockIdx.x;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const std::size_t pair = static_cast<std::size_t>(t) * k + j;
+      sum += routes.weights[pair] * y[pair * d + i];
+    }
+    out[static_cast<std::size_t>(t) * d + i] = sum;
+  }
 }
 
 // Float formats' rows of any length (not whole 32-element chunks), element by element: slower, and
@@ -619,6 +726,39 @@ void gemv_q8(const GemvParts& parts, const std::int8_t* q, const float2* scale_s
     blocks += blocks_for(static_cast<std::size_t>(parts.part[p].rows), kGemvWarps);
   }
   if (blocks > 0) gemv_q8_parts_kernel<<<blocks, kGemvWarps * kWarp, 0, stream>>>(parts, q, scale_sum, T);
+}
+
+void route_experts(const float* logits, int T, int n_expert, int k, bool softmax_over_all, const ExpertRoutes& routes, cudaStream_t stream) {
+  const std::size_t shared = static_cast<std::size_t>(n_expert) * (sizeof(float) + 1);
+  if (T > 0) route_experts_kernel<<<T, kWarp, shared, stream>>>(logits, n_expert, k, softmax_over_all, routes);
+}
+
+bool gemv_experts_takes(WeightFormat format, int cols) { return cols % 32 == 0 && (is_float_format(format) || gemv_q8_takes(format, cols)); }
+
+void gemv_experts(const ExpertGemv& g, const std::int32_t* experts, int n_pairs, const float* x, const std::int8_t* xq, const float2* xds,
+                  cudaStream_t stream) {
+  if (n_pairs <= 0) return;
+  const unsigned row_blocks = blocks_for(static_cast<std::size_t>(g.rows), kGemvWarps);
+  // A launch reads x in one form: parts of both kinds (never seen in a file) go one at a time.
+  if (g.n > 1 && is_float_format(g.part[0].format) != is_float_format(g.part[1].format)) {
+    for (int p = 0; p < g.n; ++p) {
+      ExpertGemv one = g;
+      one.part[0] = g.part[p];
+      one.n = 1;
+      gemv_experts(one, experts, n_pairs, x, xq, xds, stream);
+    }
+    return;
+  }
+  const dim3 grid(row_blocks * g.n, n_pairs);
+  if (is_float_format(g.part[0].format)) {
+    gemv_experts_kernel<false><<<grid, kGemvWarps * kWarp, 0, stream>>>(g, experts, x, xq, xds);
+  } else {
+    gemv_experts_kernel<true><<<grid, kGemvWarps * kWarp, 0, stream>>>(g, experts, x, xq, xds);
+  }
+}
+
+void moe_combine(const float* y, const ExpertRoutes& routes, int T, int k, int d, float* out, cudaStream_t stream) {
+  if (T > 0) moe_combine_kernel<<<T, 256, 0, stream>>>(y, routes, k, d, out);
 }
 
 void dequantize_to_half(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out, cudaStream_t stream) {

@@ -130,6 +130,37 @@ void gather_rows(const float* src, const std::int32_t* rows, int n, int d, float
 // dst[rows[i]] += weights[i] * src[i] (d floats each; rows distinct): an expert's outputs joining
 // its tokens' FFN sums.
 void add_weighted_rows(const float* src, const std::int32_t* rows, const float* weights, int n, int d, float* dst, cudaStream_t stream);
+// Mixtures of experts in decode-sized batches, routed on the device so that a step needs no trip
+// to the host (and can be a graph): route_experts, each (token, chosen expert) pair's matrices
+// (gemv_experts), then moe_combine.
+// Each token's k experts (k <= 32) as model/moe.h's route_experts chooses and weighs them
+// (softmax_over_all: SoftmaxThenTopK without renormalising, else a softmax over the chosen),
+// written in expert order: pair t * k + i.
+struct ExpertRoutes {
+  std::int32_t* experts;  // [T * k]
+  float* weights;         // [T * k]
+};
+void route_experts(const float* logits, int T, int n_expert, int k, bool softmax_over_all, const ExpertRoutes& routes, cudaStream_t stream);
+// y[p][r] = W_e[r] . x[p / pairs_per_x] for each pair p, e its expert (x rows: the tokens' for
+// gate/up, the pairs' own for down): a quantized part reads x as int8 (xq, xds: quantize_q8's
+// layout), a float part x as floats. Both parts' matrices have rows x cols.
+struct ExpertMatrices {
+  const std::uint8_t* w;  // expert 0's matrix; expert e's at w + e * stride
+  std::size_t stride;
+  WeightFormat format;
+  float* y;  // [pairs][rows]
+};
+struct ExpertGemv {
+  ExpertMatrices part[2];
+  int n;
+  int rows, cols, pairs_per_x;
+};
+bool gemv_experts_takes(WeightFormat format, int cols);
+void gemv_experts(const ExpertGemv& g, const std::int32_t* experts, int n_pairs, const float* x, const std::int8_t* xq, const float2* xds,
+                  cudaStream_t stream);
+// out[t] = the sum of token t's pairs' rows of y with their weights, in expert order (as the CPU adds them).
+void moe_combine(const float* y, const ExpertRoutes& routes, int T, int k, int d, float* out, cudaStream_t stream);
+
 // x = cap * tanh(x / cap).
 void softcap(float* x, std::size_t n, float cap, cudaStream_t stream);
 
