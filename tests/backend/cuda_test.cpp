@@ -767,6 +767,36 @@ TEST(CudaModel, ProfileSplitsEachPassByStretch) {
   EXPECT_EQ(quiet->device()->profile_report(), "");
 }
 
+// Programmatic dependent launches (on by default where the device takes them: sm_90 and later) give
+// the very logits ordinary launches give (PROMPTLY_CUDA_PDL=0), in graphs (decode) and out of them
+// (prefill, cuBLAS between); the device's name says which way it launches.
+TEST(CudaModel, DependentLaunchesComputeWhatOrdinaryOnesDo) {
+  REQUIRE_GPU();
+  cudaDeviceProp props{};
+  CUDA_OK(cudaGetDeviceProperties(&props, 0));
+  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
+  setenv("PROMPTLY_CUDA_PDL", "0", 1);
+  const std::unique_ptr<Model> ordinary = gpu_model(file);
+  unsetenv("PROMPTLY_CUDA_PDL");
+  const std::unique_ptr<Model> dependent = gpu_model(file);
+  EXPECT_EQ(ordinary->device()->name().find("dependent launches"), std::string::npos) << ordinary->device()->name();
+  if (props.major >= 9) {
+    EXPECT_TRUE(dependent_launches_work(nullptr));
+    EXPECT_NE(dependent->device()->name().find("; graphs, dependent launches)"), std::string::npos) << dependent->device()->name();
+  }
+  ThreadPool pool(1);
+  std::mt19937 rng(4);
+  for (const std::size_t prompt_len : {std::size_t{5}, std::size_t{40}}) {
+    const std::vector<std::int32_t> prompt = random_prompt(rng, prompt_len);
+    const Greedy want = run_greedy(*ordinary, prompt, 12, pool), got = run_greedy(*dependent, prompt, 12, pool);
+    EXPECT_EQ(got.tokens, want.tokens) << "prompt " << prompt_len;
+    for (std::size_t step = 0; step < want.logits.size(); ++step) {  // the same kernels in the same order
+      EXPECT_LT(relative_error(got.logits[step], std::vector<double>(want.logits[step].begin(), want.logits[step].end())), 1e-6)
+          << "prompt " << prompt_len << " step " << step;
+    }
+  }
+}
+
 // A token tree after a prompt (two first-level nodes, branches of depth 2 and 3): each node's logits
 // as the CPU's, so each sees its context and its own ancestors, never a sibling's branch.
 std::vector<std::vector<float>> tree_logits(const Model& model, ThreadPool& pool) {

@@ -134,12 +134,15 @@ class CudaForward final : public DeviceForward {
     PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
     cudaDeviceProp props{};
     PROMPTLY_CUDA_CHECK(cudaGetDeviceProperties(&props, device_));
-    name_ = "cuda:" + std::to_string(device_) + " (" + props.name + ")";
+    name_ = "cuda:" + std::to_string(device_);  // then what the device is and how it runs, below
     multiprocessors_ = props.multiProcessorCount;
     PROMPTLY_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     PROMPTLY_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
     PROMPTLY_CUDA_CHECK(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
     PROMPTLY_CUDA_CHECK(cudaEventCreateWithFlags(&sampled_, cudaEventDisableTiming));
+    // Programmatic dependent launches (kernels.cu's launch) where the device and driver take them;
+    // PROMPTLY_CUDA_PDL=0 launches the ordinary way, for comparing the two (tools/gpu-check.sh).
+    dependent_launches_ = !env_is("PROMPTLY_CUDA_PDL", "0") && props.major >= 9 && dependent_launches_work(compute_);
     upload_weights();
     // A mixture of experts routes decode-sized batches on the device (moe_ffn_on_device), so that
     // their steps are graphs too, where its experts allow; PROMPTLY_CUDA_MOE=host routes them all on
@@ -147,6 +150,8 @@ class CudaForward final : public DeviceForward {
     // comparing the two (tools/gpu-check.sh).
     moe_on_device_ = c_.is_moe() && !env_is("PROMPTLY_CUDA_MOE", "host") && experts_routable_on_device();
     if (c_.is_moe() && !moe_on_device_) use_graphs_ = false;
+    name_ += std::string(" (") + props.name + "; " + (use_graphs_ ? "graphs" : "no graphs") +
+             (dependent_launches_ ? ", dependent launches" : "") + ")";
   }
 
   ~CudaForward() override {
@@ -208,6 +213,7 @@ class CudaForward final : public DeviceForward {
   bool forward(const Batch& batch, KvCache& cache, std::vector<float>& logits,
                const std::function<bool(std::size_t layer)>& stop_before, DeviceSampling* sampling) override {
     PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
+    const DependentLaunches launches(dependent_launches_);
     const int T = static_cast<int>(batch.size());
     reserve_for(batch, cache);
     DeviceKvStore& kv = kv_state(cache);
@@ -733,6 +739,7 @@ class CudaForward final : public DeviceForward {
   bool use_graphs_ = true;
   bool integer_gemv_ = true;
   bool moe_on_device_ = false;  // moe_ffn_on_device for decode-sized batches
+  bool dependent_launches_ = false;
   StepProfile profile_;
   std::size_t weight_bytes_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;

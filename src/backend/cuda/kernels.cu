@@ -10,6 +10,47 @@ namespace {
 
 constexpr int kWarp = 32;
 
+// Programmatic dependent launch (sm_90): a kernel launched with it may start while the one before
+// it in the stream is still finishing, so that its launch and ramp overlap that kernel's tail
+// instead of following it (a decode step is hundreds of short kernels). Every kernel here first
+// waits for the previous grid's completion and memory (griddepcontrol.wait, before touching global
+// memory, so the order of reads and writes is the stream's), then lets the next one launch. Where
+// the launch is an ordinary one, both instructions do nothing.
+__device__ __forceinline__ void dependent_launch_prologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Set for the calling thread's launches by DependentLaunches (each forward pass its own way).
+thread_local bool t_dependent_launches = false;
+
+template <typename... Params, typename... Args>
+void launch_as(bool dependent, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t stream, Args... args) {
+  if (!dependent) {
+    kernel<<<grid, block, shared, stream>>>(args...);
+    return;
+  }
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  // A failure is the stream's last error, which the forward pass checks after its launches.
+  (void)cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t stream, Args... args) {
+  launch_as(t_dependent_launches, kernel, grid, block, shared, stream, args...);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -32,6 +73,7 @@ __device__ __forceinline__ const __half* kv_part(const DeviceKv& kv, int block, 
 }
 
 __global__ void embed_kernel(const std::uint8_t* table, WeightFormat format, int d, StepMeta meta, float scale, float* x) {
+  dependent_launch_prologue();
   const int t = blockIdx.x;
   const std::uint8_t* row = table + format_row_bytes(format, d) * static_cast<std::size_t>(meta.tokens[t]);
   float chunk[32];
@@ -62,6 +104,7 @@ __device__ __forceinline__ void warp_quantize_q8(float v, std::size_t b, bool st
 
 __global__ void add_rmsnorm_kernel(float* x, const float* delta, const float* delta_norm, const float* weight, int d, float eps,
                                    float* out, Q8Out q8) {
+  dependent_launch_prologue();
   float* xt = x + static_cast<std::size_t>(blockIdx.x) * d;
   if (delta) {
     const float* dt = delta + static_cast<std::size_t>(blockIdx.x) * d;
@@ -134,6 +177,7 @@ constexpr int kGemvWarps = 4;
 template <WeightFormat F>
 __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const std::uint8_t* w, int rows, int cols, const float* x, int T,
                                                                   float* y) {
+  dependent_launch_prologue();
   const int row = blockIdx.x * kGemvWarps + threadIdx.x / kWarp;
   // Warps past the last row stay to the end doing nothing rather than return: every warp of a
   // block then meets the same shuffles, which CPU runtimes of this code (HIP-CPU) need.
@@ -154,6 +198,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const std::uin
 
 // One warp per block of 32: scale max|x| / 127, round to nearest.
 __global__ void quantize_q8_kernel(const float* x, std::size_t n_blocks, Q8Out out) {
+  dependent_launch_prologue();
   const std::size_t b = static_cast<std::size_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   const bool active = b < n_blocks;  // no early return: every warp meets the shuffles (see gemv_kernel)
   warp_quantize_q8(active ? x[b * kWarp + threadIdx.x % kWarp] : 0.0f, b, active, out);
@@ -306,6 +351,7 @@ __device__ __forceinline__ void q8_0_or_q4_0_row_q8(const std::uint8_t* wr, bool
 // decode step is many small kernels, and each launch costs a few microseconds on its own); a
 // block's warps all in one part.
 __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_parts_kernel(GemvParts parts, const std::int8_t* xq, const float2* xds, int T) {
+  dependent_launch_prologue();
   // Selected by branches, not an index: a dynamic index would copy the parameters to local memory.
   const int b = static_cast<int>(blockIdx.x);
   const int blocks0 = (parts.part[0].rows + kGemvWarps - 1) / kGemvWarps, blocks1 = (parts.part[1].rows + kGemvWarps - 1) / kGemvWarps;
@@ -336,6 +382,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_parts_kernel(GemvP
 // equals; NaN counts as -inf, so k distinct experts are always chosen) by k rounds of a warp
 // argmax over the experts not yet taken, lane i keeping choice i; written in expert order.
 __global__ void route_experts_kernel(const float* logits, int n_expert, int k, bool softmax_over_all, ExpertRoutes routes) {
+  dependent_launch_prologue();
   extern __shared__ float shared[];
   float* l = shared;                                             // [n_expert]
   unsigned char* taken = reinterpret_cast<unsigned char*>(l + n_expert);  // [n_expert]
@@ -386,6 +433,7 @@ __global__ void route_experts_kernel(const float* logits, int n_expert, int k, b
 template <bool kInteger>
 __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_experts_kernel(ExpertGemv g, const std::int32_t* experts, const float* x,
                                                                           const std::int8_t* xq, const float2* xds) {
+  dependent_launch_prologue();
   const int pair = static_cast<int>(blockIdx.y);
   const int row_blocks = (g.rows + kGemvWarps - 1) / kGemvWarps;
   const bool second = g.n > 1 && static_cast<int>(blockIdx.x) >= row_blocks;
@@ -418,6 +466,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_experts_kernel(Expert
 
 // out[t] = sum over token t's pairs, in expert order (the CPU's order), of weight * y[pair].
 __global__ void moe_combine_kernel(const float* y, ExpertRoutes routes, int k, int d, float* out) {
+  dependent_launch_prologue();
   const int t = blockIdx.x;
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float sum = 0.0f;
@@ -433,6 +482,7 @@ __global__ void moe_combine_kernel(const float* y, ExpertRoutes routes, int k, i
 // only small models have them (stories260K's FFN of 172).
 __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_elements_kernel(const std::uint8_t* w, WeightFormat format, int rows, int cols,
                                                                            const float* x, int T, float* y) {
+  dependent_launch_prologue();
   const int lane = threadIdx.x % kWarp;
   const int row = blockIdx.x * kGemvWarps + threadIdx.x / kWarp;
   const bool active = row < rows;
@@ -449,6 +499,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_elements_kernel(const
 }
 
 __global__ void dequantize_elements_kernel(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out) {
+  dependent_launch_prologue();
   const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<std::size_t>(rows) * cols) return;
   const std::size_t row = i / cols;
@@ -456,6 +507,7 @@ __global__ void dequantize_elements_kernel(const std::uint8_t* w, WeightFormat f
 }
 
 __global__ void dequantize_kernel(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out) {
+  dependent_launch_prologue();
   const std::size_t chunks_per_row = cols / 32;
   const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= chunks_per_row * rows) return;
@@ -468,12 +520,14 @@ __global__ void dequantize_kernel(const std::uint8_t* w, WeightFormat format, in
 }
 
 __global__ void float_to_half_kernel(const float* x, std::size_t n, __half* out) {
+  dependent_launch_prologue();
   const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = __float2half(x[i]);
 }
 
 // One block per (token, head); q heads first, then the KV heads (keys and values together).
 __global__ void qkv_post_kernel(QkvPost p, StepMeta meta, DeviceKv kv) {
+  dependent_launch_prologue();
   extern __shared__ float head[];  // head_dim
   const int t = blockIdx.x, h = blockIdx.y, hd = p.head_dim;
   const bool is_q = h < p.n_head;
@@ -526,6 +580,7 @@ __global__ void qkv_post_kernel(QkvPost p, StepMeta meta, DeviceKv kv) {
 constexpr int kAttentionWarps = 4;
 constexpr int kPerLane = kMaxHeadDim / kWarp;
 __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(AttentionArgs a, StepMeta meta, DeviceKv kv) {
+  dependent_launch_prologue();
   const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, hd = a.head_dim;
   const int kh = h / (a.n_head / a.n_head_kv);
@@ -603,6 +658,7 @@ __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(Atte
 }
 
 __global__ void attention_combine_kernel(AttentionArgs a, Q8Out q8) {
+  dependent_launch_prologue();
   const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
   const float* parts = a.partials + (static_cast<std::size_t>(t) * a.n_head + h) * a.n_splits * (hd + 2);
   float top = -FLT_MAX;
@@ -631,6 +687,7 @@ __global__ void attention_combine_kernel(AttentionArgs a, Q8Out q8) {
 }
 
 __global__ void gated_activation_kernel(float* gate, const float* up, std::size_t n, bool gelu, Q8Out q8) {
+  dependent_launch_prologue();
   const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool in = i < n;  // no early return: warp_quantize_q8's shuffles (n a multiple of 32 then)
   const float g = in ? gate[i] : 0.0f;
@@ -647,6 +704,7 @@ __global__ void gated_activation_kernel(float* gate, const float* up, std::size_
 }
 
 __global__ void add_weighted_rows_kernel(const float* src, const std::int32_t* rows, const float* weights, int d, float* dst) {
+  dependent_launch_prologue();
   const float w = weights[blockIdx.x];
   const float* s = src + static_cast<std::size_t>(blockIdx.x) * d;
   float* o = dst + static_cast<std::size_t>(rows[blockIdx.x]) * d;
@@ -654,18 +712,21 @@ __global__ void add_weighted_rows_kernel(const float* src, const std::int32_t* r
 }
 
 __global__ void gather_rows_kernel(const float* src, const std::int32_t* rows, int d, float* dst) {
+  dependent_launch_prologue();
   const float* s = src + static_cast<std::size_t>(rows[blockIdx.x]) * d;
   float* o = dst + static_cast<std::size_t>(blockIdx.x) * d;
   for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = s[i];
 }
 
 __global__ void softcap_kernel(float* x, std::size_t n, float cap) {
+  dependent_launch_prologue();
   const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
 // blockIdx.x: (layer, K or V, head); the threads walk the rows' halves.
 __global__ void copy_kv_rows_kernel(DeviceKv kv, int from, int from_slot, int to, int to_slot, int n_rows) {
+  dependent_launch_prologue();
   const int layer = blockIdx.x / (2 * kv.n_head_kv), which = blockIdx.x / kv.n_head_kv % 2, head = blockIdx.x % kv.n_head_kv;
   const std::size_t head_rows = static_cast<std::size_t>(head) * kv.block_tokens;
   const __half* src = kv_part(kv, from, layer, which) + (head_rows + from_slot) * kv.head_dim;
@@ -679,34 +740,34 @@ unsigned blocks_for(std::size_t n, unsigned threads) { return static_cast<unsign
 }  // namespace
 
 void embed(const std::uint8_t* table, WeightFormat format, int d, const StepMeta& meta, int T, float scale, float* x, cudaStream_t stream) {
-  embed_kernel<<<T, 128, 0, stream>>>(table, format, d, meta, scale, x);
+  launch(embed_kernel, T, 128, 0, stream, table, format, d, meta, scale, x);
 }
 
 void add_rmsnorm(float* x, const float* delta, const float* delta_norm, const float* weight, int d, int T, float eps, float* out,
                  cudaStream_t stream, const Q8Out& q8) {
-  add_rmsnorm_kernel<<<T, 256, 0, stream>>>(x, delta, delta_norm, weight, d, eps, out, d % kWarp == 0 ? q8 : Q8Out{});
+  launch(add_rmsnorm_kernel, T, 256, 0, stream, x, delta, delta_norm, weight, d, eps, out, d % kWarp == 0 ? q8 : Q8Out{});
 }
 
 void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const float* x, int T, float* y, cudaStream_t stream) {
   const dim3 grid(blocks_for(static_cast<std::size_t>(rows), kGemvWarps)), block(kGemvWarps * kWarp);
   if (cols % 32) {
-    gemv_elements_kernel<<<grid, block, 0, stream>>>(w, format, rows, cols, x, T, y);
+    launch(gemv_elements_kernel, grid, block, 0, stream, w, format, rows, cols, x, T, y);
     return;
   }
   switch (format) {
-    case WeightFormat::F32: gemv_kernel<WeightFormat::F32><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
-    case WeightFormat::F16: gemv_kernel<WeightFormat::F16><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
-    case WeightFormat::BF16: gemv_kernel<WeightFormat::BF16><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
-    case WeightFormat::Q8_0: gemv_kernel<WeightFormat::Q8_0><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
-    case WeightFormat::Q4_0: gemv_kernel<WeightFormat::Q4_0><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
-    case WeightFormat::Q4_K: gemv_kernel<WeightFormat::Q4_K><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
-    case WeightFormat::Q6_K: gemv_kernel<WeightFormat::Q6_K><<<grid, block, 0, stream>>>(w, rows, cols, x, T, y); break;
+    case WeightFormat::F32: launch(gemv_kernel<WeightFormat::F32>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
+    case WeightFormat::F16: launch(gemv_kernel<WeightFormat::F16>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
+    case WeightFormat::BF16: launch(gemv_kernel<WeightFormat::BF16>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
+    case WeightFormat::Q8_0: launch(gemv_kernel<WeightFormat::Q8_0>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
+    case WeightFormat::Q4_0: launch(gemv_kernel<WeightFormat::Q4_0>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
+    case WeightFormat::Q4_K: launch(gemv_kernel<WeightFormat::Q4_K>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
+    case WeightFormat::Q6_K: launch(gemv_kernel<WeightFormat::Q6_K>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
   }
 }
 
 void quantize_q8(const float* x, int T, int cols, std::int8_t* q, float2* scale_sum, cudaStream_t stream) {
   const std::size_t n_blocks = static_cast<std::size_t>(T) * (cols / 32);
-  if (n_blocks > 0) quantize_q8_kernel<<<blocks_for(n_blocks, 8), 8 * kWarp, 0, stream>>>(x, n_blocks, Q8Out{q, scale_sum});
+  if (n_blocks > 0) launch(quantize_q8_kernel, blocks_for(n_blocks, 8), 8 * kWarp, 0, stream, x, n_blocks, Q8Out{q, scale_sum});
 }
 
 bool gemv_q8_takes(WeightFormat format, int cols) {
@@ -725,12 +786,12 @@ void gemv_q8(const GemvParts& parts, const std::int8_t* q, const float2* scale_s
     if (!gemv_q8_takes(parts.part[p].format, parts.cols)) return;
     blocks += blocks_for(static_cast<std::size_t>(parts.part[p].rows), kGemvWarps);
   }
-  if (blocks > 0) gemv_q8_parts_kernel<<<blocks, kGemvWarps * kWarp, 0, stream>>>(parts, q, scale_sum, T);
+  if (blocks > 0) launch(gemv_q8_parts_kernel, blocks, kGemvWarps * kWarp, 0, stream, parts, q, scale_sum, T);
 }
 
 void route_experts(const float* logits, int T, int n_expert, int k, bool softmax_over_all, const ExpertRoutes& routes, cudaStream_t stream) {
   const std::size_t shared = static_cast<std::size_t>(n_expert) * (sizeof(float) + 1);
-  if (T > 0) route_experts_kernel<<<T, kWarp, shared, stream>>>(logits, n_expert, k, softmax_over_all, routes);
+  if (T > 0) launch(route_experts_kernel, T, kWarp, shared, stream, logits, n_expert, k, softmax_over_all, routes);
 }
 
 bool gemv_experts_takes(WeightFormat format, int cols) { return cols % 32 == 0 && (is_float_format(format) || gemv_q8_takes(format, cols)); }
@@ -751,58 +812,98 @@ void gemv_experts(const ExpertGemv& g, const std::int32_t* experts, int n_pairs,
   }
   const dim3 grid(row_blocks * g.n, n_pairs);
   if (is_float_format(g.part[0].format)) {
-    gemv_experts_kernel<false><<<grid, kGemvWarps * kWarp, 0, stream>>>(g, experts, x, xq, xds);
+    launch(gemv_experts_kernel<false>, grid, kGemvWarps * kWarp, 0, stream, g, experts, x, xq, xds);
   } else {
-    gemv_experts_kernel<true><<<grid, kGemvWarps * kWarp, 0, stream>>>(g, experts, x, xq, xds);
+    launch(gemv_experts_kernel<true>, grid, kGemvWarps * kWarp, 0, stream, g, experts, x, xq, xds);
   }
 }
 
 void moe_combine(const float* y, const ExpertRoutes& routes, int T, int k, int d, float* out, cudaStream_t stream) {
-  if (T > 0) moe_combine_kernel<<<T, 256, 0, stream>>>(y, routes, k, d, out);
+  if (T > 0) launch(moe_combine_kernel, T, 256, 0, stream, y, routes, k, d, out);
 }
 
 void dequantize_to_half(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out, cudaStream_t stream) {
   if (cols % 32) {
     const std::size_t n = static_cast<std::size_t>(rows) * cols;
-    dequantize_elements_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(w, format, rows, cols, out);
+    launch(dequantize_elements_kernel, blocks_for(n, 256), 256, 0, stream, w, format, rows, cols, out);
     return;
   }
   const std::size_t n = static_cast<std::size_t>(rows) * (cols / 32);
-  dequantize_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(w, format, rows, cols, out);
+  launch(dequantize_kernel, blocks_for(n, 256), 256, 0, stream, w, format, rows, cols, out);
 }
 
 void float_to_half(const float* x, std::size_t n, __half* out, cudaStream_t stream) {
-  float_to_half_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, n, out);
+  launch(float_to_half_kernel, blocks_for(n, 256), 256, 0, stream, x, n, out);
 }
 
 void qkv_post(const QkvPost& p, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream) {
   const dim3 grid(T, p.n_head + p.n_head_kv);
-  qkv_post_kernel<<<grid, 128, p.head_dim * sizeof(float), stream>>>(p, meta, kv);
+  launch(qkv_post_kernel, grid, 128, p.head_dim * sizeof(float), stream, p, meta, kv);
 }
 
 void attention(const AttentionArgs& a, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream, const Q8Out& q8) {
-  attention_kernel<<<dim3(T, a.n_head, a.n_splits), kAttentionWarps * kWarp, 0, stream>>>(a, meta, kv);
-  attention_combine_kernel<<<dim3(T, a.n_head), 128, 0, stream>>>(a, attention_writes_q8(a.head_dim) ? q8 : Q8Out{});
+  launch(attention_kernel, dim3(T, a.n_head, a.n_splits), kAttentionWarps * kWarp, 0, stream, a, meta, kv);
+  launch(attention_combine_kernel, dim3(T, a.n_head), 128, 0, stream, a, attention_writes_q8(a.head_dim) ? q8 : Q8Out{});
 }
 
 void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cudaStream_t stream, const Q8Out& q8) {
-  gated_activation_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n, gelu, n % kWarp == 0 ? q8 : Q8Out{});
+  launch(gated_activation_kernel, blocks_for(n, 256), 256, 0, stream, gate, up, n, gelu, n % kWarp == 0 ? q8 : Q8Out{});
 }
 
 void gather_rows(const float* src, const std::int32_t* rows, int n, int d, float* dst, cudaStream_t stream) {
-  if (n > 0) gather_rows_kernel<<<n, 256, 0, stream>>>(src, rows, d, dst);
+  if (n > 0) launch(gather_rows_kernel, n, 256, 0, stream, src, rows, d, dst);
 }
 
 void add_weighted_rows(const float* src, const std::int32_t* rows, const float* weights, int n, int d, float* dst, cudaStream_t stream) {
-  if (n > 0) add_weighted_rows_kernel<<<n, 256, 0, stream>>>(src, rows, weights, d, dst);
+  if (n > 0) launch(add_weighted_rows_kernel, n, 256, 0, stream, src, rows, weights, d, dst);
 }
 
 void softcap(float* x, std::size_t n, float cap, cudaStream_t stream) {
-  if (n > 0) softcap_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, n, cap);
+  if (n > 0) launch(softcap_kernel, blocks_for(n, 256), 256, 0, stream, x, n, cap);
 }
 
 void copy_kv_rows(const DeviceKv& kv, int from, int from_slot, int to, int to_slot, int n_rows, cudaStream_t stream) {
-  copy_kv_rows_kernel<<<kv.n_layer * 2 * kv.n_head_kv, 256, 0, stream>>>(kv, from, from_slot, to, to_slot, n_rows);
+  launch(copy_kv_rows_kernel, kv.n_layer * 2 * kv.n_head_kv, 256, 0, stream, kv, from, from_slot, to, to_slot, n_rows);
 }
+
+// Two dependent launches of a kernel that adds to a counter, directly and captured in a graph: the
+// counter must read 4, with no error on the way.
+namespace {
+__global__ void count_kernel(int* counter) {
+  dependent_launch_prologue();
+  if (threadIdx.x == 0) *counter += 1;
+}
+}  // namespace
+
+bool dependent_launches_work(cudaStream_t stream) {
+  int* counter = nullptr;
+  if (cudaMalloc(&counter, sizeof(int)) != cudaSuccess) return cudaGetLastError(), false;
+  bool ok = cudaMemsetAsync(counter, 0, sizeof(int), stream) == cudaSuccess;
+  const auto two = [&] {
+    launch_as(true, count_kernel, 1, kWarp, 0, stream, counter);
+    launch_as(true, count_kernel, 1, kWarp, 0, stream, counter);
+  };
+  two();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ok = ok && cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+  if (ok) {
+    two();
+    ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph;
+  }
+  ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess && cudaGraphLaunch(exec, stream) == cudaSuccess;
+  int seen = 0;
+  ok = ok && cudaMemcpyAsync(&seen, counter, sizeof(int), cudaMemcpyDeviceToHost, stream) == cudaSuccess &&
+       cudaStreamSynchronize(stream) == cudaSuccess && seen == 4;
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  cudaStreamSynchronize(stream);
+  cudaFree(counter);
+  cudaGetLastError();  // a failed try leaves no error behind for the next check
+  return ok;
+}
+
+DependentLaunches::DependentLaunches(bool on) : previous_(t_dependent_launches) { t_dependent_launches = on; }
+DependentLaunches::~DependentLaunches() { t_dependent_launches = previous_; }
 
 }  // namespace promptly::backend::cuda

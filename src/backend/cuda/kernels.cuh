@@ -18,6 +18,21 @@ constexpr int kGemvMaxTokens = 8;
 // Most head_dim attention takes (8 elements a lane of a warp).
 constexpr int kMaxHeadDim = 256;
 
+// Programmatic dependent launches (sm_90 and a driver that takes them): whether they work on the
+// stream's device (two launches, direct and in a graph); while a DependentLaunches(true) lives, the
+// launches below from its thread are made that way.
+bool dependent_launches_work(cudaStream_t stream);
+class DependentLaunches {
+ public:
+  explicit DependentLaunches(bool on);
+  ~DependentLaunches();
+  DependentLaunches(const DependentLaunches&) = delete;
+  DependentLaunches& operator=(const DependentLaunches&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Per-token facts of one pass, in device memory (written by the host before each step).
 struct StepMeta {
   const std::int32_t* tokens;       // [T]
