@@ -1,7 +1,7 @@
 // Tensor parallelism: a model split over ranks computes what the whole model computes.
 //
 // The slicing and the step protocol are checked in one process, the ranks being threads joined by a
-// shared-memory group (ThreadGroup below, the same collectives as MPI's), on every architecture's
+// shared-memory group (tests/parallel/thread_group.h, the same collectives as MPI's), on every architecture's
 // tiny preset, in batches of several sequences, and under the engine (prefix-cache hits, whose block
 // copies the other ranks must repeat). The real thing, `mpirun -n 2 promptly ... --tp 2`, runs at the
 // end where this binary was built with MPI and mpirun is installed.
@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "../test_util.h"
+#include "split_model.h"
 #include "convert/synthetic_model.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
@@ -29,61 +30,8 @@
 namespace promptly {
 namespace {
 
-// R ranks in one process: each collective is a rendezvous of R threads on a barrier. Sums run in
-// rank order on every rank, so all ranks get the same bits (as the communicator promises).
-class ThreadGroup {
- public:
-  explicit ThreadGroup(int ranks) : ranks_(ranks), barrier_(ranks), slots_(static_cast<std::size_t>(ranks)) {}
-
-  class Rank final : public parallel::Communicator {
-   public:
-    Rank(ThreadGroup& g, int rank) : g_(g), rank_(rank) {}
-    int rank() const override { return rank_; }
-    int size() const override { return g_.ranks_; }
-    void all_reduce_sum(float* data, std::size_t n) override {
-      publish(data);
-      std::vector<float> sum(n, 0.0f);
-      for (const void* p : g_.slots_) {
-        for (std::size_t i = 0; i < n; ++i) sum[i] += static_cast<const float*>(p)[i];
-      }
-      g_.barrier_.arrive_and_wait();  // everyone has read everyone's data
-      std::copy(sum.begin(), sum.end(), data);
-    }
-    void broadcast(void* data, std::size_t bytes) override {
-      publish(data);
-      if (rank_ != 0) std::memcpy(data, g_.slots_[0], bytes);
-      g_.barrier_.arrive_and_wait();
-    }
-    void gather(const float* send, std::size_t n, float* out, const std::size_t* counts, const std::size_t* offsets) override {
-      publish(send);
-      (void)n;
-      if (rank_ == 0) {
-        for (int r = 0; r < g_.ranks_; ++r) {
-          std::memcpy(out + offsets[r], g_.slots_[static_cast<std::size_t>(r)], counts[r] * sizeof(float));
-        }
-      }
-      g_.barrier_.arrive_and_wait();
-    }
-    void abandon() override {}
-    void set_silence_limit(double) override {}
-    Totals totals() const override { return {}; }
-
-   private:
-    void publish(const void* p) {
-      g_.slots_[static_cast<std::size_t>(rank_)] = p;
-      g_.barrier_.arrive_and_wait();
-    }
-    ThreadGroup& g_;
-    int rank_;
-  };
-
-  std::shared_ptr<parallel::Communicator> rank(int r) { return std::make_shared<Rank>(*this, r); }
-
- private:
-  int ranks_;
-  std::barrier<> barrier_;
-  std::vector<const void*> slots_;
-};
+using test::SplitModel;
+using test::ThreadGroup;
 
 std::shared_ptr<const gguf::File> make_model(const test::TempDir& dir, const std::string& preset, DType type) {
   ThreadPool pool(2);
@@ -91,40 +39,6 @@ std::shared_ptr<const gguf::File> make_model(const test::TempDir& dir, const std
   write_synthetic_model(synthetic_preset(preset), type, 5, path, pool);
   return gguf::File::open(path);
 }
-
-// The model split over `ranks` threads: rank 0's Model in this thread, the others following it.
-class SplitModel {
- public:
-  SplitModel(std::shared_ptr<const gguf::File> file, int ranks) : group_(ranks) {
-    std::vector<std::promise<void>> loaded(static_cast<std::size_t>(ranks - 1));
-    for (int r = 1; r < ranks; ++r) {
-      followers_.emplace_back([this, file, r, &loaded] {
-        std::unique_ptr<Model> m;
-        try {
-          m = std::make_unique<Model>(file, group_.rank(r));
-        } catch (...) {
-          loaded[static_cast<std::size_t>(r - 1)].set_exception(std::current_exception());
-          return;
-        }
-        loaded[static_cast<std::size_t>(r - 1)].set_value();
-        ThreadPool pool(1);
-        m->follow_steps(pool);
-      });
-    }
-    for (auto& l : loaded) l.get_future().get();
-    rank0_ = std::make_unique<Model>(file, group_.rank(0));
-  }
-  ~SplitModel() {
-    rank0_.reset();  // tells the others to stop
-    for (std::thread& t : followers_) t.join();
-  }
-  const Model& model() const { return *rank0_; }
-
- private:
-  ThreadGroup group_;
-  std::vector<std::thread> followers_;
-  std::unique_ptr<Model> rank0_;
-};
 
 // Logits of a fixed script of passes: two sequences prefilled in chunks side by side, then decoded
 // together, a third joining midway.
