@@ -78,6 +78,16 @@ for mode in draft tree; do
   grep -iE 'speculation|model on|error' "$out/run-stderr.txt" | head -n 4 | tee -a "$summary"
 done
 
+# Tensor parallelism on the GPU(s): two ranks (sharing the GPU where there is one), where mpirun is.
+if command -v mpirun > /dev/null; then
+  one=$(timeout 60 $P run -m models/promptly-code-23m-q8_0.gguf -p 'def fibonacci(n):' -n 48 --temp 0 --device cuda 2>/dev/null)
+  two=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 90 mpirun --oversubscribe -n 2 -x LD_LIBRARY_PATH \
+    $P run -m models/promptly-code-23m-q8_0.gguf -p 'def fibonacci(n):' -n 48 --temp 0 --device cuda --tp 2 2>"$out/tp-stderr.txt")
+  if [ -n "$two" ] && [ "$one" = "$two" ]; then say "same text with --tp 2 on the GPU"; else say "DIFFERENT text with --tp 2"; say "one: $one"; say "two: $two"; tail -n 3 "$out/tp-stderr.txt" | tee -a "$summary"; fi
+else
+  say "--tp 2 on the GPU skipped: no mpirun on this machine"
+fi
+
 say "== Llama-3-8B shape, random weights (targets: Q4_K_M decode >= 80% of the HBM floor; prefill 512 <= 40 ms; F16 prefill >= 50% of the bf16 peak)"
 # Q4_K_M whole (llama.cpp's mix: Q4_K, Q6_K for the output and some layers' attn_v and ffn_down; its quantization is most of this script's time: ~1.5 min on 16 cores, estimated from
 # TinyLlama's 100 s on 2 here); F16 as an 8-layer slice (a fraction of the tensor peak is per layer).

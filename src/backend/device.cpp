@@ -47,6 +47,17 @@ bool device_usable(const DeviceSpec& spec, std::string& why) {
 #endif
 }
 
+DeviceSpec device_of_rank(const DeviceSpec& spec, int rank) {
+  if (!spec.is_cuda()) return spec;
+#ifdef PROMPTLY_HAVE_CUDA
+  std::string error;
+  const int n = cuda::device_count(error);
+  if (n > 0) return {DeviceSpec::Kind::Cuda, (spec.index + rank) % n};
+#endif
+  (void)rank;
+  return spec;
+}
+
 std::vector<std::string> describe_devices() {
 #ifdef PROMPTLY_HAVE_CUDA
   return cuda::describe_devices();

@@ -77,5 +77,8 @@ class DeviceForward {
 // Attaches a device forward pass to `model` (loaded with ModelLoadOptions::keep_file_layout). Throws
 // Error when the model has a part the device does not run yet (named), or the device cannot be used.
 void place_on_device(Model& model, const DeviceSpec& spec);
+// Tensor parallelism on GPUs (--device cuda:N --tp R): rank r's device, cuda:(N + r) modulo the
+// machine's devices (one GPU each where there are R; ranks share a GPU where there are fewer).
+DeviceSpec device_of_rank(const DeviceSpec& spec, int rank);
 
 }  // namespace promptly::backend

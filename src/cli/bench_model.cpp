@@ -93,7 +93,7 @@ double measure_int8_tops(ThreadPool& pool) {
 
 int bench_model(const BenchModelOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_thread_count();
-  const backend::DeviceSpec device = resolve_device(o.device, o.tp);
+  const backend::DeviceSpec device = resolve_device(o.device);
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   const auto tp = join_tensor_parallel(o.tp);
   const std::unique_ptr<Model> loaded = load_model(file, tp, device);
@@ -180,7 +180,7 @@ int bench_model(const BenchModelOptions& o) {
       for (int i = 0; i < o.n_gen; ++i) {
         batch.clear();
         batch.add(tok(rng), at(i), 0, true);
-        model.forward(batch, cache, pool, logits, {}, on_device ? &greedy : nullptr);
+        model.forward(batch, cache, pool, logits, {}, model.samples_on_device() ? &greedy : nullptr);
       }
       const double seconds = seconds_since(t0);
       tg_tps.push_back(o.n_gen / seconds);

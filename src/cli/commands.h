@@ -38,11 +38,12 @@ void apply_spec_flags(const SpecFlags& flags, const Vocab& target_vocab, EngineO
                       const backend::DeviceSpec& device = {});
 
 // --device, shared by run, serve, bench model and perplexity (device_flags.cpp). Where the model
-// will run: the flag parsed (Error on a bad value) and refused with --tp R > 1; the CPU, with a
-// warning on stderr, when it names a GPU that this binary or machine cannot use.
-backend::DeviceSpec resolve_device(const std::string& flag, int tp_ranks);
+// will run: the flag parsed (Error on a bad value); the CPU, with a warning on stderr, when it names
+// a GPU that this binary or machine cannot use.
+backend::DeviceSpec resolve_device(const std::string& flag);
 // Loads the model for `device` (resolve_device's answer). On a GPU: in the file's own layout, which
-// the device uploads, then placed there, saying so on stderr.
+// the device uploads, then placed there, saying so on stderr; under tensor parallelism each rank on
+// its own device (backend::device_of_rank).
 std::unique_ptr<Model> load_model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::Communicator> tp,
                                   const backend::DeviceSpec& device);
 // `promptly devices`: the GPUs this binary can run on, or why there are none.

@@ -8,12 +8,9 @@
 
 namespace promptly::cli {
 
-backend::DeviceSpec resolve_device(const std::string& flag, int tp_ranks) {
+backend::DeviceSpec resolve_device(const std::string& flag) {
   const backend::DeviceSpec asked = backend::parse_device(flag);
   if (!asked.is_cuda()) return asked;
-  // Refused rather than run on the CPU: the two ask for different machines, and a fallback would
-  // hide that neither --tp nor --device is what the user expects it to be.
-  if (tp_ranks > 1) throw Error("--device " + flag + " does not work with --tp yet: use one GPU, or --tp on CPUs");
   std::string why;
   if (backend::device_usable(asked, why)) return asked;
   // The same command line works on every machine: without the GPU it runs, slower, on the CPU.
@@ -26,8 +23,9 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const gguf::File> file, std::s
   if (!device.is_cuda()) return std::make_unique<Model>(std::move(file), std::move(tp));
   ModelLoadOptions load;
   load.keep_file_layout = true;  // the device uploads the file's blocks; CPU repacking would be wasted
+  const backend::DeviceSpec mine = tp ? backend::device_of_rank(device, tp->rank()) : device;
   auto model = std::make_unique<Model>(std::move(file), std::move(tp), load);
-  backend::place_on_device(*model, device);
+  backend::place_on_device(*model, mine);
   if (const backend::DeviceForward* on = model->device()) {
     std::fprintf(stderr, "promptly: model on %s, %.0f MB of weights in device memory\n", on->name().c_str(), static_cast<double>(on->weight_bytes()) / 1e6);
   }

@@ -38,7 +38,7 @@ int perplexity(const PerplexityOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_thread_count();
   ThreadPool pool(threads);
 
-  const backend::DeviceSpec device = resolve_device(o.device, /*tp_ranks=*/1);
+  const backend::DeviceSpec device = resolve_device(o.device);
   Loaded cand = load(o.model, device);
   Tokenizer tokenizer(Vocab::from_gguf(*cand.file));
   Loaded ref;

@@ -28,7 +28,7 @@ int run(const RunOptions& o) {
     prompt = read_file(o.prompt_file, "prompt file");
   }
 
-  const backend::DeviceSpec device = resolve_device(o.device, o.tp);
+  const backend::DeviceSpec device = resolve_device(o.device);
   const auto t_load = SteadyClock::now();
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   const auto tp = join_tensor_parallel(o.tp);

@@ -29,7 +29,7 @@ constexpr double kTensorParallelShutdownSilenceS = 2;
 }  // namespace
 
 int serve(const ServeOptions& o) {
-  const backend::DeviceSpec device = resolve_device(o.device, o.tp);
+  const backend::DeviceSpec device = resolve_device(o.device);
   EngineFlags flags = o.engine;
   std::shared_ptr<const gguf::File> file = open_model_file(o.model);
   const auto tp = join_tensor_parallel(o.tp);

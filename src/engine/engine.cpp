@@ -485,7 +485,7 @@ void Engine::step() {
 }
 
 bool Engine::draws_on_device(const Sequence& s, const spec::Proposal& guesses) const {
-  return model_.device() && guesses.tokens.empty() && s.request.top_logprobs < 0 && s.request.logit_bias.empty() && !s.constraint &&
+  return model_.samples_on_device() && guesses.tokens.empty() && s.request.top_logprobs < 0 && s.request.logit_bias.empty() && !s.constraint &&
          !s.request.sampling.penalizes();
 }
 

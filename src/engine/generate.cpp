@@ -111,7 +111,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const st
   // On a device, a stream whose logits the host has nothing to do with (no grammar, penalties,
   // guesses to verify, logits to keep) has its tokens drawn there: only the token comes back.
   const SamplingParams& sp = options.sampling;
-  const bool draw_on_device = model.device() && !constraint && !keep_logits && !(options.proposer && options.spec_tokens > 0) && !sp.penalizes();
+  const bool draw_on_device = model.samples_on_device() && !constraint && !keep_logits && !(options.proposer && options.spec_tokens > 0) && !sp.penalizes();
   backend::DeviceSampling device_draw;
   // Runs a batch whose last token wants logits; the token the device drew, or -1 (sample `logits`).
   const auto forward_for_token = [&]() -> std::int32_t {

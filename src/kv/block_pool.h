@@ -99,6 +99,7 @@ class BlockPool {
   void replay(const RowCopy& copy);
   void log_copies(bool on) { log_copies_ = on; }
   std::vector<RowCopy> take_copies() { return std::exchange(copies_, {}); }
+  const std::vector<RowCopy>& copies() const { return copies_; }
 
   std::size_t n_blocks() const { return refs_.size(); }
   std::size_t n_free() const { return free_.size(); }

@@ -731,9 +731,22 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     logits.clear();
     if (batch.size() == 0) return true;
     check_batch(batch);
-    return device_->forward(batch, cache, logits, stop_before, sampling);
+    if (!tp_) return device_->forward(batch, cache, logits, stop_before, sampling);
+    // Each rank's device computes its heads' and FFN columns' share (summed across the ranks inside
+    // the pass) and its rows of the vocabulary; the host samples, as the vocabulary is split.
+    for (std::size_t t = 0; t < batch.size(); ++t) cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.kv_slots[t]) + 1);
+    send_step(batch, cache);
+    return device_pass_of_rank(batch, cache, logits);
   }
   return run_pass(batch, cache, pool, logits, tp_ ? nullptr : stop_before);
+}
+
+bool Model::device_pass_of_rank(const Batch& batch, KvCache& cache, std::vector<float>& logits) const {
+  thread_local std::vector<float> rank_logits;
+  device_->forward(batch, cache, rank_logits, {}, nullptr);
+  const auto n_out = static_cast<std::size_t>(std::count_if(batch.want_logits.begin(), batch.want_logits.end(), [](std::uint8_t w) { return w != 0; }));
+  if (n_out) gather_logits(rank_logits, n_out, logits);
+  return true;
 }
 
 bool Model::run_pass(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
@@ -752,10 +765,7 @@ bool Model::run_pass(const Batch& batch, KvCache& cache, ThreadPool& pool, std::
   return true;
 }
 
-void Model::attach_device(std::unique_ptr<backend::DeviceForward> device) {
-  if (tp_) throw Error("--device with --tp: tensor parallelism runs on CPU ranks only");
-  device_ = std::move(device);
-}
+void Model::attach_device(std::unique_ptr<backend::DeviceForward> device) { device_ = std::move(device); }
 
 Model::~Model() {
   if (!tp_ || tp_->rank() != 0) return;
@@ -787,7 +797,8 @@ void Model::send_step(const Batch& batch, KvCache& cache) const {
       step.sequences.push_back({seq, cache.length(seq), cache.blocks(seq)});
     }
   }
-  step.copies = cache.pool().take_copies();
+  // A device repeats the copies itself before its pass (and takes them then); the CPU's are done.
+  step.copies = device_ ? cache.pool().copies() : cache.pool().take_copies();
   const std::vector<std::int64_t> words = step.encode();
   std::int64_t n = static_cast<std::int64_t>(words.size());
   tp_->broadcast(&n, sizeof n);
@@ -843,11 +854,16 @@ void Model::follow_steps(ThreadPool& pool) const {
                                                             static_cast<std::size_t>(g.max_positions), static_cast<KvType>(g.kv_type),
                                                             static_cast<std::size_t>(g.block_tokens), static_cast<std::size_t>(g.segment_dim)));
       c.geometry = g;
+      if (device_) device_->attach_kv(*c.kv);  // from here on the pool logs the copies replayed below
     }
     KvCache& kv = *c.kv;
     for (const BlockPool::RowCopy& copy : step.copies) kv.pool().replay(copy);  // in rank 0's order: moves may overlap
     for (const tensor_parallel::Step::Sequence& s : step.sequences) kv.mirror(s.seq, s.blocks, s.length);
-    run_pass(step.batch, kv, pool, logits, {});
+    if (device_) {
+      device_pass_of_rank(step.batch, kv, logits);
+    } else {
+      run_pass(step.batch, kv, pool, logits, {});
+    }
     for (const tensor_parallel::Step::Sequence& s : step.sequences) kv.forget(s.seq);
   }
 }

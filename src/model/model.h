@@ -111,6 +111,9 @@ class Model {
   // mapped (a device may read them again), but no CPU kernel runs them.
   void attach_device(std::unique_ptr<backend::DeviceForward> device);
   backend::DeviceForward* device() const { return device_.get(); }
+  // Whether forward takes a DeviceSampling: a device, with the whole vocabulary on it (not split
+  // across tensor-parallel ranks).
+  bool samples_on_device() const { return device_ && !tp_; }
 
   // The weights as loaded, for a device backend to upload.
   const std::vector<LayerWeights>& layers() const { return layers_; }
@@ -151,6 +154,8 @@ class Model {
   bool run_pass(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
                 const std::function<bool(std::size_t layer)>& stop_before) const;
   void send_step(const Batch& batch, KvCache& cache) const;  // rank 0, tensor-parallel
+  // Tensor-parallel with a device: this rank's pass on its device, its logit rows gathered on rank 0.
+  bool device_pass_of_rank(const Batch& batch, KvCache& cache, std::vector<float>& logits) const;
   void gather_logits(const std::vector<float>& rank_logits, std::size_t n_out, std::vector<float>& logits) const;
   void repack_for_kernels();
   void convert_float_matrices(DType to);

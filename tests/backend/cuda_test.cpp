@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <future>
 
 #include <algorithm>
 #include <bit>
@@ -40,6 +41,7 @@
 #include "util/error.h"
 #include "util/fp16.h"
 #include "../test_util.h"
+#include "../model/split_model.h"
 
 namespace promptly::backend::cuda {
 namespace {
@@ -687,6 +689,86 @@ TEST(CudaModel, MixturesOfExpertsRouteOnTheDeviceAsOnTheHost) {
       EXPECT_NE(report.find("moe router (routed on the device)"), std::string::npos) << report;
       EXPECT_NE(report.find("moe router (routed on the host)"), std::string::npos) << report;
     }
+  }
+}
+
+// Tensor parallelism on the GPU: two ranks (threads here, both on cuda:0, as `mpirun -n 2 ... --tp 2
+// --device cuda` runs on a machine with one GPU), each with its heads' and FFN (or experts')
+// columns' slices on the device, the sublayers' shares summed through the host. Greedy tokens and
+// logits as the whole model's on the GPU (the sums in another order: within rounding), prefill
+// and decode; and under the engine, prompts sharing a prefix that ends inside a block (rank 0's
+// copy-on-write copy, which the other rank's device must repeat): the whole model's answers.
+TEST(CudaModel, TensorParallelRanksOnTheGpuComputeWhatTheWholeModelDoes) {
+  REQUIRE_GPU();
+  test::TempDir tmp;
+  ThreadPool pool(2);
+  const auto on_gpu = [](std::shared_ptr<const gguf::File> f, std::shared_ptr<parallel::Communicator> comm) {
+    ModelLoadOptions keep;
+    keep.keep_file_layout = true;
+    auto m = std::make_unique<Model>(std::move(f), std::move(comm), keep);
+    place_on_device(*m, parse_device("cuda"));
+    return m;
+  };
+  for (const auto& [preset, type] : {std::pair{std::string("tiny"), DType::F32}, std::pair{std::string("tiny-qwen3"), DType::Q8_0},
+                                     std::pair{std::string("tiny-mixtral"), DType::F32}}) {
+    const std::string path = tmp.file(preset + "-" + std::string(dtype_name(type)) + ".gguf");
+    write_synthetic_model(synthetic_preset(preset), type, 5, path, pool);
+    const auto file = gguf::File::open(path);
+    const std::unique_ptr<Model> whole = gpu_model(file);
+    test::SplitModel split(file, 2, on_gpu);
+    EXPECT_NE(split.model().device(), nullptr);
+    EXPECT_FALSE(split.model().samples_on_device());
+    std::mt19937 rng(3);
+    for (const std::size_t prompt_len : {std::size_t{5}, std::size_t{20}}) {
+      const std::vector<std::int32_t> prompt = random_prompt(rng, prompt_len);
+      const Greedy want = run_greedy(*whole, prompt, 8, pool), got = run_greedy(split.model(), prompt, 8, pool);
+      EXPECT_EQ(got.tokens, want.tokens) << path << " prompt " << prompt_len;
+      for (std::size_t step = 0; step < want.logits.size(); ++step) {
+        ASSERT_EQ(got.logits[step].size(), want.logits[step].size()) << path;
+        EXPECT_LT(relative_error(got.logits[step], std::vector<double>(want.logits[step].begin(), want.logits[step].end())),
+                  type == DType::F32 ? 1e-4 : 2e-2)
+            << path << " prompt " << prompt_len << " step " << step;
+      }
+    }
+    if (preset != "tiny") continue;
+    std::vector<std::vector<std::int32_t>> prompts;
+    for (int k = 0; k < 3; ++k) {
+      std::vector<std::int32_t> p;
+      for (int i = 0; i < 40; ++i) p.push_back(3 + (i * 13) % 500);  // 2.5 blocks shared
+      for (int i = 0; i < 5 + k; ++i) p.push_back(7 + (k * 31 + i * 17) % 500);
+      prompts.push_back(p);
+    }
+    const auto answers = [&](const Model& m) {
+      EngineOptions o;
+      o.threads = 1;
+      o.ctx_size = 256;
+      o.kv_memory = 4 << 20;
+      o.spec = EngineOptions::Spec::None;
+      Engine engine(m, nullptr, o);
+      std::vector<std::vector<std::int32_t>> out(prompts.size());
+      for (std::size_t i = 0; i < prompts.size(); ++i) {  // one at a time: each later one hits the cache
+        std::promise<void> done;
+        Request r;
+        r.prompt = prompts[i];
+        r.max_tokens = 10;
+        r.sampling.temperature = 0;
+        r.ignore_eos = true;
+        r.on_event = [&, i](const EngineEvent& e) {
+          if (e.kind == EngineEvent::Kind::Token) out[i].push_back(e.token);
+          if (e.kind == EngineEvent::Kind::Finished) {
+            EXPECT_TRUE(e.error.empty()) << e.error;
+            if (i > 0) {
+              EXPECT_GE(e.usage.cached_tokens, 32u);
+            }
+            done.set_value();
+          }
+        };
+        engine.submit(std::move(r));
+        done.get_future().get();
+      }
+      return out;
+    };
+    EXPECT_EQ(answers(split.model()), answers(*whole));
   }
 }
 

@@ -34,6 +34,7 @@
 #include "model/batch.h"
 #include "model/model.h"
 #include "model/moe.h"
+#include "parallel/communicator.h"
 
 namespace promptly::backend::cuda {
 namespace {
@@ -115,7 +116,8 @@ class PinnedBuffer {
 
 class CudaForward final : public DeviceForward {
  public:
-  CudaForward(const Model& model, int index) : model_(model), c_(model.config()), device_(index) {
+  CudaForward(const Model& model, int index)
+      : model_(model), c_(model.config()), tp_(model.tensor_parallel()), n_logits_(model.output().rows), device_(index) {
     if (c_.head_dim > static_cast<std::uint32_t>(kMaxHeadDim) || c_.head_dim % 2) {
       throw Error("--device cuda: heads of " + std::to_string(c_.head_dim) + " elements; the GPU attention takes even sizes up to " +
                   std::to_string(kMaxHeadDim));
@@ -150,6 +152,9 @@ class CudaForward final : public DeviceForward {
     // comparing the two (tools/gpu-check.sh).
     moe_on_device_ = c_.is_moe() && !env_is("PROMPTLY_CUDA_MOE", "host") && experts_routable_on_device();
     if (c_.is_moe() && !moe_on_device_) use_graphs_ = false;
+    // Tensor-parallel (model/tensor_parallel.h): this rank's slices, the sublayers' shares summed
+    // across the ranks through the host mid-pass (reduce_across_ranks), which a graph cannot wait for.
+    if (tp_) use_graphs_ = false;
     name_ += std::string(" (") + props.name + "; " + (use_graphs_ ? "graphs" : "no graphs") +
              (dependent_launches_ ? ", dependent launches" : "") + ")";
   }
@@ -247,14 +252,14 @@ class CudaForward final : public DeviceForward {
     if (n_draws > 0) {
       // The drawn tokens come back on the copy stream while the other rows' logits (if any) come
       // back on the compute stream.
-      sample_rows(logits_.get(), static_cast<int>(c_.n_vocab), draws_.get(), n_draws, drawn_.get(), compute_);
+      sample_rows(logits_.get(), static_cast<int>(n_logits_), draws_.get(), n_draws, drawn_.get(), compute_);
       PROMPTLY_CUDA_CHECK(cudaEventRecord(sampled_, compute_));
       PROMPTLY_CUDA_CHECK(cudaStreamWaitEvent(copy_, sampled_, 0));
       PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(pinned_drawn_.as<std::int32_t>(), drawn_.get(), n_draws * sizeof(std::int32_t),
                                           cudaMemcpyDeviceToHost, copy_));
     }
     profile_.mark("logits to the host");
-    const std::size_t row_bytes = c_.n_vocab * sizeof(float);
+    const std::size_t row_bytes = n_logits_ * sizeof(float);
     host_logits_.reserve(static_cast<std::size_t>(n_out) * row_bytes);
     for (int r = 0; r < n_out;) {  // runs of rows not drawn
       if (row_drawn_[r]) {
@@ -263,7 +268,7 @@ class CudaForward final : public DeviceForward {
       }
       int end = r + 1;
       while (end < n_out && !row_drawn_[end]) ++end;
-      const std::size_t offset = static_cast<std::size_t>(r) * c_.n_vocab;
+      const std::size_t offset = static_cast<std::size_t>(r) * n_logits_;
       PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(host_logits_.as<float>() + offset, logits_.get() + offset, (end - r) * row_bytes,
                                           cudaMemcpyDeviceToHost, compute_));
       r = end;
@@ -272,11 +277,11 @@ class CudaForward final : public DeviceForward {
     PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(copy_));
     PROMPTLY_CUDA_CHECK(cudaGetLastError());
     profile_.end(true);
-    logits.resize(static_cast<std::size_t>(n_out) * c_.n_vocab);
+    logits.resize(static_cast<std::size_t>(n_out) * n_logits_);
     for (int r = 0; r < n_out; ++r) {
       if (row_drawn_[r]) continue;
-      const float* row = host_logits_.as<float>() + static_cast<std::size_t>(r) * c_.n_vocab;
-      std::copy(row, row + c_.n_vocab, logits.begin() + static_cast<std::ptrdiff_t>(r) * c_.n_vocab);
+      const float* row = host_logits_.as<float>() + static_cast<std::size_t>(r) * n_logits_;
+      std::copy(row, row + n_logits_, logits.begin() + static_cast<std::ptrdiff_t>(r) * n_logits_);
     }
     if (n_draws > 0) sampling->tokens.assign(pinned_drawn_.as<std::int32_t>(), pinned_drawn_.as<std::int32_t>() + n_draws);
     for (int t = 0; t < T; ++t) {  // as Model::ForwardPass::finish
@@ -466,7 +471,7 @@ class CudaForward final : public DeviceForward {
       moved |= expert_routes_.reserve(2 * t * c_.n_expert_used);  // rows (or experts), then weights (floats)
     }
     moved |= out_x_.reserve(std::max<std::size_t>(static_cast<std::size_t>(n_out), 1) * c_.n_embd);
-    moved |= logits_.reserve(std::max<std::size_t>(static_cast<std::size_t>(n_out), 1) * c_.n_vocab);
+    moved |= logits_.reserve(std::max<std::size_t>(static_cast<std::size_t>(n_out), 1) * n_logits_);
     // The integer GEMV's x: allocated here, never while a graph is being captured.
     const std::size_t widest_input = std::max({std::size_t{c_.n_embd}, std::size_t{c_.q_dim()}, ffn_width});
     moved |= x_q8_.reserve(std::max(t * widest_input, pairs * c_.n_ff_expert));
@@ -612,6 +617,7 @@ class CudaForward final : public DeviceForward {
       attention(args, meta_, T, kv.desc(), compute_, q8_o);
       profile_.mark("attention output matmul");
       matmul({{L.wo, tmp_.get()}}, attn_.get(), T, q8_o.q != nullptr);
+      reduce_across_ranks(T);  // each rank's heads' share of the output
       // FFN sublayer.
       profile_.mark("norms");
       const bool routed_here = moe_on_device_ && T <= kGemvMaxTokens;
@@ -619,6 +625,7 @@ class CudaForward final : public DeviceForward {
       add_rmsnorm(x_.get(), tmp_.get(), L.post_attn_norm.get(), L.ffn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_, q8_gate_up);
       if (c_.is_moe()) {
         routed_here ? moe_ffn_on_device(L, T, q8_gate_up.q != nullptr) : moe_ffn(L, T);
+        reduce_across_ranks(T);  // each rank's expert columns' share
         continue;
       }
       profile_.mark("gate/up matmuls");
@@ -629,13 +636,14 @@ class CudaForward final : public DeviceForward {
                        q8_down);
       profile_.mark("down matmul");
       matmul({{L.down, tmp_.get()}}, gate_.get(), T, q8_down.q != nullptr);
+      reduce_across_ranks(T);  // each rank's FFN columns' share
     }
     profile_.mark("norms");
     add_rmsnorm(x_.get(), tmp_.get(), layers_.back().post_ffn_norm.get(), output_norm_.get(), D, T, c_.rms_eps, xn_.get(), compute_);
     profile_.mark("output matmul");
     gather_rows(xn_.get(), out_rows_, n_out, D, out_x_.get(), compute_);
     if (n_out > 0) matmul({{output_tied_ ? token_embd_.view : output_.view, logits_.get()}}, out_x_.get(), n_out);
-    if (c_.final_softcap > 0.0f) softcap(logits_.get(), static_cast<std::size_t>(n_out) * c_.n_vocab, c_.final_softcap, compute_);
+    if (c_.final_softcap > 0.0f) softcap(logits_.get(), static_cast<std::size_t>(n_out) * n_logits_, c_.final_softcap, compute_);
     PROMPTLY_CUDA_CHECK(cudaGetLastError());
     return true;
   }
@@ -729,10 +737,26 @@ class CudaForward final : public DeviceForward {
     return true;
   }
 
+  // Tensor parallelism: tmp_ (T rows of the sublayer's output, this rank's share) summed over the
+  // ranks, through pinned host memory and the group's all-reduce (no device-to-device collective
+  // here: each rank's GPU may be any device, or the same one).
+  void reduce_across_ranks(int T) {
+    if (!tp_) return;
+    profile_.mark("tensor-parallel sums (through the host)");
+    const std::size_t n = static_cast<std::size_t>(T) * c_.n_embd;
+    pinned_sums_.reserve(n * sizeof(float));
+    PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(pinned_sums_.as<float>(), tmp_.get(), n * sizeof(float), cudaMemcpyDeviceToHost, compute_));
+    PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    tp_->all_reduce_sum(pinned_sums_.as<float>(), n);
+    PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(tmp_.get(), pinned_sums_.as<float>(), n * sizeof(float), cudaMemcpyHostToDevice, compute_));
+  }
+
   static constexpr int kMaxSplits = 256;
 
   const Model& model_;
-  const ModelConfig& c_;
+  const ModelConfig& c_;  // this rank's share under tensor parallelism
+  parallel::Communicator* tp_;
+  std::size_t n_logits_;  // a row of logits: the vocabulary, or this rank's part of it
   int device_;
   std::string name_;
   int multiprocessors_ = 0;
@@ -767,6 +791,7 @@ class CudaForward final : public DeviceForward {
   DeviceBuffer<float> router_logits_, expert_x_, expert_y_;
   DeviceBuffer<std::int32_t> expert_routes_;
   PinnedBuffer host_router_, pinned_routes_;
+  PinnedBuffer pinned_sums_;  // reduce_across_ranks
   std::vector<ExpertChoice> choices_;
   std::vector<std::size_t> expert_first_, expert_next_;
   DeviceBuffer<std::int8_t> x_q8_;
