@@ -6,7 +6,10 @@
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "../parallel/thread_group.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "util/thread_pool.h"
 
@@ -48,5 +51,45 @@ class SplitModel {
   std::vector<std::thread> followers_;
   std::unique_ptr<Model> rank0_;
 };
+
+// The engine's greedy answers to prompts that share a prefix ending inside a block, one at a time,
+// so that each later one hits the cache and rank 0's prefix tree copies that block's rows (which a
+// split model's other ranks must repeat).
+inline std::vector<std::vector<std::int32_t>> answers_with_shared_prefixes(const Model& m) {
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int k = 0; k < 4; ++k) {
+    std::vector<std::int32_t> p;
+    for (int i = 0; i < 40; ++i) p.push_back(3 + (i * 13) % 1000);  // 2.5 blocks shared
+    for (int i = 0; i < 5 + k; ++i) p.push_back(7 + (k * 31 + i * 17) % 1000);
+    prompts.push_back(p);
+  }
+  EngineOptions o;
+  o.threads = 1;
+  o.ctx_size = 256;
+  o.kv_memory = 4 << 20;
+  Engine engine(m, nullptr, o);
+  std::vector<std::vector<std::int32_t>> out(prompts.size());
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    std::promise<void> done;
+    Request r;
+    r.prompt = prompts[i];
+    r.max_tokens = 12;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    r.on_event = [&, i](const EngineEvent& e) {
+      if (e.kind == EngineEvent::Kind::Token) out[i].push_back(e.token);
+      if (e.kind == EngineEvent::Kind::Finished) {
+        EXPECT_TRUE(e.error.empty()) << e.error;
+        if (i > 0) {
+          EXPECT_GE(e.usage.cached_tokens, 32u);
+        }
+        done.set_value();
+      }
+    };
+    engine.submit(std::move(r));
+    done.get_future().get();
+  }
+  return out;
+}
 
 }  // namespace promptly::test

@@ -112,45 +112,9 @@ INSTANTIATE_TEST_SUITE_P(Presets, SplitPreset,
 TEST(TensorParallel, EngineAnswersAsTheWholeModel) {
   test::TempDir dir;
   auto file = make_model(dir, "tiny", DType::F32);
-  std::vector<std::vector<std::int32_t>> prompts;
-  for (int k = 0; k < 4; ++k) {
-    std::vector<std::int32_t> p;
-    for (int i = 0; i < 40; ++i) p.push_back(3 + (i * 13) % 1000);  // 2.5 blocks shared
-    for (int i = 0; i < 5 + k; ++i) p.push_back(7 + (k * 31 + i * 17) % 1000);
-    prompts.push_back(p);
-  }
-  const auto answers = [&](const Model& m) {
-    EngineOptions o;
-    o.threads = 1;
-    o.ctx_size = 256;
-    o.kv_memory = 4 << 20;
-    Engine engine(m, nullptr, o);
-    std::vector<std::vector<std::int32_t>> out(prompts.size());
-    for (std::size_t i = 0; i < prompts.size(); ++i) {  // one at a time: each later one hits the cache
-      std::promise<void> done;
-      Request r;
-      r.prompt = prompts[i];
-      r.max_tokens = 12;
-      r.sampling.temperature = 0;
-      r.ignore_eos = true;
-      r.on_event = [&, i](const EngineEvent& e) {
-        if (e.kind == EngineEvent::Kind::Token) out[i].push_back(e.token);
-        if (e.kind == EngineEvent::Kind::Finished) {
-          EXPECT_TRUE(e.error.empty()) << e.error;
-          if (i > 0) {
-            EXPECT_GE(e.usage.cached_tokens, 32u);
-          }
-          done.set_value();
-        }
-      };
-      engine.submit(std::move(r));
-      done.get_future().get();
-    }
-    return out;
-  };
-  const auto whole = answers(Model(file));
+  const auto whole = test::answers_with_shared_prefixes(Model(file));
   SplitModel sm(file, 2);
-  EXPECT_EQ(answers(sm.model()), whole);
+  EXPECT_EQ(test::answers_with_shared_prefixes(sm.model()), whole);
 }
 
 // A token tree in one pass on a split model: every rank's heads attend over the tree's context and
