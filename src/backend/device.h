@@ -48,7 +48,8 @@ std::vector<std::string> describe_devices();
 class DeviceForward {
  public:
   virtual ~DeviceForward() = default;
-  // Model::forward's contract, on the device, `sampling` included.
+  // Model::forward's contract, on the device, `sampling` included; Model::forward has checked the
+  // batch and reserved its tokens' KV slots.
   virtual bool forward(const Batch& batch, KvCache& cache, std::vector<float>& logits,
                        const std::function<bool(std::size_t layer)>& stop_before, DeviceSampling* sampling) = 0;
   virtual std::string name() const = 0;  // "cuda:0 (NVIDIA H200)"

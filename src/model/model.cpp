@@ -453,9 +453,7 @@ struct Model::ForwardPass {
   // plans the attention tiles.
   void begin() {
     m.check_batch(batch);
-    for (std::size_t t = 0; t < T; ++t) {
-      cache.reserve(batch.seq_ids[t], slot(t) + 1);
-    }
+    reserve_slots(batch, cache);
     if (m.tp_ && m.tp_->rank() == 0) m.send_step(batch, cache);
     s.context.resize(T);
     for (std::size_t t = 0; t < T; ++t) {
@@ -731,14 +729,18 @@ bool Model::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, std::v
     logits.clear();
     if (batch.size() == 0) return true;
     check_batch(batch);
+    reserve_slots(batch, cache);
     if (!tp_) return device_->forward(batch, cache, logits, stop_before, sampling);
     // Each rank's device computes its heads' and FFN columns' share (summed across the ranks inside
     // the pass) and its rows of the vocabulary; the host samples, as the vocabulary is split.
-    for (std::size_t t = 0; t < batch.size(); ++t) cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.kv_slots[t]) + 1);
     send_step(batch, cache);
     return device_pass_of_rank(batch, cache, logits);
   }
   return run_pass(batch, cache, pool, logits, tp_ ? nullptr : stop_before);
+}
+
+void Model::reserve_slots(const Batch& batch, KvCache& cache) {
+  for (std::size_t t = 0; t < batch.size(); ++t) cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.kv_slots[t]) + 1);
 }
 
 bool Model::device_pass_of_rank(const Batch& batch, KvCache& cache, std::vector<float>& logits) const {
@@ -860,6 +862,7 @@ void Model::follow_steps(ThreadPool& pool) const {
     for (const BlockPool::RowCopy& copy : step.copies) kv.pool().replay(copy);  // in rank 0's order: moves may overlap
     for (const tensor_parallel::Step::Sequence& s : step.sequences) kv.mirror(s.seq, s.blocks, s.length);
     if (device_) {
+      reserve_slots(step.batch, kv);
       device_pass_of_rank(step.batch, kv, logits);
     } else {
       run_pass(step.batch, kv, pool, logits, {});

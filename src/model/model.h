@@ -154,6 +154,9 @@ class Model {
   bool run_pass(const Batch& batch, KvCache& cache, ThreadPool& pool, std::vector<float>& logits,
                 const std::function<bool(std::size_t layer)>& stop_before) const;
   void send_step(const Batch& batch, KvCache& cache) const;  // rank 0, tensor-parallel
+  // Blocks for every batch token's KV slot, before a pass writes there (and before rank 0 sends the
+  // block tables).
+  static void reserve_slots(const Batch& batch, KvCache& cache);
   // Tensor-parallel with a device: this rank's pass on its device, its logit rows gathered on rank 0.
   bool device_pass_of_rank(const Batch& batch, KvCache& cache, std::vector<float>& logits) const;
   void gather_logits(const std::vector<float>& rank_logits, std::size_t n_out, std::vector<float>& logits) const;

@@ -645,6 +645,15 @@ std::string write_preset(const test::TempDir& tmp, const std::string& preset, DT
   return path;
 }
 
+// The tiny mixtures of experts (Mixtral's and Qwen3-MoE's routers), in F32 and Q8_0: paths and types.
+std::vector<std::pair<std::string, DType>> write_moe_presets(const test::TempDir& tmp, ThreadPool& pool) {
+  std::vector<std::pair<std::string, DType>> models;
+  for (const std::string preset : {"tiny-mixtral", "tiny-qwen3moe"}) {
+    for (const DType type : {DType::F32, DType::Q8_0}) models.emplace_back(write_preset(tmp, preset, type, pool), type);
+  }
+  return models;
+}
+
 // Mixtures of experts (Mixtral's router: top-k then softmax; Qwen3-MoE's: softmax, top-k,
 // renormalised), decode steps routed on the device (a prompt of 5: its prefill too), longer prefills on
 // the host from the GPU's router logits, each expert run over its tokens:
@@ -658,13 +667,10 @@ TEST(CudaModel, MixturesOfExpertsDecodeAsOnTheCpu) {
   REQUIRE_GPU();
   test::TempDir tmp;
   ThreadPool pool(2);
-  for (const std::string preset : {"tiny-mixtral", "tiny-qwen3moe"}) {
-    for (const DType type : {DType::F32, DType::Q8_0}) {
-      const std::string path = write_preset(tmp, preset, type, pool);
-      const int steps = type == DType::F32 ? 24 : 6;
-      expect_same_greedy(path, 5, steps);
-      expect_same_greedy(path, 20, steps);
-    }
+  for (const auto& [path, type] : write_moe_presets(tmp, pool)) {
+    const int steps = type == DType::F32 ? 24 : 6;
+    expect_same_greedy(path, 5, steps);
+    expect_same_greedy(path, 20, steps);
   }
 }
 
@@ -674,27 +680,24 @@ TEST(CudaModel, MixturesOfExpertsRouteOnTheDeviceAsOnTheHost) {
   REQUIRE_GPU();
   test::TempDir tmp;
   ThreadPool pool(2);
-  for (const std::string preset : {"tiny-mixtral", "tiny-qwen3moe"}) {
-    for (const DType type : {DType::F32, DType::Q8_0}) {
-      const std::string path = write_preset(tmp, preset, type, pool);
-      const auto file = gguf::File::open(path);
-      setenv("PROMPTLY_CUDA_MOE", "host", 1);
-      const std::unique_ptr<Model> on_host = gpu_model(file);
-      unsetenv("PROMPTLY_CUDA_MOE");
-      setenv("PROMPTLY_CUDA_PROFILE", "1", 1);
-      const std::unique_ptr<Model> on_device = gpu_model(file);
-      unsetenv("PROMPTLY_CUDA_PROFILE");
-      std::mt19937 rng(9);
-      const std::vector<std::int32_t> prompt = random_prompt(rng, 12);  // past 8: the prefill routed on the host in both
-      const Greedy want = run_greedy(*on_host, prompt, 8, pool), got = run_greedy(*on_device, prompt, 8, pool);
-      EXPECT_EQ(got.tokens, want.tokens) << path;
-      for (std::size_t s = 0; s < want.logits.size(); ++s) {
-        EXPECT_LT(relative_error(got.logits[s], std::vector<double>(want.logits[s].begin(), want.logits[s].end())), 1e-5) << path << " step " << s;
-      }
-      const std::string report = on_device->device()->profile_report();
-      EXPECT_NE(report.find("moe router (routed on the device)"), std::string::npos) << report;
-      EXPECT_NE(report.find("moe router (routed on the host)"), std::string::npos) << report;
+  for (const auto& [path, type] : write_moe_presets(tmp, pool)) {
+    const auto file = gguf::File::open(path);
+    setenv("PROMPTLY_CUDA_MOE", "host", 1);
+    const std::unique_ptr<Model> on_host = gpu_model(file);
+    unsetenv("PROMPTLY_CUDA_MOE");
+    setenv("PROMPTLY_CUDA_PROFILE", "1", 1);
+    const std::unique_ptr<Model> on_device = gpu_model(file);
+    unsetenv("PROMPTLY_CUDA_PROFILE");
+    std::mt19937 rng(9);
+    const std::vector<std::int32_t> prompt = random_prompt(rng, 12);  // past 8: the prefill routed on the host in both
+    const Greedy want = run_greedy(*on_host, prompt, 8, pool), got = run_greedy(*on_device, prompt, 8, pool);
+    EXPECT_EQ(got.tokens, want.tokens) << path;
+    for (std::size_t s = 0; s < want.logits.size(); ++s) {
+      EXPECT_LT(relative_error(got.logits[s], std::vector<double>(want.logits[s].begin(), want.logits[s].end())), 1e-5) << path << " step " << s;
     }
+    const std::string report = on_device->device()->profile_report();
+    EXPECT_NE(report.find("moe router (routed on the device)"), std::string::npos) << report;
+    EXPECT_NE(report.find("moe router (routed on the host)"), std::string::npos) << report;
   }
 }
 

@@ -220,7 +220,6 @@ class CudaForward final : public DeviceForward {
     PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
     const DependentLaunches launches(dependent_launches_);
     const int T = static_cast<int>(batch.size());
-    reserve_for(batch, cache);
     DeviceKvStore& kv = kv_state(cache);
     profile_.begin(compute_, T <= kGemvMaxTokens);
     const std::vector<BlockPool::RowCopy> copies = cache.pool().take_copies();
@@ -375,11 +374,6 @@ class CudaForward final : public DeviceForward {
   }
 
   // ---- one step ------------------------------------------------------------------------------
-  // Model::forward has checked the batch (Model::check_batch); each token's slot is reserved here.
-  static void reserve_for(const Batch& batch, KvCache& cache) {
-    for (std::size_t t = 0; t < batch.size(); ++t) cache.reserve(batch.seq_ids[t], static_cast<std::size_t>(batch.kv_slots[t]) + 1);
-  }
-
   DeviceKvStore& kv_state(KvCache& cache) {
     if (auto* state = dynamic_cast<DeviceKvStore*>(cache.device_state())) return *state;
     auto state = std::make_unique<DeviceKvStore>(device_, static_cast<int>(c_.n_layer), static_cast<int>(c_.n_head_kv),
