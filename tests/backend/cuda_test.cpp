@@ -70,6 +70,21 @@ struct Device {
   }
 };
 
+// A fused launch's counters, every one back to zero for the next launch (kernels.cuh: GatedTail).
+void expect_counters_left_zero(const Device<int>& arrivals, const std::string& what) {
+  const std::vector<int> left = arrivals.read();
+  EXPECT_EQ(std::count(left.begin(), left.end(), 0), static_cast<long>(left.size())) << what << ": counters left set";
+}
+
+// The first `blocks` int8 blocks (values, then scales and sums) of two Q8Out buffers, equal.
+void expect_same_q8(const Device<std::int8_t>& got_q, const Device<float2>& got_scales, const Device<std::int8_t>& want_q,
+                    const Device<float2>& want_scales, std::size_t blocks, const std::string& what) {
+  const std::vector<std::int8_t> gq = got_q.read(), wq = want_q.read();
+  EXPECT_TRUE(std::equal(gq.begin(), gq.begin() + static_cast<std::ptrdiff_t>(32 * blocks), wq.begin())) << what << ": int8 values";
+  const std::vector<float2> got = got_scales.read(), want = want_scales.read();
+  for (std::size_t b = 0; b < blocks; ++b) EXPECT_TRUE(got[b].x == want[b].x && got[b].y == want[b].y) << what << " block " << b;
+}
+
 double relative_error(const std::vector<float>& got, const std::vector<double>& want) {
   double num = 0, den = 0;
   for (std::size_t i = 0; i < want.size(); ++i) {
@@ -197,6 +212,161 @@ TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
       EXPECT_LT(relative_error(got, unquantized), 2e-2) << dtype_name(dtype) << " cols " << cols << " T " << T;
     }
   }
+  }
+}
+
+// The gate/up launch with the gated activation at its end (GatedTail): gate = act(gate) * up and
+// its int8 form, as gemv_q8 then gated_activation compute them (the same arithmetic: equal), for
+// SiLU and GELU, every decode batch size, rows in whole groups of 32 (int8 written) and not (floats
+// only), twice each (the counters left zero for the next launch).
+TEST(CudaKernels, GateUpGemvEndsWithTheGatedActivation) {
+  REQUIRE_GPU();
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal;
+  const int cols = 512;
+  for (const int rows : {96, 44}) {
+    const std::size_t rb = row_bytes(DType::Q4_K, cols);
+    const auto random_matrix = [&] {
+      std::vector<float> w(static_cast<std::size_t>(rows) * cols);
+      for (float& v : w) v = normal(rng);
+      std::vector<std::uint8_t> packed(rb * rows);
+      for (int r = 0; r < rows; ++r) quantize_row(DType::Q4_K, &w[static_cast<std::size_t>(r) * cols], &packed[rb * r], cols);
+      return packed;
+    };
+    Device<std::uint8_t> gate_w(random_matrix()), up_w(random_matrix());
+    Device<int> arrivals(std::vector<int>(gated_arrivals_needed(rows), 0));
+    for (const bool gelu : {false, true}) {
+      for (int T = 1; T <= kGemvMaxTokens; ++T) {
+        std::vector<float> x(static_cast<std::size_t>(T) * cols);
+        for (float& v : x) v = normal(rng);
+        Device<float> dx(x), gate(static_cast<std::size_t>(T) * rows), up(gate.n), fused_gate(gate.n), fused_up(gate.n);
+        Device<std::int8_t> q(x.size()), act_q(gate.n), fused_act_q(gate.n);
+        Device<float2> scales(x.size() / 32), act_scales(gate.n / 32 + 1), fused_act_scales(gate.n / 32 + 1);
+        const bool whole_groups = rows % 32 == 0;
+        const Q8Out act_q8 = whole_groups ? Q8Out{act_q.p, act_scales.p} : Q8Out{};
+        const Q8Out fused_act_q8 = whole_groups ? Q8Out{fused_act_q.p, fused_act_scales.p} : Q8Out{};
+        quantize_q8(dx.p, T, cols, q.p, scales.p, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        GemvParts parts{};
+        parts.n = 2, parts.cols = cols;
+        parts.part[0] = {gate_w.p, WeightFormat::Q4_K, rows, gate.p};
+        parts.part[1] = {up_w.p, WeightFormat::Q4_K, rows, up.p};
+        gemv_q8(parts, q.p, scales.p, T, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        gated_activation(gate.p, up.p, gate.n, gelu, nullptr, act_q8);
+        CUDA_OK(cudaDeviceSynchronize());
+        parts.part[0].y = fused_gate.p, parts.part[1].y = fused_up.p;
+        parts.gated = {arrivals.p, fused_act_q8, gelu};
+        for (int launch = 0; launch < 2; ++launch) {
+          CUDA_OK(cudaMemset(fused_gate.p, 0xff, fused_gate.n * sizeof(float)));
+          gemv_q8(parts, q.p, scales.p, T, nullptr);
+          CUDA_OK(cudaDeviceSynchronize());
+          const std::string what = std::string(gelu ? "GELU" : "SiLU") + " rows " + std::to_string(rows) + " T " + std::to_string(T);
+          EXPECT_EQ(fused_up.read(), up.read()) << what;
+          EXPECT_EQ(fused_gate.read(), gate.read()) << what;
+          if (whole_groups) expect_same_q8(fused_act_q, fused_act_scales, act_q, act_scales, gate.n / 32, what);
+          expect_counters_left_zero(arrivals, what);
+        }
+      }
+    }
+  }
+}
+
+// The q/k/v launch with rope and the KV write at its end (gemv_q8_qkv): q rotated and the cache's
+// keys and values as gemv_q8 then qkv_post leave them (the same arithmetic: equal), with q/k/v in
+// three formats, plain and NeoX rope over whole and half heads, biases (Qwen2) and head norms
+// (Qwen3), every decode batch size, twice each (the counters left zero for the next launch).
+TEST(CudaKernels, QkvGemvEndsWithRopeAndTheKvWrite) {
+  REQUIRE_GPU();
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal;
+  const int cols = 256, n_head = 4, n_head_kv = 2, hd = 64, n_layer = 2, layer = 1, bt = 16;
+  const std::vector<std::int32_t> table = {3, 1};  // one sequence, 32 positions of room
+  const auto random_matrix = [&](DType type, int rows) {
+    std::vector<float> w(static_cast<std::size_t>(rows) * cols);
+    for (float& v : w) v = normal(rng);
+    const std::size_t rb = row_bytes(type, cols);
+    std::vector<std::uint8_t> packed(rb * rows);
+    for (int r = 0; r < rows; ++r) quantize_row(type, &w[static_cast<std::size_t>(r) * cols], &packed[rb * r], cols);
+    return packed;
+  };
+  const auto random_vector = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  Device<std::uint8_t> wq(random_matrix(DType::Q4_K, n_head * hd)), wk(random_matrix(DType::Q8_0, n_head_kv * hd)),
+      wv(random_matrix(DType::Q6_K, n_head_kv * hd));
+  Device<float> bq(random_vector(n_head * hd)), bk(random_vector(n_head_kv * hd)), bv(random_vector(n_head_kv * hd));
+  Device<float> q_norm(random_vector(hd)), k_norm(random_vector(hd));
+  std::vector<float> speeds(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) speeds[i] = std::pow(10000.0f, -2.0f * i / hd);
+  Device<float> inv_freq(speeds);
+  DeviceKv kv{nullptr, n_layer, n_head_kv, hd, bt};
+  const std::size_t store_elems = 4 * static_cast<std::size_t>(n_layer) * 2 * kv.part_elems();
+  std::vector<__half> store(store_elems);
+  for (auto& h : store) h = __float2half(normal(rng));
+  Device<int> arrivals(std::vector<int>(qkv_arrivals_needed(n_head, n_head_kv), 0));
+  struct Case {
+    const char* name;
+    bool neox, biases, norms;
+    int n_rot;
+  };
+  for (const Case c : {Case{"plain", false, false, false, hd}, Case{"neox, biases", true, true, false, hd},
+                       Case{"neox, head norms", true, false, true, hd}, Case{"half rotary", true, false, false, hd / 2}}) {
+    for (int T = 1; T <= kGemvMaxTokens; ++T) {
+      std::vector<std::int32_t> meta_host(static_cast<std::size_t>(8 * T), 0);
+      for (int t = 0; t < T; ++t) {
+        meta_host[T + t] = 20 + t;      // positions
+        meta_host[2 * T + t] = 20 + t;  // slots
+        meta_host[5 * T + t] = -1;      // no tree
+      }
+      meta_host.insert(meta_host.end(), table.begin(), table.end());
+      Device<std::int32_t> meta_dev(meta_host);
+      const StepMeta meta{meta_dev.p,         meta_dev.p + T,     meta_dev.p + 2 * T,
+                          meta_dev.p + 3 * T, meta_dev.p + 8 * T, meta_dev.p + 5 * T,
+                          reinterpret_cast<const std::uint32_t*>(meta_dev.p + 6 * T)};
+      const std::vector<float> x = random_vector(static_cast<std::size_t>(T) * cols);
+      Device<float> dx(x);
+      Device<std::int8_t> xq(x.size());
+      Device<float2> xds(x.size() / 32);
+      quantize_q8(dx.p, T, cols, xq.p, xds.p, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto run = [&](bool fused, Device<int>* counters) {
+        Device<float> q(static_cast<std::size_t>(T) * n_head * hd), k(static_cast<std::size_t>(T) * n_head_kv * hd), v(k.n);
+        Device<__half> dstore(store);
+        DeviceKv at = kv;
+        at.data = dstore.p;
+        GemvParts parts{};
+        parts.n = 3, parts.cols = cols;
+        parts.part[0] = {wq.p, WeightFormat::Q4_K, n_head * hd, q.p};
+        parts.part[1] = {wk.p, WeightFormat::Q8_0, n_head_kv * hd, k.p};
+        parts.part[2] = {wv.p, WeightFormat::Q6_K, n_head_kv * hd, v.p};
+        const QkvPost post{q.p, k.p, v.p, c.biases ? bq.p : nullptr, c.biases ? bk.p : nullptr, c.biases ? bv.p : nullptr,
+                           c.norms ? q_norm.p : nullptr, c.norms ? k_norm.p : nullptr, inv_freq.p, n_head, n_head_kv, hd, c.n_rot,
+                           c.neox, 1.0f, 1e-6f, layer};
+        if (fused) {
+          EXPECT_TRUE(gemv_q8_qkv_takes(parts, post));
+          gemv_q8_qkv(parts, xq.p, xds.p, T, post, meta, at, counters->p, nullptr);
+        } else {
+          gemv_q8(parts, xq.p, xds.p, T, nullptr);
+          EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          qkv_post(post, meta, T, at, nullptr);
+        }
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        return std::make_pair(q.read(), dstore.read());
+      };
+      const auto want = run(false, nullptr);
+      for (int launch = 0; launch < 2; ++launch) {
+        const auto got = run(true, &arrivals);
+        const std::string what = std::string(c.name) + " T " + std::to_string(T) + " launch " + std::to_string(launch);
+        EXPECT_EQ(got.first, want.first) << what;
+        std::size_t differing = 0;
+        for (std::size_t i = 0; i < store_elems; ++i) differing += __half2float(got.second[i]) != __half2float(want.second[i]);
+        EXPECT_EQ(differing, 0u) << what << ": cache elements differing";
+        expect_counters_left_zero(arrivals, what);
+      }
+    }
   }
 }
 
@@ -339,6 +509,69 @@ TEST(CudaKernels, ExpertGemvTakesEachPairsExpert) {
   }
 }
 
+// The experts' gate/up launch with the gated activation at its end, pair by pair: as
+// gemv_experts then gated_activation leave gate (and its int8 form where the rows are whole groups
+// of 32), bit for bit; quantized and float experts, SiLU and GELU, twice (the counters left zero).
+TEST(CudaKernels, ExpertGemvEndsWithTheGatedActivation) {
+  REQUIRE_GPU();
+  std::mt19937 rng(14);
+  std::normal_distribution<float> normal;
+  const int n_expert = 4, T = 3, k = 2, pairs = T * k, cols = 256;
+  const std::vector<std::int32_t> chosen = {0, 3, 2, 3, 1, 2};
+  Device<std::int32_t> experts(chosen);
+  for (const DType type : {DType::Q4_K, DType::F16}) {
+    for (const int rows : {64, 44}) {
+      const std::size_t rb = row_bytes(type, cols), stride = rb * rows;
+      const auto random_experts = [&] {
+        std::vector<std::uint8_t> packed(stride * n_expert);
+        for (int r = 0; r < n_expert * rows; ++r) {
+          std::vector<float> w(static_cast<std::size_t>(cols));
+          for (float& v : w) v = normal(rng);
+          quantize_row(type, w.data(), &packed[rb * r], cols);
+        }
+        return packed;
+      };
+      Device<std::uint8_t> gate_w(random_experts()), up_w(random_experts());
+      std::vector<float> x(static_cast<std::size_t>(T) * cols);
+      for (float& v : x) v = normal(rng);
+      Device<float> dx(x);
+      Device<std::int8_t> q(x.size());
+      Device<float2> scales(x.size() / 32);
+      quantize_q8(dx.p, T, cols, q.p, scales.p, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const WeightFormat format = type == DType::Q4_K ? WeightFormat::Q4_K : WeightFormat::F16;
+      const std::size_t n = static_cast<std::size_t>(pairs) * rows;
+      Device<int> arrivals(std::vector<int>(pairs * gated_arrivals_needed(rows), 0));
+      for (const bool gelu : {false, true}) {
+        const std::string what = std::string(dtype_name(type)) + " rows " + std::to_string(rows) + (gelu ? " GELU" : " SiLU");
+        Device<float> gate(n), up(n), fused_gate(n), fused_up(n);
+        Device<std::int8_t> act_q(n), fused_act_q(n);
+        Device<float2> act_scales(n / 32 + 1), fused_act_scales(n / 32 + 1);
+        const bool whole_groups = rows % 32 == 0;
+        ExpertGemv g{};
+        g.n = 2, g.rows = rows, g.cols = cols, g.pairs_per_x = k;
+        g.part[0] = {gate_w.p, stride, format, gate.p};
+        g.part[1] = {up_w.p, stride, format, up.p};
+        ASSERT_TRUE(gemv_experts_gated_takes(g));
+        gemv_experts(g, experts.p, pairs, dx.p, q.p, scales.p, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        gated_activation(gate.p, up.p, n, gelu, nullptr, whole_groups ? Q8Out{act_q.p, act_scales.p} : Q8Out{});
+        CUDA_OK(cudaDeviceSynchronize());
+        g.part[0].y = fused_gate.p, g.part[1].y = fused_up.p;
+        g.gated = {arrivals.p, whole_groups ? Q8Out{fused_act_q.p, fused_act_scales.p} : Q8Out{}, gelu};
+        for (int launch = 0; launch < 2; ++launch) {
+          CUDA_OK(cudaMemset(fused_gate.p, 0xff, n * sizeof(float)));
+          gemv_experts(g, experts.p, pairs, dx.p, q.p, scales.p, nullptr);
+          CUDA_OK(cudaDeviceSynchronize());
+          EXPECT_EQ(fused_gate.read(), gate.read()) << what;
+          if (whole_groups) expect_same_q8(fused_act_q, fused_act_scales, act_q, act_scales, n / 32, what);
+          expect_counters_left_zero(arrivals, what);
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaKernels, DequantizeToHalfMatchesTheReference) {
   REQUIRE_GPU();
   std::mt19937 rng(3);
@@ -447,7 +680,19 @@ TEST(CudaKernels, PagedAttentionMatchesTheReference) {
             }
           }
         }
-        EXPECT_LT(relative_error(out.read(), want), 1e-5) << "window " << window << " cap " << cap << " chunk " << chunk;
+        const std::vector<float> separate = out.read();
+        EXPECT_LT(relative_error(separate, want), 1e-5) << "window " << window << " cap " << cap << " chunk " << chunk;
+        // The merge in the same launch (the last split block of each (token, head)), twice: each
+        // launch leaves its counters zero for the next. The same sums in the same order.
+        Device<int> arrivals(std::vector<int>(attention_arrivals_needed(T, n_head), 0));
+        args.arrivals = arrivals.p;
+        for (int launch = 0; launch < 2; ++launch) {
+          CUDA_OK(cudaMemset(out.p, 0xff, out.n * sizeof(float)));
+          attention(args, meta, T, kv, nullptr);
+          CUDA_OK(cudaDeviceSynchronize());
+          EXPECT_EQ(out.read(), separate) << "merged in the attention launch: window " << window << " cap " << cap << " chunk " << chunk;
+          expect_counters_left_zero(arrivals, "attention merged in its launch");
+        }
       }
     }
   }
@@ -551,6 +796,14 @@ std::unique_ptr<Model> gpu_model(std::shared_ptr<const gguf::File> file, std::sh
   keep.keep_file_layout = true;
   auto model = std::make_unique<Model>(std::move(file), std::move(tp), keep);
   place_on_device(*model, parse_device("cuda"));
+  return model;
+}
+
+// The same with the environment variable set while it loads (the backend reads its switches then).
+std::unique_ptr<Model> gpu_model_with(std::shared_ptr<const gguf::File> file, const char* variable, const char* value) {
+  setenv(variable, value, 1);
+  std::unique_ptr<Model> model = gpu_model(std::move(file));
+  unsetenv(variable);
   return model;
 }
 
@@ -682,12 +935,8 @@ TEST(CudaModel, MixturesOfExpertsRouteOnTheDeviceAsOnTheHost) {
   ThreadPool pool(2);
   for (const auto& [path, type] : write_moe_presets(tmp, pool)) {
     const auto file = gguf::File::open(path);
-    setenv("PROMPTLY_CUDA_MOE", "host", 1);
-    const std::unique_ptr<Model> on_host = gpu_model(file);
-    unsetenv("PROMPTLY_CUDA_MOE");
-    setenv("PROMPTLY_CUDA_PROFILE", "1", 1);
-    const std::unique_ptr<Model> on_device = gpu_model(file);
-    unsetenv("PROMPTLY_CUDA_PROFILE");
+    const std::unique_ptr<Model> on_host = gpu_model_with(file, "PROMPTLY_CUDA_MOE", "host");
+    const std::unique_ptr<Model> on_device = gpu_model_with(file, "PROMPTLY_CUDA_PROFILE", "1");
     std::mt19937 rng(9);
     const std::vector<std::int32_t> prompt = random_prompt(rng, 12);  // past 8: the prefill routed on the host in both
     const Greedy want = run_greedy(*on_host, prompt, 8, pool), got = run_greedy(*on_device, prompt, 8, pool);
@@ -795,9 +1044,7 @@ TEST(CudaModel, ReportsItsDeviceAndMeasuresItsBandwidth) {
 TEST(CudaModel, ProfileSplitsEachPassByStretch) {
   REQUIRE_GPU();
   const auto file = gguf::File::open(shared_model("stories260K.gguf"));
-  setenv("PROMPTLY_CUDA_PROFILE", "1", 1);
-  const std::unique_ptr<Model> gpu = gpu_model(file);
-  unsetenv("PROMPTLY_CUDA_PROFILE");
+  const std::unique_ptr<Model> gpu = gpu_model_with(file, "PROMPTLY_CUDA_PROFILE", "1");
   EXPECT_EQ(gpu->device()->profile_report(), "");
   ThreadPool pool(1);
   std::vector<std::int32_t> prompt(20);
@@ -822,9 +1069,7 @@ TEST(CudaModel, DependentLaunchesComputeWhatOrdinaryOnesDo) {
   cudaDeviceProp props{};
   CUDA_OK(cudaGetDeviceProperties(&props, 0));
   const auto file = gguf::File::open(shared_model("stories260K.gguf"));
-  setenv("PROMPTLY_CUDA_PDL", "0", 1);
-  const std::unique_ptr<Model> ordinary = gpu_model(file);
-  unsetenv("PROMPTLY_CUDA_PDL");
+  const std::unique_ptr<Model> ordinary = gpu_model_with(file, "PROMPTLY_CUDA_PDL", "0");
   const std::unique_ptr<Model> dependent = gpu_model(file);
   EXPECT_EQ(ordinary->device()->name().find("dependent launches"), std::string::npos) << ordinary->device()->name();
   if (props.major >= 9) {
@@ -841,6 +1086,41 @@ TEST(CudaModel, DependentLaunchesComputeWhatOrdinaryOnesDo) {
       EXPECT_LT(relative_error(got.logits[step], std::vector<double>(want.logits[step].begin(), want.logits[step].end())), 1e-6)
           << "prompt " << prompt_len << " step " << step;
     }
+  }
+}
+
+// The fused launches (rope and the KV write in the q/k/v launch, the attention merge in the
+// attention launch, the gated activation in the gate/up launch) give the logits the separate ones
+// give (PROMPTLY_CUDA_FUSE=0), bit for bit: the same arithmetic in the same order. Llama (SiLU) and
+// Qwen2 (q/k/v biases) in Q4_K, Gemma 2 (GELU), Qwen3 (head norms) and Qwen3-MoE (the activation
+// in the experts' gate/up launch) in Q8_0, through the integer GEMV; decode steps and prefills (the
+// attention merge is fused at every batch size).
+TEST(CudaModel, FusedLaunchesComputeWhatSeparateOnesDo) {
+  REQUIRE_GPU();
+  test::TempDir tmp;
+  ThreadPool pool(2);
+  for (const auto& [preset, type] :
+       {std::pair<std::string, DType>{"tiny", DType::Q4_K}, {"tiny-gemma2", DType::Q8_0}, {"tiny-qwen3", DType::Q8_0}, {"tiny-qwen2", DType::Q4_K},
+        {"tiny-qwen3moe", DType::Q8_0}}) {
+    const std::string path = write_preset(tmp, preset, type, pool);
+    const auto file = gguf::File::open(path);
+    const std::unique_ptr<Model> separate = gpu_model_with(file, "PROMPTLY_CUDA_FUSE", "0");
+    const std::unique_ptr<Model> fused = gpu_model_with(file, "PROMPTLY_CUDA_PROFILE", "1");
+    std::mt19937 rng(6);
+    for (const std::size_t prompt_len : {std::size_t{5}, std::size_t{40}}) {
+      const std::vector<std::int32_t> prompt = random_prompt(rng, prompt_len);
+      const Greedy want = run_greedy(*separate, prompt, 10, pool), got = run_greedy(*fused, prompt, 10, pool);
+      EXPECT_EQ(got.tokens, want.tokens) << preset << " prompt " << prompt_len;
+      for (std::size_t step = 0; step < want.logits.size(); ++step) EXPECT_EQ(got.logits[step], want.logits[step]) << preset << " step " << step;
+    }
+    const std::string report = fused->device()->profile_report();
+    if (preset.find("moe") == std::string::npos) {  // the experts' activation has no stretch of its own
+      EXPECT_NE(report.find("gate/up matmuls, gated activation"), std::string::npos) << preset << ": " << report;
+    }
+    EXPECT_NE(report.find("q/k/v matmuls, rope, kv write"), std::string::npos) << preset << ": " << report;
+    // Its prefills' quantized weights decoded for cuBLAS, told apart from the GEMMs.
+    EXPECT_NE(report.find("prefill: weights decoded to halves"), std::string::npos) << preset << ": " << report;
+    EXPECT_NE(report.find("prefill: cuBLAS GEMMs"), std::string::npos) << preset << ": " << report;
   }
 }
 

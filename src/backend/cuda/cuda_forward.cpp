@@ -128,6 +128,11 @@ class CudaForward final : public DeviceForward {
     // PROMPTLY_CUDA_GEMV=float keeps decode's products on the float kernel (x as floats), for
     // comparing it with the integer one (tools/gpu-check.sh times both).
     integer_gemv_ = !env_is("PROMPTLY_CUDA_GEMV", "float");
+    // Rope and the KV write in the q/k/v launch, the attention merge in the attention launch, the
+    // gated activation in the gate/up launch (each finished by the last block to be done: three
+    // launches fewer a decode layer); PROMPTLY_CUDA_FUSE=0 launches them on their own, for
+    // comparing the two (tools/gpu-check.sh).
+    fuse_ = !env_is("PROMPTLY_CUDA_FUSE", "0");
     // PROMPTLY_CUDA_PROFILE=1: each pass's time by stretch of kernels (step_profile.h), graphs off.
     if (env_is("PROMPTLY_CUDA_PROFILE", "1")) {
       profile_.enable();
@@ -471,6 +476,16 @@ class CudaForward final : public DeviceForward {
     moved |= x_q8_.reserve(std::max(t * widest_input, pairs * c_.n_ff_expert));
     moved |= x_q8_scales_.reserve(std::max(t * widest_input, pairs * c_.n_ff_expert) / 32 + 1);
     moved |= partials_.reserve(t * c_.n_head * static_cast<std::size_t>(n_splits) * (c_.head_dim + 2));
+    // The fused launches' counters: zero when made, and each launch leaves them zero.
+    const std::size_t arrivals = std::max({attention_arrivals_needed(T, static_cast<int>(c_.n_head)), gated_arrivals_needed(static_cast<int>(c_.n_ff)),
+                                           qkv_arrivals_needed(static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv)),
+                                           pairs * gated_arrivals_needed(static_cast<int>(c_.n_ff_expert))});
+    if (arrivals_.reserve(arrivals)) {
+      PROMPTLY_CUDA_CHECK(cudaMemsetAsync(arrivals_.get(), 0, arrivals_.size() * sizeof(int), compute_));
+      moved = true;
+    }
+    moved |= act_q8_.reserve(std::max(t * c_.n_ff, pairs * c_.n_ff_expert));
+    moved |= act_q8_scales_.reserve(std::max(t * c_.n_ff, pairs * c_.n_ff_expert) / 32 + 1);
     if (moved) graphs_clear();
   }
 
@@ -518,10 +533,10 @@ class CudaForward final : public DeviceForward {
 
   // y[T x W.rows] = x[T x W.cols] W^T for each product, all reading the same x (q/k/v, gate/up):
   // for decode-sized batches the matrix-vector kernels (the integer one, in one launch, where it
-  // takes the format; x quantized to int8 once for them all unless x_in_q8: the kernel that wrote x
-  // wrote its int8 form too, q8_for), else cuBLAS on halves (x converted once for them all, the
-  // weights decoded a slice of rows at a time; F32 weights in FP32).
-  void matmul(std::initializer_list<Product> products, const float* x, int T, bool x_in_q8 = false) {
+  // takes the format; x quantized to int8 once for them all unless x_q8 holds it: the kernel that
+  // wrote x wrote its int8 form too, q8_for), else cuBLAS on halves (x converted once for them all,
+  // the weights decoded a slice of rows at a time; F32 weights in FP32).
+  void matmul(std::initializer_list<Product> products, const float* x, int T, Q8Out x_q8 = {}) {
     bool x_in_half = false;
     GemvParts integer{};  // the products the integer GEMV takes: one launch for them all
     for (const Product& p : products) {
@@ -535,9 +550,63 @@ class CudaForward final : public DeviceForward {
       }
     }
     if (integer.n > 0) {
-      if (!x_in_q8) quantize_q8(x, T, integer.cols, x_q8_.get(), x_q8_scales_.get(), compute_);
-      gemv_q8(integer, x_q8_.get(), x_q8_scales_.get(), T, compute_);
+      if (!x_q8.q) x_q8 = quantized(x, T, integer.cols);
+      gemv_q8(integer, x_q8.q, x_q8.scale_sum, T, compute_);
     }
+  }
+
+  // x (T rows of cols) as int8 for the integer GEMV, in x_q8_.
+  Q8Out quantized(const float* x, int T, int cols) {
+    quantize_q8(x, T, cols, x_q8_.get(), x_q8_scales_.get(), compute_);
+    return {x_q8_.get(), x_q8_scales_.get()};
+  }
+
+  // The q/k/v products and qkv_post's work (rope, the KV write): in one launch where all three go
+  // through the integer GEMV (gemv_q8_qkv), else the products and then a launch of its own.
+  void qkv_with_post(const DeviceLayer& L, int T, Q8Out xn_q8, const QkvPost& post, DeviceKvStore& kv) {
+    GemvParts parts{};
+    parts.n = 3, parts.cols = L.wq.view.cols;
+    parts.part[0] = {L.wq.view.data(), L.wq.view.format, L.wq.view.rows, q_.get()};
+    parts.part[1] = {L.wk.view.data(), L.wk.view.format, L.wk.view.rows, k_.get()};
+    parts.part[2] = {L.wv.view.data(), L.wv.view.format, L.wv.view.rows, v_.get()};
+    if (fuse_ && integer_gemv_ && T <= kGemvMaxTokens && gemv_q8_qkv_takes(parts, post)) {
+      profile_.mark("q/k/v matmuls, rope, kv write");
+      if (!xn_q8.q) xn_q8 = quantized(xn_.get(), T, parts.cols);
+      gemv_q8_qkv(parts, xn_q8.q, xn_q8.scale_sum, T, post, meta_, kv.desc(), arrivals_.get(), compute_);
+      return;
+    }
+    profile_.mark("q/k/v matmuls");
+    matmul({{L.wq, q_.get()}, {L.wk, k_.get()}, {L.wv, v_.get()}}, xn_.get(), T, xn_q8);
+    profile_.mark("q/k/v post (rope, kv write)");
+    qkv_post(post, meta_, T, kv.desc(), compute_);
+  }
+
+  // The dense FFN's gate and up products and gate_ = act(gate) * up; returns where gate_'s int8
+  // form is (for the down projection's integer GEMV), if anywhere. Where both products go through
+  // the integer GEMV, the activation is that launch's end (GatedTail) and the int8 goes to
+  // act_q8_ (x_q8_ is the launch's own input); else a launch of its own after them.
+  Q8Out gate_up_activation(const DeviceLayer& L, int T, Q8Out xn_q8) {
+    const int F = static_cast<int>(c_.n_ff);
+    const bool gelu = c_.desc->activation == arch::Activation::GeluTanh;
+    const auto integer = [&](const MatrixView& m) { return integer_gemv_ && gemv_q8_takes(m.format, m.cols); };
+    if (fuse_ && T <= kGemvMaxTokens && integer(L.gate.view) && integer(L.up.view) && L.gate.view.rows == L.up.view.rows) {
+      profile_.mark("gate/up matmuls, gated activation");
+      if (!xn_q8.q) xn_q8 = quantized(xn_.get(), T, L.gate.view.cols);
+      const Q8Out q8_down = q8_for(T, {L.down}).q && F % 32 == 0 ? Q8Out{act_q8_.get(), act_q8_scales_.get()} : Q8Out{};
+      GemvParts parts{};
+      parts.n = 2, parts.cols = L.gate.view.cols;
+      parts.part[0] = {L.gate.view.data(), L.gate.view.format, F, gate_.get()};
+      parts.part[1] = {L.up.view.data(), L.up.view.format, F, up_.get()};
+      parts.gated = {arrivals_.get(), q8_down, gelu};
+      gemv_q8(parts, xn_q8.q, xn_q8.scale_sum, T, compute_);
+      return q8_down;
+    }
+    profile_.mark("gate/up matmuls");
+    matmul({{L.gate, gate_.get()}, {L.up, up_.get()}}, xn_.get(), T, xn_q8);
+    profile_.mark("gated activation");
+    const Q8Out q8_down = q8_for(T, {L.down});
+    gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(T) * F, gelu, compute_, q8_down);
+    return q8_down;
   }
 
   void gemm(const MatrixView& w, const float* x, int T, float* y, bool& x_in_half) {
@@ -567,22 +636,26 @@ class CudaForward final : public DeviceForward {
     const int slice_rows = w.format == WeightFormat::F16 ? w.rows
                                                           : static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(w.rows, kSliceElems / w.cols)));
     if (w.format != WeightFormat::F16) w_half_.reserve(static_cast<std::size_t>(slice_rows) * w.cols);
+    // The profile tells decoding from multiplying (what decoding costs a prefill is what keeping
+    // the halves, or decoding inside the GEMM, would save).
     for (int r0 = 0; r0 < w.rows; r0 += slice_rows) {
       const int n = std::min(slice_rows, w.rows - r0);
       const void* a;
       if (w.format == WeightFormat::F16) {
         a = w.data();
       } else {
+        profile_.mark("prefill: weights decoded to halves");
         dequantize_to_half(w.data() + format_row_bytes(w.format, w.cols) * r0, w.format, n, w.cols, w_half_.get(), compute_);
         a = w_half_.get();
       }
+      profile_.mark("prefill: cuBLAS GEMMs");
       gemm(n, a, CUDA_R_16F, x_half_.get(), y + r0);
     }
   }
 
   bool run_layers(int T, int n_out, AttentionShape shape, DeviceKvStore& kv, const float* inv_freq,
                   const std::function<bool(std::size_t)>& stop_before) {
-    const int D = static_cast<int>(c_.n_embd), F = static_cast<int>(c_.n_ff);
+    const int D = static_cast<int>(c_.n_embd);
     const float embed_scale = c_.desc->embed_scale ? std::sqrt(static_cast<float>(D)) : 1.0f;
     profile_.mark("embedding");
     embed(token_embd_.view.bytes, token_embd_.view.format, D, meta_, T, embed_scale, x_.get(), compute_);
@@ -594,23 +667,21 @@ class CudaForward final : public DeviceForward {
       profile_.mark("norms");
       const Q8Out q8_qkv = q8_for(T, {L.wq, L.wk, L.wv});
       add_rmsnorm(x_.get(), il > 0 ? tmp_.get() : nullptr, prev_post, L.attn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_, q8_qkv);
-      profile_.mark("q/k/v matmuls");
-      matmul({{L.wq, q_.get()}, {L.wk, k_.get()}, {L.wv, v_.get()}}, xn_.get(), T, q8_qkv.q != nullptr);
       const bool own_rope = L.local && inv_freq_local_.get();
-      QkvPost post{q_.get(), k_.get(), v_.get(), L.bq.get(), L.bk.get(), L.bv.get(), L.q_norm.get(), L.k_norm.get(),
-                   own_rope ? inv_freq_local_.get() : inv_freq, static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv),
-                   static_cast<int>(c_.head_dim), static_cast<int>(c_.n_rot), c_.rope_neox, c_.rope_attn_factor, c_.rms_eps,
-                   static_cast<int>(il)};
-      profile_.mark("q/k/v post (rope, kv write)");
-      qkv_post(post, meta_, T, kv.desc(), compute_);
+      const QkvPost post{q_.get(), k_.get(), v_.get(), L.bq.get(), L.bk.get(), L.bv.get(), L.q_norm.get(), L.k_norm.get(),
+                         own_rope ? inv_freq_local_.get() : inv_freq, static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv),
+                         static_cast<int>(c_.head_dim), static_cast<int>(c_.n_rot), c_.rope_neox, c_.rope_attn_factor, c_.rms_eps,
+                         static_cast<int>(il)};
+      qkv_with_post(L, T, q8_qkv, post, kv);
       AttentionArgs args{q_.get(), attn_.get(), partials_.get(), static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv),
                          static_cast<int>(c_.head_dim), static_cast<int>(il), L.local ? static_cast<int>(c_.sliding_window) : 0,
-                         1.0f / std::sqrt(static_cast<float>(c_.head_dim)), c_.attn_softcap, shape.chunk, shape.n_splits};
+                         1.0f / std::sqrt(static_cast<float>(c_.head_dim)), c_.attn_softcap, shape.chunk, shape.n_splits,
+                         fuse_ ? arrivals_.get() : nullptr};
       profile_.mark("attention");
       const Q8Out q8_o = attention_writes_q8(args.head_dim) ? q8_for(T, {L.wo}) : Q8Out{};
       attention(args, meta_, T, kv.desc(), compute_, q8_o);
       profile_.mark("attention output matmul");
-      matmul({{L.wo, tmp_.get()}}, attn_.get(), T, q8_o.q != nullptr);
+      matmul({{L.wo, tmp_.get()}}, attn_.get(), T, q8_o);
       reduce_across_ranks(T);  // each rank's heads' share of the output
       // FFN sublayer.
       profile_.mark("norms");
@@ -618,18 +689,13 @@ class CudaForward final : public DeviceForward {
       const Q8Out q8_gate_up = !c_.is_moe() ? q8_for(T, {L.gate, L.up}) : routed_here ? q8_for(T, {L.exp_gate.each[0], L.exp_up.each[0]}) : Q8Out{};
       add_rmsnorm(x_.get(), tmp_.get(), L.post_attn_norm.get(), L.ffn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_, q8_gate_up);
       if (c_.is_moe()) {
-        routed_here ? moe_ffn_on_device(L, T, q8_gate_up.q != nullptr) : moe_ffn(L, T);
+        routed_here ? moe_ffn_on_device(L, T, q8_gate_up) : moe_ffn(L, T);
         reduce_across_ranks(T);  // each rank's expert columns' share
         continue;
       }
-      profile_.mark("gate/up matmuls");
-      matmul({{L.gate, gate_.get()}, {L.up, up_.get()}}, xn_.get(), T, q8_gate_up.q != nullptr);
-      profile_.mark("gated activation");
-      const Q8Out q8_down = q8_for(T, {L.down});
-      gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(T) * F, c_.desc->activation == arch::Activation::GeluTanh, compute_,
-                       q8_down);
+      const Q8Out q8_down = gate_up_activation(L, T, q8_gate_up);
       profile_.mark("down matmul");
-      matmul({{L.down, tmp_.get()}}, gate_.get(), T, q8_down.q != nullptr);
+      matmul({{L.down, tmp_.get()}}, gate_.get(), T, q8_down);
       reduce_across_ranks(T);  // each rank's FFN columns' share
     }
     profile_.mark("norms");
@@ -688,7 +754,7 @@ class CudaForward final : public DeviceForward {
       matmul({{L.exp_gate.each[e], gate_.get()}, {L.exp_up.each[e], up_.get()}}, expert_x_.get(), n);
       const Q8Out q8_down = q8_for(n, {L.exp_down.each[e]});
       gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(n) * F, gelu, compute_, q8_down);
-      matmul({{L.exp_down.each[e], expert_y_.get()}}, gate_.get(), n, q8_down.q != nullptr);
+      matmul({{L.exp_down.each[e], expert_y_.get()}}, gate_.get(), n, q8_down);
       add_weighted_rows(expert_y_.get(), device_rows + first, device_weights + first, n, D, tmp_.get(), compute_);
     }
   }
@@ -696,26 +762,34 @@ class CudaForward final : public DeviceForward {
   // The same FFN for decode-sized batches without a trip to the host: the router's logits routed
   // on the device (route_experts, as the CPU chooses and weighs), each (token, chosen expert) pair
   // through its expert's gate/up, activation and down (gemv_experts: one launch for gate and up,
-  // one for down, every pair at once), the pairs summed into tmp_ in expert order (moe_combine).
-  // Five launches a layer whatever the batch, and graphs capture them. x_in_q8: x_q8_ holds xn_.
-  void moe_ffn_on_device(const DeviceLayer& L, int T, bool x_in_q8) {
+  // the activation at its end (GatedTail), one for down, every pair at once), the pairs summed into
+  // tmp_ in expert order (moe_combine). Five launches (router, routing, gate/up, down, combine) a
+  // layer whatever the batch, and graphs capture them. xn_q8: xn_ as int8, where the norm wrote it.
+  void moe_ffn_on_device(const DeviceLayer& L, int T, Q8Out xn_q8) {
     const int D = static_cast<int>(c_.n_embd), F = static_cast<int>(c_.n_ff_expert), K = static_cast<int>(c_.n_expert_used);
     const int pairs = T * K;
     profile_.mark("moe router (routed on the device)");
-    matmul({{L.router, router_logits_.get()}}, xn_.get(), T, x_in_q8);
+    matmul({{L.router, router_logits_.get()}}, xn_.get(), T, xn_q8);
     const ExpertRoutes routes{expert_routes_.get(), reinterpret_cast<float*>(expert_routes_.get() + pairs)};
     const bool softmax_over_all = c_.desc->router == arch::Router::SoftmaxThenTopK && !c_.expert_weights_norm;
     route_experts(router_logits_.get(), T, static_cast<int>(c_.n_expert), K, softmax_over_all, routes, compute_);
     profile_.mark("moe experts");
     const auto reads_q8 = [](const DeviceExperts& m) { return !is_float_format(m.each.front().format); };
-    if ((reads_q8(L.exp_gate) || reads_q8(L.exp_up)) && !x_in_q8) quantize_q8(xn_.get(), T, D, x_q8_.get(), x_q8_scales_.get(), compute_);
-    const ExpertGemv gate_up{{L.exp_gate.indexed(gate_.get()), L.exp_up.indexed(up_.get())}, 2, F, D, K};
-    gemv_experts(gate_up, routes.experts, pairs, xn_.get(), x_q8_.get(), x_q8_scales_.get(), compute_);
-    const Q8Out q8_down = reads_q8(L.exp_down) ? Q8Out{x_q8_.get(), x_q8_scales_.get()} : Q8Out{};
-    gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(pairs) * F, c_.desc->activation == arch::Activation::GeluTanh, compute_,
-                     q8_down);
-    const ExpertGemv down{{L.exp_down.indexed(expert_y_.get()), {}}, 1, D, F, 1};
-    gemv_experts(down, routes.experts, pairs, gate_.get(), x_q8_.get(), x_q8_scales_.get(), compute_);
+    if ((reads_q8(L.exp_gate) || reads_q8(L.exp_up)) && !xn_q8.q) quantized(xn_.get(), T, D);
+    const bool gelu = c_.desc->activation == arch::Activation::GeluTanh;
+    ExpertGemv gate_up{{L.exp_gate.indexed(gate_.get()), L.exp_up.indexed(up_.get())}, 2, F, D, K, {}};
+    Q8Out q8_down{};
+    if (fuse_ && gemv_experts_gated_takes(gate_up)) {  // the activation at the launch's end, its int8 into act_q8_
+      q8_down = reads_q8(L.exp_down) ? Q8Out{act_q8_.get(), act_q8_scales_.get()} : Q8Out{};  // F: whole blocks (experts_routable_on_device)
+      gate_up.gated = {arrivals_.get(), q8_down, gelu};
+      gemv_experts(gate_up, routes.experts, pairs, xn_.get(), x_q8_.get(), x_q8_scales_.get(), compute_);
+    } else {
+      gemv_experts(gate_up, routes.experts, pairs, xn_.get(), x_q8_.get(), x_q8_scales_.get(), compute_);
+      q8_down = reads_q8(L.exp_down) ? Q8Out{x_q8_.get(), x_q8_scales_.get()} : Q8Out{};
+      gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(pairs) * F, gelu, compute_, q8_down);
+    }
+    const ExpertGemv down{{L.exp_down.indexed(expert_y_.get()), {}}, 1, D, F, 1, {}};
+    gemv_experts(down, routes.experts, pairs, gate_.get(), q8_down.q, q8_down.scale_sum, compute_);
     moe_combine(expert_y_.get(), routes, T, K, D, tmp_.get(), compute_);
   }
 
@@ -756,6 +830,7 @@ class CudaForward final : public DeviceForward {
   int multiprocessors_ = 0;
   bool use_graphs_ = true;
   bool integer_gemv_ = true;
+  bool fuse_ = true;
   bool moe_on_device_ = false;  // moe_ffn_on_device for decode-sized batches
   bool dependent_launches_ = false;
   StepProfile profile_;
@@ -788,8 +863,9 @@ class CudaForward final : public DeviceForward {
   PinnedBuffer pinned_sums_;  // reduce_across_ranks
   std::vector<ExpertChoice> choices_;
   std::vector<std::size_t> expert_first_, expert_next_;
-  DeviceBuffer<std::int8_t> x_q8_;
-  DeviceBuffer<float2> x_q8_scales_;
+  DeviceBuffer<std::int8_t> x_q8_, act_q8_;  // act_q8_: the gated activation's, written while x_q8_ is read
+  DeviceBuffer<float2> x_q8_scales_, act_q8_scales_;
+  DeviceBuffer<int> arrivals_;  // the fused launches' counters (kernels.cuh: GatedTail, AttentionArgs)
   std::map<std::tuple<int, int, int, const __half*, const float*>, cudaGraphExec_t> graphs_;
 };
 

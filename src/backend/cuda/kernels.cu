@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "backend/cuda/kernels.cuh"
+#include "util/error.h"
 
 namespace promptly::backend::cuda {
 namespace {
@@ -66,6 +67,25 @@ __device__ float block_sum(float v) {
   __syncthreads();
   v = lane < n_warps ? partial[lane] : 0.0f;
   return warp_sum(v);
+}
+
+// Whether this block is the last of `expected` to arrive at *counter, each after writing its
+// results (a launch whose blocks finish in any order, and whose last one does the work that needs
+// them all, rather than a launch of its own). Every thread's writes are made visible before its
+// block arrives; the last block resets the counter (every other block has arrived: none touches it
+// again in this launch) and, once this returns true, reads the others' results past L1 (__ldcg),
+// which is not coherent between blocks. Every thread of the block calls it.
+__device__ bool last_to_arrive(int* counter, int expected) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(counter, 1) == expected - 1;
+    if (last) *counter = 0;
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
 }
 
 __device__ __forceinline__ const __half* kv_part(const DeviceKv& kv, int block, int layer, int which) {
@@ -347,22 +367,52 @@ __device__ __forceinline__ void q8_0_or_q4_0_row_q8(const std::uint8_t* wr, bool
   }
 }
 
+// act(g) * u: SwiGLU's SiLU, or GeGLU's tanh GELU.
+__device__ __forceinline__ float gated_value(float g, float u, bool gelu) {
+  if (gelu) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    return 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * u;
+  }
+  return g / (1.0f + expf(-g)) * u;
+}
+
+// The gate/up launch's end (GatedTail): the block that finishes its group of 32 rows last (of the
+// group's blocks in both parts: `group_blocks` each) turns the group's gate rows into
+// act(gate) * up for each of the T rows of `rows` values at gate and up, a warp a row, each warp's
+// 32 values one int8 block of the down projection's input (q8, laid out as gate).
+__device__ void gated_tail(const GatedTail& tail, int* counter, float* gate, const float* up, int rows, int group, int T, const Q8Out& q8) {
+  const int group_rows = min(kWarp, rows - group * kWarp);
+  if (!last_to_arrive(counter, 2 * ((group_rows + kGemvWarps - 1) / kGemvWarps))) return;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int r = group * kWarp + lane;
+  for (int t0 = 0; t0 < T; t0 += kGemvWarps) {  // every warp the same turns (see gemv_kernel)
+    const int t = t0 + warp;
+    const bool in = t < T && r < rows;
+    const std::size_t at = static_cast<std::size_t>(t) * rows + r;
+    const float v = in ? gated_value(__ldcg(gate + at), __ldcg(up + at), tail.gelu) : 0.0f;
+    if (in) gate[at] = v;
+    if (q8.q) warp_quantize_q8(v, (static_cast<std::size_t>(t) * rows + group * kWarp) / kWarp, t < T, q8);
+  }
+}
+
 // One warp per row of the parts' rows taken in turn (q, k and v, or gate and up, in one launch: a
 // decode step is many small kernels, and each launch costs a few microseconds on its own); a
-// block's warps all in one part.
-__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_parts_kernel(GemvParts parts, const std::int8_t* xq, const float2* xds, int T) {
-  dependent_launch_prologue();
+// block's warps all in one part. Returns the block's part and its block index within it.
+struct GemvBlock {
+  int part, block_in_part;
+};
+__device__ __forceinline__ GemvBlock gemv_q8_block(const GemvParts& parts, const std::int8_t* xq, const float2* xds, int T) {
   // Selected by branches, not an index: a dynamic index would copy the parameters to local memory.
   const int b = static_cast<int>(blockIdx.x);
   const int blocks0 = (parts.part[0].rows + kGemvWarps - 1) / kGemvWarps, blocks1 = (parts.part[1].rows + kGemvWarps - 1) / kGemvWarps;
   GemvPart part = parts.part[0];
-  int first_block = 0;
+  GemvBlock which{0, b};
   if (parts.n > 2 && b >= blocks0 + blocks1) {
-    part = parts.part[2], first_block = blocks0 + blocks1;
+    part = parts.part[2], which = {2, b - blocks0 - blocks1};
   } else if (parts.n > 1 && b >= blocks0) {
-    part = parts.part[1], first_block = blocks0;
+    part = parts.part[1], which = {1, b - blocks0};
   }
-  const int row = (b - first_block) * kGemvWarps + threadIdx.x / kWarp;
+  const int row = which.block_in_part * kGemvWarps + threadIdx.x / kWarp;
   const bool active = row < part.rows;  // no early return (see gemv_kernel)
   const int cols = parts.cols;
   const std::uint8_t* wr = part.w + format_row_bytes(part.format, cols) * static_cast<std::size_t>(active ? row : 0);
@@ -374,6 +424,16 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_parts_kernel(GemvP
     default: q8_0_or_q4_0_row_q8<WeightFormat::Q4_0>(wr, active, cols, xq, xds, T, acc); break;
   }
   write_row_sums(acc, T, active, part.y, part.rows, row);
+  return which;
+}
+
+__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_parts_kernel(GemvParts parts, const std::int8_t* xq, const float2* xds, int T) {
+  dependent_launch_prologue();
+  const GemvBlock which = gemv_q8_block(parts, xq, xds, T);
+  if (parts.gated.arrivals) {
+    const int group = which.block_in_part * kGemvWarps / kWarp;
+    gated_tail(parts.gated, parts.gated.arrivals + group, parts.part[0].y, parts.part[1].y, parts.part[0].rows, group, T, parts.gated.q8);
+  }
 }
 
 // ---- mixtures of experts, routed on the device -----------------------------------------------
@@ -462,6 +522,13 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_experts_kernel(Expert
     }
   }
   write_row_sums(acc, 1, active, m.y + static_cast<std::size_t>(pair) * g.rows, g.rows, row);
+  if (g.gated.arrivals) {  // each pair's gate and up rows are a token's (GatedTail)
+    const int group = (static_cast<int>(blockIdx.x) - (second ? row_blocks : 0)) * kGemvWarps / kWarp;
+    const std::size_t first = static_cast<std::size_t>(pair) * g.rows;
+    const Q8Out q8 = g.gated.q8.q ? Q8Out{g.gated.q8.q + first, g.gated.q8.scale_sum + first / kWarp} : Q8Out{};
+    gated_tail(g.gated, g.gated.arrivals + pair * ((g.rows + kWarp - 1) / kWarp) + group, g.part[0].y + first, g.part[1].y + first, g.rows,
+               group, 1, q8);
+  }
 }
 
 // out[t] = sum over token t's pairs, in expert order (the CPU's order), of weight * y[pair].
@@ -525,28 +592,31 @@ __global__ void float_to_half_kernel(const float* x, std::size_t n, __half* out)
   if (i < n) out[i] = __float2half(x[i]);
 }
 
-// One block per (token, head); q heads first, then the KV heads (keys and values together).
-__global__ void qkv_post_kernel(QkvPost p, StepMeta meta, DeviceKv kv) {
-  dependent_launch_prologue();
-  extern __shared__ float head[];  // head_dim
-  const int t = blockIdx.x, h = blockIdx.y, hd = p.head_dim;
+// qkv_post's work for one (token, head) by one warp (h: q heads first, then the KV heads, keys and
+// values together): biases, the head's norm, RoPE, then q rotated in place or the key and value
+// stored at the token's slot. `head`: the warp's kMaxHeadDim floats of shared memory. q, k and v
+// are read past L1 (__ldcg): other blocks of the same launch may have written them (gemv_q8_qkv).
+// Every warp of the block calls it the same number of times (inactive ones with active false: the
+// shuffles and warp barriers line up across the block, as CPU runtimes of this code need).
+__device__ void post_head(const QkvPost& p, const StepMeta& meta, const DeviceKv& kv, int t, int h, bool active, float* head) {
+  const int lane = threadIdx.x % kWarp, hd = p.head_dim;
   const bool is_q = h < p.n_head;
   const int kh = h - p.n_head;
-  const float* src = is_q ? p.q + (static_cast<std::size_t>(t) * p.n_head + h) * hd : p.k + (static_cast<std::size_t>(t) * p.n_head_kv + kh) * hd;
+  const float* src = !active ? nullptr : is_q ? p.q + (static_cast<std::size_t>(t) * p.n_head + h) * hd : p.k + (static_cast<std::size_t>(t) * p.n_head_kv + kh) * hd;
   const float* bias = is_q ? (p.bq ? p.bq + h * hd : nullptr) : (p.bk ? p.bk + kh * hd : nullptr);
   const float* norm = is_q ? p.q_norm : p.k_norm;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = src[i] + (bias ? bias[i] : 0.0f);
-  __syncthreads();
-  if (norm) {
+  for (int i = lane; active && i < hd; i += kWarp) head[i] = __ldcg(src + i) + (bias ? bias[i] : 0.0f);
+  __syncwarp();
+  if (p.q_norm || p.k_norm) {  // the same on every warp of the block
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += head[i] * head[i];
-    const float scale = rsqrtf(block_sum(ss) / hd + p.eps);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = head[i] * scale * norm[i];
-    __syncthreads();
+    for (int i = lane; active && norm && i < hd; i += kWarp) ss += head[i] * head[i];
+    const float scale = rsqrtf(warp_sum(ss) / hd + p.eps);
+    for (int i = lane; active && norm && i < hd; i += kWarp) head[i] = head[i] * scale * norm[i];
+    __syncwarp();
   }
   const int half = p.n_rot / 2;
-  const float position = static_cast<float>(meta.positions[t]);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+  const float position = active ? static_cast<float>(meta.positions[t]) : 0.0f;
+  for (int i = lane; active && i < half; i += kWarp) {
     const int a = p.neox ? i : 2 * i, b = p.neox ? i + half : 2 * i + 1;
     const float theta = position * p.inv_freq[i];
     // Accurate sine and cosine (not the fast intrinsics): angles reach tens of thousands of radians.
@@ -557,10 +627,11 @@ __global__ void qkv_post_kernel(QkvPost p, StepMeta meta, DeviceKv kv) {
     head[a] = x0 * c - x1 * s;
     head[b] = x0 * s + x1 * c;
   }
-  __syncthreads();
+  __syncwarp();
+  if (!active) return;
   if (is_q) {
     float* dst = p.q + (static_cast<std::size_t>(t) * p.n_head + h) * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = head[i];
+    for (int i = lane; i < hd; i += kWarp) dst[i] = head[i];
     return;
   }
   const int slot = meta.slots[t];
@@ -569,9 +640,39 @@ __global__ void qkv_post_kernel(QkvPost p, StepMeta meta, DeviceKv kv) {
   __half* key = const_cast<__half*>(kv_part(kv, block, p.layer, 0)) + row;
   __half* value = const_cast<__half*>(kv_part(kv, block, p.layer, 1)) + row;
   const float* v = p.v + (static_cast<std::size_t>(t) * p.n_head_kv + kh) * hd;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+  for (int i = lane; i < hd; i += kWarp) {
     key[i] = __float2half(head[i]);
-    value[i] = __float2half(v[i] + (p.bv ? p.bv[kh * hd + i] : 0.0f));
+    value[i] = __float2half(__ldcg(v + i) + (p.bv ? p.bv[kh * hd + i] : 0.0f));
+  }
+}
+
+// A warp per (token, head), kPostWarps a block.
+constexpr int kPostWarps = 4;
+__global__ void __launch_bounds__(kPostWarps * kWarp) qkv_post_kernel(QkvPost p, StepMeta meta, DeviceKv kv, int T) {
+  dependent_launch_prologue();
+  __shared__ float heads[kPostWarps][kMaxHeadDim];
+  const int warp = threadIdx.x / kWarp, heads_per_token = p.n_head + p.n_head_kv;
+  const int pair = blockIdx.x * kPostWarps + warp;
+  const bool active = pair < T * heads_per_token;
+  post_head(p, meta, kv, active ? pair / heads_per_token : 0, active ? pair % heads_per_token : 0, active, heads[warp]);
+}
+
+// The q/k/v launch with qkv_post's work at its end (gemv_q8_qkv): the last of a q head's blocks
+// rotates that head for every token; the last of a KV head's key and value blocks (one counter for
+// both) stores its keys and values. A warp a token; a block never straddles two heads (head_dim a
+// multiple of kGemvWarps).
+__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_qkv_kernel(GemvParts parts, const std::int8_t* xq, const float2* xds, int T,
+                                                                         QkvPost post, StepMeta meta, DeviceKv kv, int* arrivals) {
+  dependent_launch_prologue();
+  const GemvBlock which = gemv_q8_block(parts, xq, xds, T);
+  const bool is_q = which.part == 0;
+  const int head = which.block_in_part * kGemvWarps / post.head_dim, blocks_a_head = post.head_dim / kGemvWarps;
+  if (!last_to_arrive(arrivals + (is_q ? head : post.n_head + head), is_q ? blocks_a_head : 2 * blocks_a_head)) return;
+  __shared__ float heads[kGemvWarps][kMaxHeadDim];
+  const int warp = threadIdx.x / kWarp;
+  for (int t0 = 0; t0 < T; t0 += kGemvWarps) {  // every warp the same turns
+    const int t = t0 + warp;
+    post_head(post, meta, kv, t < T ? t : 0, is_q ? head : post.n_head + head, t < T, heads[warp]);
   }
 }
 
@@ -579,7 +680,41 @@ __global__ void qkv_post_kernel(QkvPost p, StepMeta meta, DeviceKv kv) {
 // with its own running softmax, and the warps' states merge at the end.
 constexpr int kAttentionWarps = 4;
 constexpr int kPerLane = kMaxHeadDim / kWarp;
-__global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(AttentionArgs a, StepMeta meta, DeviceKv kv) {
+// (t, h)'s splits merged (their partial softmax states, partials' layout: attention_kernel's end)
+// into its output row, with q8 (head_dim a multiple of 32) as int8 too: each warp's 32 outputs are
+// one int8 block of the o projection's input. The partials are read past L1 (__ldcg): other
+// blocks of the same launch may have written them (attention with arrivals).
+__device__ void merge_splits(const AttentionArgs& a, int t, int h, const Q8Out& q8) {
+  const int hd = a.head_dim;
+  const float* parts = a.partials + (static_cast<std::size_t>(t) * a.n_head + h) * a.n_splits * (hd + 2);
+  float top = -FLT_MAX;
+  for (int s = 0; s < a.n_splits; ++s) {
+    if (__ldcg(parts + s * (hd + 2) + hd + 1) > 0.0f) top = fmaxf(top, __ldcg(parts + s * (hd + 2) + hd));
+  }
+  float total = 0.0f;
+  for (int s = 0; s < a.n_splits; ++s) {
+    const float l = __ldcg(parts + s * (hd + 2) + hd + 1);
+    if (l > 0.0f) total += l * __expf(__ldcg(parts + s * (hd + 2) + hd) - top);
+  }
+  const std::size_t row = (static_cast<std::size_t>(t) * a.n_head + h) * hd;
+  float* out = a.out + row;
+  // Every thread takes the same turns (the shuffles line up across the block, as CPU runtimes of
+  // this code need; see gemv_kernel); with q8, hd is a multiple of 32, so a warp's lanes are all
+  // in or all out.
+  for (int base = 0; base < hd; base += blockDim.x) {
+    const int d = base + static_cast<int>(threadIdx.x);
+    const bool in = d < hd;
+    float sum = 0.0f;
+    for (int s = 0; in && s < a.n_splits; ++s) {
+      if (__ldcg(parts + s * (hd + 2) + hd + 1) > 0.0f) sum += __ldcg(parts + s * (hd + 2) + d) * __expf(__ldcg(parts + s * (hd + 2) + hd) - top);
+    }
+    const float v = total > 0.0f ? sum / total : 0.0f;
+    if (in) out[d] = v;
+    if (q8.q) warp_quantize_q8(v, (row + base + threadIdx.x) / kWarp, in, q8);
+  }
+}
+
+__global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(AttentionArgs a, StepMeta meta, DeviceKv kv, Q8Out q8) {
   dependent_launch_prologue();
   const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, hd = a.head_dim;
@@ -655,50 +790,19 @@ __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(Atte
     out[hd] = top;
     out[hd + 1] = sum;
   }
+  if (a.arrivals && last_to_arrive(a.arrivals + static_cast<std::size_t>(t) * a.n_head + h, a.n_splits)) merge_splits(a, t, h, q8);
 }
 
 __global__ void attention_combine_kernel(AttentionArgs a, Q8Out q8) {
   dependent_launch_prologue();
-  const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
-  const float* parts = a.partials + (static_cast<std::size_t>(t) * a.n_head + h) * a.n_splits * (hd + 2);
-  float top = -FLT_MAX;
-  for (int s = 0; s < a.n_splits; ++s) {
-    if (parts[s * (hd + 2) + hd + 1] > 0.0f) top = fmaxf(top, parts[s * (hd + 2) + hd]);
-  }
-  float total = 0.0f;
-  for (int s = 0; s < a.n_splits; ++s) {
-    const float l = parts[s * (hd + 2) + hd + 1];
-    if (l > 0.0f) total += l * __expf(parts[s * (hd + 2) + hd] - top);
-  }
-  const std::size_t row = (static_cast<std::size_t>(t) * a.n_head + h) * hd;
-  float* out = a.out + row;
-  // With q8 (head_dim a multiple of 32): a warp's 32 outputs are one int8 block of the o
-  // projection's input, written here rather than by a launch of its own. Every lane of a warp is
-  // in the loop or out of it together.
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float sum = 0.0f;
-    for (int s = 0; s < a.n_splits; ++s) {
-      if (parts[s * (hd + 2) + hd + 1] > 0.0f) sum += parts[s * (hd + 2) + d] * __expf(parts[s * (hd + 2) + hd] - top);
-    }
-    const float v = total > 0.0f ? sum / total : 0.0f;
-    out[d] = v;
-    if (q8.q) warp_quantize_q8(v, (row + d) / kWarp, true, q8);
-  }
+  merge_splits(a, blockIdx.x, blockIdx.y, q8);
 }
 
 __global__ void gated_activation_kernel(float* gate, const float* up, std::size_t n, bool gelu, Q8Out q8) {
   dependent_launch_prologue();
   const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool in = i < n;  // no early return: warp_quantize_q8's shuffles (n a multiple of 32 then)
-  const float g = in ? gate[i] : 0.0f;
-  float act;
-  if (gelu) {
-    constexpr float kSqrt2OverPi = 0.7978845608028654f;
-    act = 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
-  } else {
-    act = g / (1.0f + expf(-g));
-  }
-  const float v = in ? act * up[i] : 0.0f;
+  const float v = in ? gated_value(gate[i], up[i], gelu) : 0.0f;
   if (in) gate[i] = v;
   if (q8.q) warp_quantize_q8(v, i / kWarp, in, q8);
 }
@@ -781,6 +885,12 @@ bool gemv_q8_takes(WeightFormat format, int cols) {
 }
 
 void gemv_q8(const GemvParts& parts, const std::int8_t* q, const float2* scale_sum, int T, cudaStream_t stream) {
+  if (parts.gated.arrivals && (parts.n != 2 || parts.part[0].rows != parts.part[1].rows)) {
+    throw Error("internal: gemv_q8's gated activation takes two parts (gate, up) of the same rows");
+  }
+  if (parts.gated.q8.q && (parts.part[0].rows % kWarp || parts.gated.q8.q == q)) {
+    throw Error("internal: gemv_q8's gated activation writes int8 for rows of a multiple of 32, not over its own input");
+  }
   unsigned blocks = 0;
   for (int p = 0; p < parts.n; ++p) {
     if (!gemv_q8_takes(parts.part[p].format, parts.cols)) return;
@@ -796,9 +906,14 @@ void route_experts(const float* logits, int T, int n_expert, int k, bool softmax
 
 bool gemv_experts_takes(WeightFormat format, int cols) { return cols % 32 == 0 && (is_float_format(format) || gemv_q8_takes(format, cols)); }
 
+bool gemv_experts_gated_takes(const ExpertGemv& g) { return g.n == 2 && is_float_format(g.part[0].format) == is_float_format(g.part[1].format); }
+
 void gemv_experts(const ExpertGemv& g, const std::int32_t* experts, int n_pairs, const float* x, const std::int8_t* xq, const float2* xds,
                   cudaStream_t stream) {
   if (n_pairs <= 0) return;
+  if (g.gated.arrivals && (g.n != 2 || is_float_format(g.part[0].format) != is_float_format(g.part[1].format) || (g.gated.q8.q && g.rows % kWarp))) {
+    throw Error("internal: gemv_experts' gated activation takes gate and up read the same way (gemv_experts_gated_takes)");
+  }
   const unsigned row_blocks = blocks_for(static_cast<std::size_t>(g.rows), kGemvWarps);
   // A launch reads x in one form: parts of both kinds (never seen in a file) go one at a time.
   if (g.n > 1 && is_float_format(g.part[0].format) != is_float_format(g.part[1].format)) {
@@ -837,13 +952,30 @@ void float_to_half(const float* x, std::size_t n, __half* out, cudaStream_t stre
 }
 
 void qkv_post(const QkvPost& p, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream) {
-  const dim3 grid(T, p.n_head + p.n_head_kv);
-  launch(qkv_post_kernel, grid, 128, p.head_dim * sizeof(float), stream, p, meta, kv);
+  const std::size_t pairs = static_cast<std::size_t>(T) * (p.n_head + p.n_head_kv);
+  if (pairs > 0) launch(qkv_post_kernel, blocks_for(pairs, kPostWarps), kPostWarps * kWarp, 0, stream, p, meta, kv, T);
+}
+
+bool gemv_q8_qkv_takes(const GemvParts& parts, const QkvPost& post) {
+  if (parts.n != 3 || post.head_dim % kGemvWarps || parts.part[0].rows != post.n_head * post.head_dim) return false;
+  for (int p = 0; p < 3; ++p) {
+    if (!gemv_q8_takes(parts.part[p].format, parts.cols)) return false;
+  }
+  return parts.part[1].rows == post.n_head_kv * post.head_dim && parts.part[2].rows == parts.part[1].rows;
+}
+
+void gemv_q8_qkv(const GemvParts& parts, const std::int8_t* q, const float2* scale_sum, int T, const QkvPost& post, const StepMeta& meta,
+                 const DeviceKv& kv, int* arrivals, cudaStream_t stream) {
+  if (!gemv_q8_qkv_takes(parts, post)) throw Error("internal: gemv_q8_qkv given parts it does not take (gemv_q8_qkv_takes)");
+  unsigned blocks = 0;
+  for (int p = 0; p < 3; ++p) blocks += blocks_for(static_cast<std::size_t>(parts.part[p].rows), kGemvWarps);
+  if (T > 0) launch(gemv_q8_qkv_kernel, blocks, kGemvWarps * kWarp, 0, stream, parts, q, scale_sum, T, post, meta, kv, arrivals);
 }
 
 void attention(const AttentionArgs& a, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream, const Q8Out& q8) {
-  launch(attention_kernel, dim3(T, a.n_head, a.n_splits), kAttentionWarps * kWarp, 0, stream, a, meta, kv);
-  launch(attention_combine_kernel, dim3(T, a.n_head), 128, 0, stream, a, attention_writes_q8(a.head_dim) ? q8 : Q8Out{});
+  const Q8Out out_q8 = attention_writes_q8(a.head_dim) ? q8 : Q8Out{};
+  launch(attention_kernel, dim3(T, a.n_head, a.n_splits), kAttentionWarps * kWarp, 0, stream, a, meta, kv, out_q8);
+  if (!a.arrivals) launch(attention_combine_kernel, dim3(T, a.n_head), kAttentionWarps * kWarp, 0, stream, a, out_q8);
 }
 
 void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cudaStream_t stream, const Q8Out& q8) {

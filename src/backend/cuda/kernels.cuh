@@ -93,12 +93,27 @@ struct GemvPart {
   int rows;
   float* y;  // [T][rows]
 };
+// With arrivals (two parts, gate then up, of the same rows): the gate part's y becomes
+// act(gate) * up, and with q8 (rows a multiple of 32; never the x the launch reads) its int8 form,
+// in the same launch (gated_activation's work, one launch fewer a decode layer). Each group of 32
+// rows is finished by the last of its blocks to be done; arrivals holds a counter for each group,
+// zero before the launch and left zero after it (gated_arrivals_needed).
+struct GatedTail {
+  int* arrivals = nullptr;
+  Q8Out q8;
+  bool gelu = false;
+};
 struct GemvParts {
   GemvPart part[3];
   int n;
   int cols;
+  GatedTail gated;
 };
 void gemv_q8(const GemvParts& parts, const std::int8_t* q, const float2* scale_sum, int T, cudaStream_t stream);
+// The counters a fused launch needs (gemv_q8 with a GatedTail over `rows`, attention with
+// arrivals over T tokens and n_head heads): zeroed once, reused by every launch after.
+constexpr std::size_t gated_arrivals_needed(int rows) { return static_cast<std::size_t>(rows + 31) / 32; }
+constexpr std::size_t attention_arrivals_needed(int T, int n_head) { return static_cast<std::size_t>(T) * n_head; }
 
 // W decoded to halves (rows x cols, row-major), for cuBLAS.
 void dequantize_to_half(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out, cudaStream_t stream);
@@ -119,6 +134,14 @@ struct QkvPost {
   int layer;
 };
 void qkv_post(const QkvPost& p, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream);
+// The q/k/v products (gemv_q8 over parts q, k, v, whose y are post's q, k and v) with qkv_post's
+// work at the launch's end (one launch fewer a decode layer), each head finished by the last of its
+// blocks to be done; arrivals: qkv_arrivals_needed counters, zero before the launch and left zero.
+// What it takes: gemv_q8_qkv_takes (every part in a format gemv_q8 takes; heads of a multiple of 4).
+bool gemv_q8_qkv_takes(const GemvParts& parts, const QkvPost& post);
+void gemv_q8_qkv(const GemvParts& parts, const std::int8_t* q, const float2* scale_sum, int T, const QkvPost& post, const StepMeta& meta,
+                 const DeviceKv& kv, int* arrivals, cudaStream_t stream);
+constexpr std::size_t qkv_arrivals_needed(int n_head, int n_head_kv) { return static_cast<std::size_t>(n_head) + n_head_kv; }
 
 // Causal attention over the paged cache, split over the context in chunks of `chunk` positions
 // (FlashDecoding): partials [T][n_head][n_splits][head_dim + 2], then combined into out [T][n_head * head_dim].
@@ -130,6 +153,10 @@ struct AttentionArgs {
   int window;  // 0: none
   float scale, softcap;
   int chunk, n_splits;
+  // With arrivals (a zeroed counter per (token, head), left zeroed): the splits merge in the same
+  // launch, by the last of each (token, head)'s split blocks to be done (one launch fewer a layer);
+  // null: in a launch of their own.
+  int* arrivals = nullptr;
 };
 // With q8, and heads whose size attention_writes_q8 takes, the output as int8 too (for the o
 // projection's integer GEMV: one launch fewer a layer).
@@ -165,12 +192,17 @@ struct ExpertMatrices {
   WeightFormat format;
   float* y;  // [pairs][rows]
 };
+// With gated.arrivals (gate then up; gemv_experts_gated_takes): each pair's gate rows become
+// act(gate) * up, and with q8 (rows a multiple of 32) its int8 form, pair after pair, in the same
+// launch (GatedTail; gated_arrivals_needed(rows) counters a pair).
 struct ExpertGemv {
   ExpertMatrices part[2];
   int n;
   int rows, cols, pairs_per_x;
+  GatedTail gated;
 };
 bool gemv_experts_takes(WeightFormat format, int cols);
+bool gemv_experts_gated_takes(const ExpertGemv& g);
 void gemv_experts(const ExpertGemv& g, const std::int32_t* experts, int n_pairs, const float* x, const std::int8_t* xq, const float2* xds,
                   cudaStream_t stream);
 // out[t] = the sum of token t's pairs' rows of y with their weights, in expert order (as the CPU adds them).
