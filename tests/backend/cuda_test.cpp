@@ -1056,6 +1056,16 @@ TEST(CudaModel, ProfileSplitsEachPassByStretch) {
   for (const char* stretch : {"q/k/v matmuls", "attention", "down matmul", "output matmul", "logits to the host"}) {
     EXPECT_NE(report.find(stretch), std::string::npos) << stretch << "\n" << report;
   }
+  // The matrix-vector stretches say how fast their weights streamed (decode's q/k/v products);
+  // the GEMMs' do not (prefill's).
+  const auto line_of = [&](const std::string& section, const std::string& stretch) {
+    const std::size_t at = report.find("  " + stretch + " ", report.find(section));
+    return at == std::string::npos ? std::string() : report.substr(at, report.find('\n', at) - at);
+  };
+  EXPECT_NE(line_of("decode passes", "q/k/v matmuls").find("GB/s of weights"), std::string::npos) << report;
+  const std::string prefill_qkv = line_of("prefill passes", "q/k/v matmuls");
+  EXPECT_FALSE(prefill_qkv.empty()) << report;
+  EXPECT_EQ(prefill_qkv.find("GB/s"), std::string::npos) << report;
   const std::unique_ptr<Model> quiet = gpu_model(file);  // not asked: no profile
   run_greedy(*quiet, prompt, 2, pool);
   EXPECT_EQ(quiet->device()->profile_report(), "");

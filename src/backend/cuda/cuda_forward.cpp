@@ -561,6 +561,15 @@ class CudaForward final : public DeviceForward {
     return {x_q8_.get(), x_q8_scales_.get()};
   }
 
+  // What a pass of T tokens streams of these matrices through the matrix-vector kernels (the
+  // profile's GB/s); 0 past their batch size (the GEMMs read halves).
+  static double streamed(int T, std::initializer_list<MatrixView> matrices) {
+    if (T > kGemvMaxTokens) return 0.0;
+    double bytes = 0.0;
+    for (const MatrixView& m : matrices) bytes += static_cast<double>(m.rows) * static_cast<double>(format_row_bytes(m.format, m.cols));
+    return bytes;
+  }
+
   // The q/k/v products and qkv_post's work (rope, the KV write): in one launch where all three go
   // through the integer GEMV (gemv_q8_qkv), else the products and then a launch of its own.
   void qkv_with_post(const DeviceLayer& L, int T, Q8Out xn_q8, const QkvPost& post, DeviceKvStore& kv) {
@@ -570,12 +579,12 @@ class CudaForward final : public DeviceForward {
     parts.part[1] = {L.wk.view.data(), L.wk.view.format, L.wk.view.rows, k_.get()};
     parts.part[2] = {L.wv.view.data(), L.wv.view.format, L.wv.view.rows, v_.get()};
     if (fuse_ && integer_gemv_ && T <= kGemvMaxTokens && gemv_q8_qkv_takes(parts, post)) {
-      profile_.mark("q/k/v matmuls, rope, kv write");
+      profile_.mark("q/k/v matmuls, rope, kv write", streamed(T, {L.wq, L.wk, L.wv}));
       if (!xn_q8.q) xn_q8 = quantized(xn_.get(), T, parts.cols);
       gemv_q8_qkv(parts, xn_q8.q, xn_q8.scale_sum, T, post, meta_, kv.desc(), arrivals_.get(), compute_);
       return;
     }
-    profile_.mark("q/k/v matmuls");
+    profile_.mark("q/k/v matmuls", streamed(T, {L.wq, L.wk, L.wv}));
     matmul({{L.wq, q_.get()}, {L.wk, k_.get()}, {L.wv, v_.get()}}, xn_.get(), T, xn_q8);
     profile_.mark("q/k/v post (rope, kv write)");
     qkv_post(post, meta_, T, kv.desc(), compute_);
@@ -590,7 +599,7 @@ class CudaForward final : public DeviceForward {
     const bool gelu = c_.desc->activation == arch::Activation::GeluTanh;
     const auto integer = [&](const MatrixView& m) { return integer_gemv_ && gemv_q8_takes(m.format, m.cols); };
     if (fuse_ && T <= kGemvMaxTokens && integer(L.gate.view) && integer(L.up.view) && L.gate.view.rows == L.up.view.rows) {
-      profile_.mark("gate/up matmuls, gated activation");
+      profile_.mark("gate/up matmuls, gated activation", streamed(T, {L.gate, L.up}));
       if (!xn_q8.q) xn_q8 = quantized(xn_.get(), T, L.gate.view.cols);
       const Q8Out q8_down = q8_for(T, {L.down}).q && F % 32 == 0 ? Q8Out{act_q8_.get(), act_q8_scales_.get()} : Q8Out{};
       GemvParts parts{};
@@ -601,7 +610,7 @@ class CudaForward final : public DeviceForward {
       gemv_q8(parts, xn_q8.q, xn_q8.scale_sum, T, compute_);
       return q8_down;
     }
-    profile_.mark("gate/up matmuls");
+    profile_.mark("gate/up matmuls", streamed(T, {L.gate, L.up}));
     matmul({{L.gate, gate_.get()}, {L.up, up_.get()}}, xn_.get(), T, xn_q8);
     profile_.mark("gated activation");
     const Q8Out q8_down = q8_for(T, {L.down});
@@ -680,7 +689,7 @@ class CudaForward final : public DeviceForward {
       profile_.mark("attention");
       const Q8Out q8_o = attention_writes_q8(args.head_dim) ? q8_for(T, {L.wo}) : Q8Out{};
       attention(args, meta_, T, kv.desc(), compute_, q8_o);
-      profile_.mark("attention output matmul");
+      profile_.mark("attention output matmul", streamed(T, {L.wo}));
       matmul({{L.wo, tmp_.get()}}, attn_.get(), T, q8_o);
       reduce_across_ranks(T);  // each rank's heads' share of the output
       // FFN sublayer.
@@ -694,13 +703,13 @@ class CudaForward final : public DeviceForward {
         continue;
       }
       const Q8Out q8_down = gate_up_activation(L, T, q8_gate_up);
-      profile_.mark("down matmul");
+      profile_.mark("down matmul", streamed(T, {L.down}));
       matmul({{L.down, tmp_.get()}}, gate_.get(), T, q8_down);
       reduce_across_ranks(T);  // each rank's FFN columns' share
     }
     profile_.mark("norms");
     add_rmsnorm(x_.get(), tmp_.get(), layers_.back().post_ffn_norm.get(), output_norm_.get(), D, T, c_.rms_eps, xn_.get(), compute_);
-    profile_.mark("output matmul");
+    profile_.mark("output matmul", streamed(n_out, {output_tied_ ? token_embd_.view : output_.view}));
     gather_rows(xn_.get(), out_rows_, n_out, D, out_x_.get(), compute_);
     if (n_out > 0) matmul({{output_tied_ ? token_embd_.view : output_.view, logits_.get()}}, out_x_.get(), n_out);
     if (c_.final_softcap > 0.0f) softcap(logits_.get(), static_cast<std::size_t>(n_out) * n_logits_, c_.final_softcap, compute_);
@@ -768,12 +777,12 @@ class CudaForward final : public DeviceForward {
   void moe_ffn_on_device(const DeviceLayer& L, int T, Q8Out xn_q8) {
     const int D = static_cast<int>(c_.n_embd), F = static_cast<int>(c_.n_ff_expert), K = static_cast<int>(c_.n_expert_used);
     const int pairs = T * K;
-    profile_.mark("moe router (routed on the device)");
+    profile_.mark("moe router (routed on the device)", streamed(T, {L.router}));
     matmul({{L.router, router_logits_.get()}}, xn_.get(), T, xn_q8);
     const ExpertRoutes routes{expert_routes_.get(), reinterpret_cast<float*>(expert_routes_.get() + pairs)};
     const bool softmax_over_all = c_.desc->router == arch::Router::SoftmaxThenTopK && !c_.expert_weights_norm;
     route_experts(router_logits_.get(), T, static_cast<int>(c_.n_expert), K, softmax_over_all, routes, compute_);
-    profile_.mark("moe experts");
+    profile_.mark("moe experts", pairs * streamed(1, {L.exp_gate.each[0], L.exp_up.each[0], L.exp_down.each[0]}));
     const auto reads_q8 = [](const DeviceExperts& m) { return !is_float_format(m.each.front().format); };
     if ((reads_q8(L.exp_gate) || reads_q8(L.exp_up)) && !xn_q8.q) quantized(xn_.get(), T, D);
     const bool gelu = c_.desc->activation == arch::Activation::GeluTanh;

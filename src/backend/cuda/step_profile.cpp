@@ -16,9 +16,10 @@ void StepProfile::begin(cudaStream_t stream, bool decode) {
   stream_ = stream;
   decode_ = decode;
   names_.clear();
+  bytes_.clear();
 }
 
-void StepProfile::mark(const char* name) {
+void StepProfile::mark(const char* name, double weight_bytes) {
   if (!on_) return;
   if (names_.size() + 1 >= events_.size()) {  // one more for the end
     events_.resize(names_.size() + 2, nullptr);
@@ -28,6 +29,7 @@ void StepProfile::mark(const char* name) {
   }
   PROMPTLY_CUDA_CHECK(cudaEventRecord(events_[names_.size()], stream_));
   names_.push_back(name);
+  bytes_.push_back(weight_bytes);
 }
 
 void StepProfile::end(bool finished) {
@@ -40,6 +42,7 @@ void StepProfile::end(bool finished) {
     float ms = 0.0f;
     PROMPTLY_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]));
     totals.ms[names_[i]] += ms;
+    totals.bytes[names_[i]] += bytes_[i];
   }
   ++totals.passes;
 }
@@ -59,8 +62,12 @@ std::string StepProfile::report() const {
     std::snprintf(line, sizeof line, "GPU profile, %s passes (%d, graphs off): %.3f ms a pass\n", kind, totals->passes, sum);
     out += line;
     for (const auto& [ms, name] : rows) {
-      std::snprintf(line, sizeof line, "  %-28s %9.3f ms %5.1f%%\n", name.c_str(), ms, sum > 0 ? 100.0 * ms / sum : 0.0);
+      const auto bytes = totals->bytes.find(name);
+      const double per_pass = bytes == totals->bytes.end() ? 0.0 : bytes->second / totals->passes;
+      const int n = std::snprintf(line, sizeof line, "  %-34s %9.3f ms %5.1f%%", name.c_str(), ms, sum > 0 ? 100.0 * ms / sum : 0.0);
+      if (per_pass > 0 && ms > 0 && n > 0) std::snprintf(line + n, sizeof line - n, "  %8.1f GB/s of weights", per_pass / (ms / 1e3) / 1e9);
       out += line;
+      out += '\n';
     }
   }
   return out;

@@ -24,17 +24,20 @@ class StepProfile {
   bool on() const { return on_; }
   // A pass starts on `stream`; decode: at most the matrix-vector kernels' tokens.
   void begin(cudaStream_t stream, bool decode);
-  // A stretch named `name` (a string literal) starts now on the stream.
-  void mark(const char* name);
+  // A stretch named `name` (a string literal) starts now on the stream; weight_bytes: what its
+  // matrix-vector kernels stream from memory, for the report's GB/s (0: not a stream of weights).
+  void mark(const char* name, double weight_bytes = 0);
   // The pass's stream has finished: its stretches' times are added up. A pass stopped early
   // (Model::forward's stop_before) is dropped.
   void end(bool finished);
-  // Per pass, each stretch's milliseconds and share, largest first; empty before any pass.
+  // Per pass, each stretch's milliseconds and share, largest first (and the rate its weights
+  // streamed at, where it has weight bytes: launch gaps included, graphs being off); empty before
+  // any pass.
   std::string report() const;
 
  private:
   struct Totals {
-    std::map<std::string, double> ms;
+    std::map<std::string, double> ms, bytes;
     int passes = 0;
   };
   bool on_ = false;
@@ -42,6 +45,7 @@ class StepProfile {
   bool decode_ = false;
   std::vector<cudaEvent_t> events_;  // reused across passes
   std::vector<const char*> names_;   // this pass's stretches, in order
+  std::vector<double> bytes_;        // and their weight bytes
   Totals decode_totals_, prefill_totals_;
 };
 
