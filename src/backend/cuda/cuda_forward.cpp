@@ -63,11 +63,13 @@ struct MatrixView {
   const std::uint8_t* bytes = nullptr;
   WeightFormat format = WeightFormat::F32;
   int rows = 0, cols = 0;
+  const __half* halves = nullptr;  // a quantized matrix decoded once for prefill's GEMMs, where kept
   const std::uint8_t* data() const { return bytes; }
 };
 
 struct DeviceMatrix {
   DeviceBuffer<std::uint8_t> bytes;
+  DeviceBuffer<__half> halves;  // view.halves
   MatrixView view;
   operator const MatrixView&() const { return view; }
 };
@@ -160,8 +162,9 @@ class CudaForward final : public DeviceForward {
     // Tensor-parallel (model/tensor_parallel.h): this rank's slices, the sublayers' shares summed
     // across the ranks through the host mid-pass (reduce_across_ranks), which a graph cannot wait for.
     if (tp_) use_graphs_ = false;
+    const bool halves_kept = keep_prefill_halves();
     name_ += std::string(" (") + props.name + "; " + (use_graphs_ ? "graphs" : "no graphs") +
-             (dependent_launches_ ? ", dependent launches" : "") + ")";
+             (dependent_launches_ ? ", dependent launches" : "") + (halves_kept ? "; prefill from kept halves" : "") + ")";
   }
 
   ~CudaForward() override {
@@ -376,6 +379,35 @@ class CudaForward final : public DeviceForward {
     const auto& long_freq = model_.rope_speeds_for(std::size_t{1} << 40);
     upload(long_freq.data(), long_freq.size(), inv_freq_long_);
     if (!model_.local_rope_speeds().empty()) upload(model_.local_rope_speeds().data(), model_.local_rope_speeds().size(), inv_freq_local_);
+  }
+
+  // Prefill decodes each quantized matrix to halves for cuBLAS on every pass: it reads the quantized
+  // bytes, writes 2 bytes an element and reads them back (for Llama-3-8B in Q4_K_M about 33 GB of
+  // memory traffic a prefill, ~8 ms at 4 TB/s: estimated). Where the halves of every dense
+  // layer matrix fit in a quarter of the memory free after the weights, they are decoded once here
+  // and prefill's GEMMs read them; decode still streams the quantized bytes, and the KV budget
+  // (free_memory_bytes) is what is left. PROMPTLY_CUDA_PREFILL_HALVES=0 never keeps them, =1
+  // always (tools/gpu-check.sh times the first against the default). Returns whether they are kept.
+  bool keep_prefill_halves() {
+    std::vector<DeviceMatrix*> quantized;
+    std::size_t bytes = 0;
+    for (DeviceLayer& L : layers_) {
+      for (DeviceMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) {
+        if (!m->view.bytes || is_float_format(m->view.format)) continue;
+        quantized.push_back(m);
+        bytes += static_cast<std::size_t>(m->view.rows) * m->view.cols * sizeof(__half);
+      }
+    }
+    if (quantized.empty() || env_is("PROMPTLY_CUDA_PREFILL_HALVES", "0")) return false;
+    if (!env_is("PROMPTLY_CUDA_PREFILL_HALVES", "1") && bytes > free_memory_bytes() / 4) return false;
+    for (DeviceMatrix* m : quantized) {
+      m->halves = DeviceBuffer<__half>(static_cast<std::size_t>(m->view.rows) * m->view.cols);
+      dequantize_to_half(m->view.bytes, m->view.format, m->view.rows, m->view.cols, m->halves.get(), compute_);
+      m->view.halves = m->halves.get();
+    }
+    PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    PROMPTLY_CUDA_CHECK(cudaGetLastError());
+    return true;
   }
 
   // ---- one step ------------------------------------------------------------------------------
@@ -640,6 +672,11 @@ class CudaForward final : public DeviceForward {
       x_half_.reserve(n_x);
       float_to_half(x, n_x, x_half_.get(), compute_);
       x_in_half = true;
+    }
+    if (w.halves) {  // decoded once at load (keep_prefill_halves)
+      profile_.mark("prefill: cuBLAS GEMMs");
+      gemm(w.rows, w.halves, CUDA_R_16F, x_half_.get(), y);
+      return;
     }
     constexpr std::size_t kSliceElems = std::size_t{64} << 20;  // 128 MiB of halves at most
     const int slice_rows = w.format == WeightFormat::F16 ? w.rows
