@@ -516,8 +516,9 @@ class CudaForward final : public DeviceForward {
       PROMPTLY_CUDA_CHECK(cudaMemsetAsync(arrivals_.get(), 0, arrivals_.size() * sizeof(int), compute_));
       moved = true;
     }
-    moved |= act_q8_.reserve(std::max(t * c_.n_ff, pairs * c_.n_ff_expert));
-    moved |= act_q8_scales_.reserve(std::max(t * c_.n_ff, pairs * c_.n_ff_expert) / 32 + 1);
+    const std::size_t activations = std::max(t * c_.n_ff, pairs * c_.n_ff_expert);
+    moved |= act_q8_.reserve(activations);
+    moved |= act_q8_scales_.reserve(activations / 32 + 1);
     if (moved) graphs_clear();
   }
 
@@ -633,7 +634,8 @@ class CudaForward final : public DeviceForward {
     if (fuse_ && T <= kGemvMaxTokens && integer(L.gate.view) && integer(L.up.view) && L.gate.view.rows == L.up.view.rows) {
       profile_.mark("gate/up matmuls, gated activation", streamed(T, {L.gate, L.up}));
       if (!xn_q8.q) xn_q8 = quantized(xn_.get(), T, L.gate.view.cols);
-      const Q8Out q8_down = q8_for(T, {L.down}).q && F % 32 == 0 ? Q8Out{act_q8_.get(), act_q8_scales_.get()} : Q8Out{};
+      // The down projection takes int8 where the integer GEMV takes it (rows of whole blocks, then).
+      const Q8Out q8_down = integer(L.down.view) ? Q8Out{act_q8_.get(), act_q8_scales_.get()} : Q8Out{};
       GemvParts parts{};
       parts.n = 2, parts.cols = L.gate.view.cols;
       parts.part[0] = {L.gate.view.data(), L.gate.view.format, F, gate_.get()};
@@ -824,16 +826,14 @@ class CudaForward final : public DeviceForward {
     if ((reads_q8(L.exp_gate) || reads_q8(L.exp_up)) && !xn_q8.q) quantized(xn_.get(), T, D);
     const bool gelu = c_.desc->activation == arch::Activation::GeluTanh;
     ExpertGemv gate_up{{L.exp_gate.indexed(gate_.get()), L.exp_up.indexed(up_.get())}, 2, F, D, K, {}};
+    // The activation at the gate/up launch's end, its int8 into act_q8_ (F: whole blocks, as
+    // experts_routable_on_device asks); else a launch of its own after it.
+    const bool fused = fuse_ && gemv_experts_gated_takes(gate_up);
     Q8Out q8_down{};
-    if (fuse_ && gemv_experts_gated_takes(gate_up)) {  // the activation at the launch's end, its int8 into act_q8_
-      q8_down = reads_q8(L.exp_down) ? Q8Out{act_q8_.get(), act_q8_scales_.get()} : Q8Out{};  // F: whole blocks (experts_routable_on_device)
-      gate_up.gated = {arrivals_.get(), q8_down, gelu};
-      gemv_experts(gate_up, routes.experts, pairs, xn_.get(), x_q8_.get(), x_q8_scales_.get(), compute_);
-    } else {
-      gemv_experts(gate_up, routes.experts, pairs, xn_.get(), x_q8_.get(), x_q8_scales_.get(), compute_);
-      q8_down = reads_q8(L.exp_down) ? Q8Out{x_q8_.get(), x_q8_scales_.get()} : Q8Out{};
-      gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(pairs) * F, gelu, compute_, q8_down);
-    }
+    if (reads_q8(L.exp_down)) q8_down = fused ? Q8Out{act_q8_.get(), act_q8_scales_.get()} : Q8Out{x_q8_.get(), x_q8_scales_.get()};
+    if (fused) gate_up.gated = {arrivals_.get(), q8_down, gelu};
+    gemv_experts(gate_up, routes.experts, pairs, xn_.get(), x_q8_.get(), x_q8_scales_.get(), compute_);
+    if (!fused) gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(pairs) * F, gelu, compute_, q8_down);
     const ExpertGemv down{{L.exp_down.indexed(expert_y_.get()), {}}, 1, D, F, 1, {}};
     gemv_experts(down, routes.experts, pairs, gate_.get(), q8_down.q, q8_down.scale_sum, compute_);
     moe_combine(expert_y_.get(), routes, T, K, D, tmp_.get(), compute_);

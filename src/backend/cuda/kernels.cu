@@ -911,7 +911,7 @@ bool gemv_experts_gated_takes(const ExpertGemv& g) { return g.n == 2 && is_float
 void gemv_experts(const ExpertGemv& g, const std::int32_t* experts, int n_pairs, const float* x, const std::int8_t* xq, const float2* xds,
                   cudaStream_t stream) {
   if (n_pairs <= 0) return;
-  if (g.gated.arrivals && (g.n != 2 || is_float_format(g.part[0].format) != is_float_format(g.part[1].format) || (g.gated.q8.q && g.rows % kWarp))) {
+  if (g.gated.arrivals && (!gemv_experts_gated_takes(g) || (g.gated.q8.q && g.rows % kWarp))) {
     throw Error("internal: gemv_experts' gated activation takes gate and up read the same way (gemv_experts_gated_takes)");
   }
   const unsigned row_blocks = blocks_for(static_cast<std::size_t>(g.rows), kGemvWarps);
