@@ -19,6 +19,8 @@
 #include <filesystem>
 #include <functional>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -325,7 +327,7 @@ TEST(CudaKernels, QkvGemvEndsWithRopeAndTheKvWrite) {
       Device<std::int32_t> meta_dev(meta_host);
       const StepMeta meta{meta_dev.p,         meta_dev.p + T,     meta_dev.p + 2 * T,
                           meta_dev.p + 3 * T, meta_dev.p + 8 * T, meta_dev.p + 5 * T,
-                          reinterpret_cast<const std::uint32_t*>(meta_dev.p + 6 * T)};
+                          reinterpret_cast<const std::uint32_t*>(meta_dev.p + 6 * T), nullptr, nullptr};
       const std::vector<float> x = random_vector(static_cast<std::size_t>(T) * cols);
       Device<float> dx(x);
       Device<std::int8_t> xq(x.size());
@@ -597,101 +599,167 @@ TEST(CudaKernels, DequantizeToHalfMatchesTheReference) {
 
 // Attention over a paged cache whose blocks are scattered, with GQA, a window and a soft cap, and
 // token-tree nodes (their tree's context, then only their ancestors' slots), against the softmax
-// computed here in double.
+// computed here in double: the per-token kernel split several ways, its merge in a launch of its
+// own and in the attention launch, and the tiled kernel of prefill under several tilings.
+struct AttentionQuery {
+  std::int32_t position, tree;
+  std::uint64_t ancestors;
+};
+using Tiling = std::vector<std::pair<int, int>>;  // (first token, count)
+
 TEST(CudaKernels, PagedAttentionMatchesTheReference) {
   REQUIRE_GPU();
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;
-  const int n_layer = 2, n_head = 6, n_head_kv = 2, hd = 80, bt = 16, n_blocks = 12, layer = 1;
+  const int n_layer = 2, n_head = 6, n_head_kv = 2, bt = 16, n_blocks = 12, layer = 1;
   const std::vector<int> table = {7, 2, 9, 0, 11, 4, 5};  // one sequence, 112 positions of room
-  DeviceKv kv{nullptr, n_layer, n_head_kv, hd, bt};
-  std::vector<__half> store(static_cast<std::size_t>(n_blocks) * n_layer * 2 * kv.part_elems());
-  for (auto& h : store) h = __float2half(normal(rng));
-  Device<__half> dstore(store);
-  kv.data = dstore.p;
-  const auto at = [&](int pos, int head, int which) {
-    const int block = table[pos / bt];
-    return ((static_cast<std::size_t>(block) * n_layer + layer) * 2 + which) * kv.part_elems() +
-           (static_cast<std::size_t>(head) * bt + pos % bt) * hd;
-  };
   // Three ordinary tokens, then three nodes of a tree after 100 positions: the first level's first
   // node (slot 100), a node two levels down from it (slot 103, ancestors 100 and 102) and one whose
-  // ancestors reach the tree's last slot (111).
-  struct Query {
-    std::int32_t position, tree;
-    std::uint64_t ancestors;
+  // ancestors reach the tree's last slot (111). Tiled as pack_step would (the ordinary tokens, then
+  // the tree), one token a tile, and in tiles that mix the two kinds.
+  std::vector<AttentionQuery> mixed = {{0, -1, 0}, {45, -1, 0}, {111, -1, 0}, {100, 100, 0b1}, {102, 100, 0b1101}, {101, 100, 0b100000000010}};
+  // A prompt of 37 tokens after 70 cached positions: tiles of 16, 16 and 5 (pack_step's), and of 7,
+  // 16 and 14 (the kernel takes any count up to kAttentionTileTokens).
+  std::vector<AttentionQuery> prompt;
+  for (int i = 0; i < 37; ++i) prompt.push_back({70 + i, -1, 0});
+  struct Set {
+    const char* name;
+    std::vector<AttentionQuery> queries;
+    std::vector<Tiling> tilings;
   };
-  const std::vector<Query> queries = {{0, -1, 0}, {45, -1, 0}, {111, -1, 0}, {100, 100, 0b1}, {102, 100, 0b1101}, {101, 100, 0b100000000010}};
-  const int T = static_cast<int>(queries.size());
-  for (const int window : {0, 37}) {
-    for (const float cap : {0.0f, 20.0f}) {
-      // StepMeta's layout (step_layout.h): tokens, positions, slots, table starts, rows, tree contexts
-      // (T each), tree ancestors (2T), then the block table.
-      std::vector<std::int32_t> meta_host(static_cast<std::size_t>(8 * T), 0);
-      for (int t = 0; t < T; ++t) {
-        const Query& qt = queries[static_cast<std::size_t>(t)];
-        meta_host[T + t] = qt.position;
-        meta_host[2 * T + t] = qt.tree < 0 ? qt.position : qt.tree + static_cast<int>(std::bit_width(qt.ancestors)) - 1;  // its own bit is its last
-        meta_host[5 * T + t] = qt.tree;
-        meta_host[6 * T + 2 * t] = static_cast<std::int32_t>(static_cast<std::uint32_t>(qt.ancestors));
-        meta_host[6 * T + 2 * t + 1] = static_cast<std::int32_t>(static_cast<std::uint32_t>(qt.ancestors >> 32));
-      }
-      meta_host.insert(meta_host.end(), table.begin(), table.end());
-      Device<std::int32_t> meta_dev(meta_host);
-      const StepMeta meta{meta_dev.p,         meta_dev.p + T,     meta_dev.p + 2 * T,
-                          meta_dev.p + 3 * T, meta_dev.p + 8 * T, meta_dev.p + 5 * T,
-                          reinterpret_cast<const std::uint32_t*>(meta_dev.p + 6 * T)};
-      std::vector<float> q(static_cast<std::size_t>(T) * n_head * hd);
-      for (float& v : q) v = normal(rng);
-      Device<float> dq(q), out(q.size());
-      for (const int chunk : {64, 16}) {
-        const int n_splits = (112 + chunk - 1) / chunk;
-        Device<float> partials(static_cast<std::size_t>(T) * n_head * n_splits * (hd + 2));
-        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-        AttentionArgs args{dq.p, out.p, partials.p, n_head, n_head_kv, hd, layer, window, scale, cap, chunk, n_splits};
-        attention(args, meta, T, kv, nullptr);
-        CUDA_OK(cudaDeviceSynchronize());
-        std::vector<double> want(q.size());
-        for (int t = 0; t < T; ++t) {
-          const Query& qt = queries[static_cast<std::size_t>(t)];
-          const int end = qt.tree < 0 ? qt.position + 1 : qt.tree, first = window && end > window ? end - window : 0;
-          std::vector<int> seen;
-          for (int p = first; p < end; ++p) seen.push_back(p);
-          for (int j = 0; j < 64; ++j) {
-            if (qt.tree >= 0 && (qt.ancestors >> j & 1)) seen.push_back(qt.tree + j);
+  const std::vector<Set> sets = {
+      {"mixed", mixed, {{{0, 3}, {3, 3}}, {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}}, {{0, 6}}, {{0, 4}, {4, 2}}}},
+      {"prompt", prompt, {{{0, 16}, {16, 16}, {32, 5}}, {{0, 7}, {7, 16}, {23, 14}}}}};
+  for (const int hd : {80, 128}) {
+    DeviceKv kv{nullptr, n_layer, n_head_kv, hd, bt};
+    std::vector<__half> store(static_cast<std::size_t>(n_blocks) * n_layer * 2 * kv.part_elems());
+    for (auto& h : store) h = __float2half(normal(rng));
+    Device<__half> dstore(store);
+    kv.data = dstore.p;
+    const auto at = [&](int pos, int head, int which) {
+      const int block = table[pos / bt];
+      return ((static_cast<std::size_t>(block) * n_layer + layer) * 2 + which) * kv.part_elems() +
+             (static_cast<std::size_t>(head) * bt + pos % bt) * hd;
+    };
+    for (const Set& set : sets) {
+      const std::vector<AttentionQuery>& queries = set.queries;
+      const int T = static_cast<int>(queries.size());
+      for (const int window : {0, 37}) {
+        for (const float cap : {0.0f, 20.0f}) {
+          const std::string what = std::string(set.name) + ", heads of " + std::to_string(hd) + ", window " + std::to_string(window) +
+                                   ", cap " + std::to_string(cap);
+          // StepMeta's arrays: tokens, positions, slots, table starts, rows, tree contexts (T each),
+          // tree ancestors (2T), then the block table (the tiles: below).
+          std::vector<std::int32_t> meta_host(static_cast<std::size_t>(8 * T), 0);
+          for (int t = 0; t < T; ++t) {
+            const AttentionQuery& qt = queries[static_cast<std::size_t>(t)];
+            meta_host[T + t] = qt.position;
+            meta_host[2 * T + t] = qt.tree < 0 ? qt.position : qt.tree + static_cast<int>(std::bit_width(qt.ancestors)) - 1;  // its own bit is its last
+            meta_host[5 * T + t] = qt.tree;
+            meta_host[6 * T + 2 * t] = static_cast<std::int32_t>(static_cast<std::uint32_t>(qt.ancestors));
+            meta_host[6 * T + 2 * t + 1] = static_cast<std::int32_t>(static_cast<std::uint32_t>(qt.ancestors >> 32));
           }
-          for (int h = 0; h < n_head; ++h) {
-            const int kh = h / (n_head / n_head_kv);
-            std::vector<double> score;
-            for (const int p : seen) {
-              double s = 0;
-              for (int d = 0; d < hd; ++d) s += q[(static_cast<std::size_t>(t) * n_head + h) * hd + d] * __half2float(store[at(p, kh, 0) + d]);
-              s *= scale;
-              if (cap > 0) s = cap * std::tanh(s / cap);
-              score.push_back(s);
+          meta_host.insert(meta_host.end(), table.begin(), table.end());
+          Device<std::int32_t> meta_dev(meta_host);
+          const StepMeta meta{meta_dev.p,         meta_dev.p + T,
+                              meta_dev.p + 2 * T, meta_dev.p + 3 * T,
+                              meta_dev.p + 8 * T, meta_dev.p + 5 * T,
+                              reinterpret_cast<const std::uint32_t*>(meta_dev.p + 6 * T), nullptr, nullptr};
+          std::vector<float> q(static_cast<std::size_t>(T) * n_head * hd);
+          for (float& v : q) v = normal(rng);
+          Device<float> dq(q), out(q.size());
+          const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+          std::vector<double> want(q.size());
+          for (int t = 0; t < T; ++t) {
+            const AttentionQuery& qt = queries[static_cast<std::size_t>(t)];
+            const int end = qt.tree < 0 ? qt.position + 1 : qt.tree, first = window && end > window ? end - window : 0;
+            std::vector<int> seen;
+            for (int p = first; p < end; ++p) seen.push_back(p);
+            for (int j = 0; j < 64; ++j) {
+              if (qt.tree >= 0 && (qt.ancestors >> j & 1)) seen.push_back(qt.tree + j);
             }
-            const double top = *std::max_element(score.begin(), score.end());
-            double sum = 0;
-            for (double& s : score) sum += (s = std::exp(s - top));
-            for (int d = 0; d < hd; ++d) {
-              double o = 0;
-              for (std::size_t i = 0; i < seen.size(); ++i) o += score[i] * __half2float(store[at(seen[i], kh, 1) + d]);
-              want[(static_cast<std::size_t>(t) * n_head + h) * hd + d] = o / sum;
+            for (int h = 0; h < n_head; ++h) {
+              const int kh = h / (n_head / n_head_kv);
+              std::vector<double> score;
+              for (const int p : seen) {
+                double sc = 0;
+                for (int d = 0; d < hd; ++d) sc += q[(static_cast<std::size_t>(t) * n_head + h) * hd + d] * __half2float(store[at(p, kh, 0) + d]);
+                sc *= scale;
+                if (cap > 0) sc = cap * std::tanh(sc / cap);
+                score.push_back(sc);
+              }
+              const double top = *std::max_element(score.begin(), score.end());
+              double sum = 0;
+              for (double& sc : score) sum += (sc = std::exp(sc - top));
+              for (int d = 0; d < hd; ++d) {
+                double o = 0;
+                for (std::size_t i = 0; i < seen.size(); ++i) o += score[i] * __half2float(store[at(seen[i], kh, 1) + d]);
+                want[(static_cast<std::size_t>(t) * n_head + h) * hd + d] = o / sum;
+              }
             }
           }
-        }
-        const std::vector<float> separate = out.read();
-        EXPECT_LT(relative_error(separate, want), 1e-5) << "window " << window << " cap " << cap << " chunk " << chunk;
-        // The merge in the same launch (the last split block of each (token, head)), twice: each
-        // launch leaves its counters zero for the next. The same sums in the same order.
-        Device<int> arrivals(std::vector<int>(attention_arrivals_needed(T, n_head), 0));
-        args.arrivals = arrivals.p;
-        for (int launch = 0; launch < 2; ++launch) {
-          CUDA_OK(cudaMemset(out.p, 0xff, out.n * sizeof(float)));
-          attention(args, meta, T, kv, nullptr);
-          CUDA_OK(cudaDeviceSynchronize());
-          EXPECT_EQ(out.read(), separate) << "merged in the attention launch: window " << window << " cap " << cap << " chunk " << chunk;
-          expect_counters_left_zero(arrivals, "attention merged in its launch");
+          for (const int chunk : {64, 16}) {
+            const int n_splits = (112 + chunk - 1) / chunk;
+            Device<float> partials(static_cast<std::size_t>(T) * n_head * n_splits * (hd + 2));
+            AttentionArgs args{dq.p, out.p, partials.p, n_head, n_head_kv, hd, layer, window, scale, cap, chunk, n_splits};
+            attention(args, meta, T, kv, nullptr);
+            CUDA_OK(cudaDeviceSynchronize());
+            const std::vector<float> separate = out.read();
+            EXPECT_LT(relative_error(separate, want), 1e-5) << what << ", chunk " << chunk;
+            // The merge in the same launch (the last split block of each (token, head)), twice: each
+            // launch leaves its counters zero for the next. The same sums in the same order.
+            Device<int> arrivals(std::vector<int>(attention_arrivals_needed(T, n_head), 0));
+            args.arrivals = arrivals.p;
+            for (int launch = 0; launch < 2; ++launch) {
+              CUDA_OK(cudaMemset(out.p, 0xff, out.n * sizeof(float)));
+              attention(args, meta, T, kv, nullptr);
+              CUDA_OK(cudaDeviceSynchronize());
+              EXPECT_EQ(out.read(), separate) << "merged in the attention launch: " << what << ", chunk " << chunk;
+              expect_counters_left_zero(arrivals, "attention merged in its launch");
+            }
+            // A list of the tokens to attend for (a prefill-sized step's tokens in no tile): their
+            // rows as before, the others' untouched.
+            const std::vector<std::int32_t> listed = {T - 1, 0, T / 2};
+            Device<std::int32_t> tokens(listed);
+            args.tokens = tokens.p;
+            CUDA_OK(cudaMemset(out.p, 0xff, out.n * sizeof(float)));
+            attention(args, meta, static_cast<int>(listed.size()), kv, nullptr);
+            CUDA_OK(cudaDeviceSynchronize());
+            const std::vector<float> some = out.read();
+            for (int t = 0; t < T; ++t) {
+              const bool is_listed = std::find(listed.begin(), listed.end(), t) != listed.end();
+              const std::size_t row = static_cast<std::size_t>(t) * n_head * hd, n = static_cast<std::size_t>(n_head) * hd;
+              for (std::size_t i = row; i < row + n; ++i) {
+                if (is_listed ? some[i] != separate[i] : !std::isnan(some[i])) {
+                  ADD_FAILURE() << "listed tokens: " << what << ", chunk " << chunk << ", token " << t << (is_listed ? "" : " (not listed)");
+                  break;
+                }
+              }
+            }
+          }
+          // The tiles (no splits, no partials); with heads of whole int8 blocks, the output as int8
+          // too, as the o projection's integer GEMV reads it.
+          ASSERT_TRUE(attention_tiles_take(hd));
+          for (const Tiling& tiling : set.tilings) {
+            std::vector<std::int32_t> tiles_host;
+            for (const auto& [first, count] : tiling) tiles_host.insert(tiles_host.end(), {first, count});
+            Device<std::int32_t> tiles(tiles_host);
+            StepMeta tiled = meta;
+            tiled.tiles = tiles.p;
+            const AttentionArgs args{dq.p, out.p, nullptr, n_head, n_head_kv, hd, layer, window, scale, cap, 64, 1};
+            Device<std::int8_t> got_q(q.size()), want_q(q.size());
+            Device<float2> got_scales(q.size() / 32), want_scales(q.size() / 32);
+            CUDA_OK(cudaMemset(out.p, 0xff, out.n * sizeof(float)));
+            attention_tiles(args, tiled, static_cast<int>(tiling.size()), kv, nullptr, Q8Out{got_q.p, got_scales.p});
+            CUDA_OK(cudaDeviceSynchronize());
+            const std::string tiles_what = what + ", " + std::to_string(tiling.size()) + " tiles";
+            EXPECT_LT(relative_error(out.read(), want), 1e-5) << tiles_what;
+            if (attention_writes_q8(hd)) {
+              quantize_q8(out.p, T * n_head, hd, want_q.p, want_scales.p, nullptr);
+              CUDA_OK(cudaDeviceSynchronize());
+              expect_same_q8(got_q, got_scales, want_q, want_scales, q.size() / 32, tiles_what);
+            }
+          }
         }
       }
     }
@@ -1128,6 +1196,33 @@ TEST(CudaModel, FusedLaunchesComputeWhatSeparateOnesDo) {
       EXPECT_NE(report.find("gate/up matmuls, gated activation"), std::string::npos) << preset << ": " << report;
     }
     EXPECT_NE(report.find("q/k/v matmuls, rope, kv write"), std::string::npos) << preset << ": " << report;
+  }
+}
+
+// Prefill's attention by tiles (the default for heads up to 128 elements) against the per-token
+// kernel (PROMPTLY_CUDA_ATTENTION_TILES=0): Llama with heads of 64, Gemma 2 with a window of 4 and
+// a soft cap, Qwen3 with head norms; prompts of 40 (tiles of 16, 16 and 8) and 13, then greedy steps
+// (decode keeps the per-token kernel either way). In F32, whose matmuls take floats throughout: with
+// halves or int8 between the layers, a sum in another order that rounds to the neighbouring half
+// or int8 step moves later layers by 1e-3 of a logit, which would hide a real error of that size.
+TEST(CudaModel, AttentionTilesComputeWhatThePerTokenKernelDoes) {
+  REQUIRE_GPU();
+  test::TempDir tmp;
+  ThreadPool pool(2);
+  for (const std::string preset : {"tiny", "tiny-gemma2", "tiny-qwen3"}) {
+    const auto file = gguf::File::open(write_preset(tmp, preset, DType::F32, pool));
+    const std::unique_ptr<Model> per_token = gpu_model_with(file, {{"PROMPTLY_CUDA_ATTENTION_TILES", "0"}});
+    const std::unique_ptr<Model> tiled = gpu_model_with(file, {});
+    std::mt19937 rng(8);
+    for (const std::size_t prompt_len : {std::size_t{40}, std::size_t{13}}) {
+      const std::vector<std::int32_t> prompt = random_prompt(rng, prompt_len);
+      const Greedy want = run_greedy(*per_token, prompt, 4, pool), got = run_greedy(*tiled, prompt, 4, pool);
+      EXPECT_EQ(got.tokens, want.tokens) << preset << " prompt " << prompt_len;
+      for (std::size_t step = 0; step < want.logits.size(); ++step) {
+        EXPECT_LT(relative_error(got.logits[step], std::vector<double>(want.logits[step].begin(), want.logits[step].end())), 1e-5)
+            << preset << " prompt " << prompt_len << " step " << step;
+      }
+    }
   }
 }
 

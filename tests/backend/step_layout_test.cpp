@@ -21,7 +21,7 @@ TEST(StepLayout, PacksEachSequencesBlockTableOnceAndTheRowsThatWantLogits) {
   const StepLayout layout = pack_step(batch, cache, packed);
   ASSERT_EQ(layout.T, 3);
   EXPECT_EQ(layout.n_out, 2);
-  ASSERT_EQ(packed.size(), 8u * 3 + 3 + 1);
+  ASSERT_EQ(packed.size(), 11u * 3 + 3 + 1);
   const auto at = [&](int offset, int n) { return std::vector<std::int32_t>(packed.begin() + offset, packed.begin() + offset + n); };
   EXPECT_EQ(at(layout.tokens(), 3), (std::vector<std::int32_t>{11, 12, 13}));
   EXPECT_EQ(at(layout.positions(), 3), (std::vector<std::int32_t>{37, 9, 38}));
@@ -32,6 +32,41 @@ TEST(StepLayout, PacksEachSequencesBlockTableOnceAndTheRowsThatWantLogits) {
   std::vector<std::int32_t> tables(cache.blocks(7).begin(), cache.blocks(7).end());
   tables.insert(tables.end(), cache.blocks(3).begin(), cache.blocks(3).end());
   EXPECT_EQ(at(layout.tables(), 4), tables);
+  // No run of one sequence long enough for an attention tile: every token on its own.
+  EXPECT_EQ(layout.n_tiles, 0);
+  EXPECT_EQ(layout.n_lone, 3);
+  EXPECT_EQ(at(layout.lone(), 3), (std::vector<std::int32_t>{0, 1, 2}));
+}
+
+// Attention tiles: runs of consecutive tokens of one sequence and one tree context, of at least
+// kAttentionTileMinTokens, cut into as few tiles of at most kAttentionTileTokens as can be, of
+// even sizes; the tokens of shorter runs listed on their own.
+TEST(StepLayout, TilesRunsOfOneSequenceAndTreeContext) {
+  KvCache cache = KvCache::with_blocks(2, 64, 32, 1024, KvType::F16, 16);
+  cache.reserve(1, 100);
+  cache.reserve(2, 100);
+  cache.reserve(3, 100);
+  Batch batch;
+  for (int i = 0; i < 37; ++i) batch.add(1, i, 1, false);  // a prompt: 13 + 12 + 12
+  batch.add(2, 50, 2, true);                                // another sequence's decode step
+  batch.add_tree_node(3, 2, 51, 0, 1, 0b1, true);           // then its tree of two nodes
+  batch.add_tree_node(4, 2, 51, 1, 1, 0b10, true);
+  batch.add(5, 37, 1, true);                                // the prompt's sequence again
+  for (int i = 0; i < 25; ++i) batch.add(6, i, 3, false);  // a third sequence's prompt: 13 + 12
+  std::vector<std::int32_t> packed;
+  const StepLayout layout = pack_step(batch, cache, packed);
+  EXPECT_EQ(layout.tables(), 11 * layout.T);
+  const auto at = [&](int offset, int n) { return std::vector<std::int32_t>(packed.begin() + offset, packed.begin() + offset + n); };
+  ASSERT_EQ(layout.n_tiles, 5);
+  EXPECT_EQ(at(layout.tiles(), 10), (std::vector<std::int32_t>{0, 13, 13, 12, 25, 12, 41, 13, 54, 12}));
+  ASSERT_EQ(layout.n_lone, 4);
+  EXPECT_EQ(at(layout.lone(), 4), (std::vector<std::int32_t>{37, 38, 39, 40}));
+  Batch short_run;
+  for (int i = 0; i < kAttentionTileMinTokens; ++i) short_run.add(1, i, 1, false);
+  EXPECT_EQ(pack_step(short_run, cache, packed).n_tiles, 1);
+  short_run.clear();
+  for (int i = 1; i < kAttentionTileMinTokens; ++i) short_run.add(1, i, 1, false);
+  EXPECT_EQ(pack_step(short_run, cache, packed).n_lone, kAttentionTileMinTokens - 1);
 }
 
 // Token trees: each node's tree context and 64-bit ancestor mask (halves, low first); ordinary

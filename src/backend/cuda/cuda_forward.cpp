@@ -135,6 +135,11 @@ class CudaForward final : public DeviceForward {
     // launches fewer a decode layer); PROMPTLY_CUDA_FUSE=0 launches them on their own, for
     // comparing the two (tools/gpu-check.sh).
     fuse_ = !env_is("PROMPTLY_CUDA_FUSE", "0");
+    // Prefill-sized batches' attention by tiles of a sequence's tokens that share each key and value
+    // they load (kernels.cuh's attention_tiles), where the heads' size allows;
+    // PROMPTLY_CUDA_ATTENTION_TILES=0 keeps them on the per-token kernel, for comparing the two
+    // (tools/gpu-check.sh).
+    attention_tiles_ = !env_is("PROMPTLY_CUDA_ATTENTION_TILES", "0") && attention_tiles_take(static_cast<int>(c_.head_dim));
     // PROMPTLY_CUDA_PROFILE=1: each pass's time by stretch of kernels (step_profile.h), graphs off.
     if (env_is("PROMPTLY_CUDA_PROFILE", "1")) {
       profile_.enable();
@@ -453,8 +458,10 @@ class CudaForward final : public DeviceForward {
     const std::int32_t* d = step_.get();
     meta_ = {d + layout.tokens(),       d + layout.positions(),     d + layout.slots(),
              d + layout.table_starts(), d + layout.tables(),        d + layout.tree_contexts(),
-             reinterpret_cast<const std::uint32_t*>(d + layout.tree_ancestors())};
+             reinterpret_cast<const std::uint32_t*>(d + layout.tree_ancestors()), d + layout.tiles(), d + layout.lone()};
     out_rows_ = d + layout.out_rows();
+    n_tiles_ = layout.n_tiles;
+    n_lone_ = layout.n_lone;
     return layout.n_out;
   }
 
@@ -727,7 +734,16 @@ class CudaForward final : public DeviceForward {
                          fuse_ ? arrivals_.get() : nullptr};
       profile_.mark("attention");
       const Q8Out q8_o = attention_writes_q8(args.head_dim) ? q8_for(T, {L.wo}) : Q8Out{};
-      attention(args, meta_, T, kv.desc(), compute_, q8_o);
+      // Decode-sized batches (graphs) keep the split per-token kernel: few queries, long contexts;
+      // so do a larger batch's tokens in no tile (pack_step).
+      if (attention_tiles_ && T > kGemvMaxTokens) {
+        attention_tiles(args, meta_, n_tiles_, kv.desc(), compute_, q8_o);
+        AttentionArgs lone = args;
+        lone.tokens = meta_.lone;
+        if (n_lone_ > 0) attention(lone, meta_, n_lone_, kv.desc(), compute_, q8_o);
+      } else {
+        attention(args, meta_, T, kv.desc(), compute_, q8_o);
+      }
       profile_.mark("attention output matmul", streamed(T, {L.wo}));
       matmul({{L.wo, tmp_.get()}}, attn_.get(), T, q8_o);
       reduce_across_ranks(T);  // each rank's heads' share of the output
@@ -877,6 +893,8 @@ class CudaForward final : public DeviceForward {
   bool use_graphs_ = true;
   bool integer_gemv_ = true;
   bool fuse_ = true;
+  bool attention_tiles_ = true;
+  int n_tiles_ = 0, n_lone_ = 0;  // this step's attention tiles and tokens in none (upload_step)
   bool moe_on_device_ = false;  // moe_ffn_on_device for decode-sized batches
   bool dependent_launches_ = false;
   StepProfile profile_;

@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/step_layout.h"
 #include "util/error.h"
 
 namespace promptly::backend::cuda {
@@ -676,6 +677,27 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_qkv_kernel(GemvPar
   }
 }
 
+// What query token t sees of its sequence: positions [first, context_end) and then, for a tree
+// node (its tree's context reckoned from there, the window too, as on the CPU), of the tree's
+// slots context_end + j only those of its ancestors' bits j (its own among them); it scans up to
+// `end`. A default view sees nothing.
+struct QueryView {
+  int first = 0, context_end = 0, end = 0;
+  std::uint64_t ancestors = 0;
+  // Whether a position in [first, end) is seen.
+  __device__ bool sees_within(int pos) const { return pos < context_end || (ancestors >> (pos - context_end) & 1); }
+  __device__ bool sees(int pos) const { return pos >= first && pos < end && sees_within(pos); }
+};
+__device__ QueryView query_view(const StepMeta& meta, int t, int window) {
+  QueryView v;
+  const int tree = meta.tree_context[t];
+  v.ancestors = tree < 0 ? 0 : meta.tree_ancestors[2 * t] | static_cast<std::uint64_t>(meta.tree_ancestors[2 * t + 1]) << 32;
+  v.context_end = tree < 0 ? meta.positions[t] + 1 : tree;
+  v.end = tree < 0 ? v.context_end : tree + 64 - __clzll(static_cast<long long>(v.ancestors));
+  v.first = window > 0 && v.context_end > window ? v.context_end - window : 0;
+  return v;
+}
+
 // One block (4 warps) per (token, head, split); each warp walks every 4th position of the split
 // with its own running softmax, and the warps' states merge at the end.
 constexpr int kAttentionWarps = 4;
@@ -714,20 +736,16 @@ __device__ void merge_splits(const AttentionArgs& a, int t, int h, const Q8Out& 
   }
 }
 
+// kListed: the blocks' x indexes a.tokens (a template parameter, so that decode's kernel keeps its
+// registers).
+template <bool kListed>
 __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(AttentionArgs a, StepMeta meta, DeviceKv kv, Q8Out q8) {
   dependent_launch_prologue();
-  const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+  const int t = kListed ? a.tokens[blockIdx.x] : blockIdx.x, h = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, hd = a.head_dim;
   const int kh = h / (a.n_head / a.n_head_kv);
-  // A tree node sees its tree's context (the window reckoned from there, as on the CPU) and then,
-  // of the tree's slots, only its ancestors' and its own.
-  const int tree = meta.tree_context[t];
-  const std::uint64_t ancestors =
-      tree < 0 ? 0 : meta.tree_ancestors[2 * t] | static_cast<std::uint64_t>(meta.tree_ancestors[2 * t + 1]) << 32;
-  const int context_end = tree < 0 ? meta.positions[t] + 1 : tree;
-  const int end = tree < 0 ? context_end : tree + 64 - __clzll(static_cast<long long>(ancestors));
-  const int first = a.window > 0 && context_end > a.window ? context_end - a.window : 0;
-  const int begin = max(first, split * a.chunk), stop = min(end, (split + 1) * a.chunk);
+  const QueryView view = query_view(meta, t, a.window);
+  const int begin = max(view.first, split * a.chunk), stop = min(view.end, (split + 1) * a.chunk);
   float q[kPerLane], acc[kPerLane];
   const float* qh = a.q + (static_cast<std::size_t>(t) * a.n_head + h) * hd;
 #pragma unroll
@@ -742,7 +760,7 @@ __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(Atte
   // then line up across the block, as CPU runtimes of this code (HIP-CPU) need.
   for (int base = begin; base < stop; base += kAttentionWarps) {
     const int pos = base + warp;
-    const bool valid = pos < stop && (pos < context_end || (ancestors >> (pos - context_end) & 1));
+    const bool valid = pos < stop && view.sees_within(pos);  // begin >= first, stop <= end
     const int block = valid ? table[pos / kv.block_tokens] : 0;
     const std::size_t row = (static_cast<std::size_t>(kh) * kv.block_tokens + (valid ? pos : 0) % kv.block_tokens) * hd;
     const __half* key = kv_part(kv, block, a.layer, 0) + row;
@@ -795,7 +813,144 @@ __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(Atte
 
 __global__ void attention_combine_kernel(AttentionArgs a, Q8Out q8) {
   dependent_launch_prologue();
-  merge_splits(a, blockIdx.x, blockIdx.y, q8);
+  merge_splits(a, a.tokens ? a.tokens[blockIdx.x] : blockIdx.x, blockIdx.y, q8);
+}
+
+// attention_tiles' kernel. The block's warps share the tile's next kTileKeys keys and values in
+// shared memory; each warp owns kTileRowsPerWarp of the tile's queries, with a running softmax for
+// each. Scoring, a lane takes one key; summing values, a lane takes pairs of elements.
+constexpr int kTileWarps = 4;
+constexpr int kTileRowsPerWarp = kAttentionTileTokens / kTileWarps;
+constexpr int kTileKeys = kWarp;
+constexpr int kTilePairsPerLane = kAttentionTileMaxHeadDim / (2 * kWarp);
+// Halves from one key's row to the next: 4 past the head, so that the lanes' 8-byte reads of their
+// own keys fall on distinct banks.
+constexpr int kTileKeyStride = kAttentionTileMaxHeadDim + 4;
+static_assert(kAttentionTileTokens % kTileWarps == 0 && kAttentionTileMaxHeadDim % (2 * kWarp) == 0);
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float low_half(unsigned two) { return __half2float(__ushort_as_half(static_cast<unsigned short>(two & 0xffffu))); }
+__device__ __forceinline__ float high_half(unsigned two) { return __half2float(__ushort_as_half(static_cast<unsigned short>(two >> 16))); }
+
+__global__ void __launch_bounds__(kTileWarps * kWarp) attention_tiles_kernel(AttentionArgs a, StepMeta meta, DeviceKv kv, Q8Out q8) {
+  dependent_launch_prologue();
+  const int first_token = meta.tiles[2 * blockIdx.x], n_tokens = meta.tiles[2 * blockIdx.x + 1], h = blockIdx.y;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, hd = a.head_dim;
+  const int kh = h / (a.n_head / a.n_head_kv);
+  alignas(16) __shared__ float queries[kAttentionTileTokens * kAttentionTileMaxHeadDim];  // later the outputs
+  alignas(16) __shared__ __half keys[kTileKeys * kTileKeyStride];
+  alignas(16) __shared__ __half values[kTileKeys * kTileKeyStride];
+  __shared__ float weights[kAttentionTileTokens][kTileKeys];
+  for (int i = threadIdx.x; i < kAttentionTileTokens * hd; i += blockDim.x) {
+    const int r = i / hd;
+    queries[i] = r < n_tokens ? a.q[(static_cast<std::size_t>(first_token + r) * a.n_head + h) * hd + i % hd] : 0.0f;
+  }
+  // The tile scans the union of its rows' spans (every position of it in the sequence's table:
+  // pack_step's tiles are of one sequence and one tree context); each row keeps to its own view.
+  int begin = INT_MAX, end = 0;
+  for (int r = 0; r < n_tokens; ++r) {
+    const QueryView v = query_view(meta, first_token + r, a.window);
+    begin = min(begin, v.first), end = max(end, v.end);
+  }
+  QueryView view[kTileRowsPerWarp];
+  float m[kTileRowsPerWarp], l[kTileRowsPerWarp];
+  float2 acc[kTileRowsPerWarp][kTilePairsPerLane];
+#pragma unroll
+  for (int i = 0; i < kTileRowsPerWarp; ++i) {
+    const int row = warp * kTileRowsPerWarp + i;
+    if (row < n_tokens) view[i] = query_view(meta, first_token + row, a.window);
+    m[i] = -FLT_MAX, l[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kTilePairsPerLane; ++j) acc[i][j] = make_float2(0.0f, 0.0f);
+  }
+  const std::int32_t* table = meta.tables + meta.table_start[first_token];
+  const int pieces = hd / 4;  // 8-byte pieces of a row
+  // Every warp takes the same turns (the shuffles line up across the block, as CPU runtimes of this
+  // code need).
+  for (int k0 = begin; k0 < end; k0 += kTileKeys) {
+    __syncthreads();  // the previous keys' readers are done; the first time, the queries are in
+    for (int i = threadIdx.x; i < kTileKeys * pieces; i += blockDim.x) {
+      const int j = i / pieces, c = i % pieces, pos = k0 + j;
+      uint2 key = make_uint2(0u, 0u), value = make_uint2(0u, 0u);
+      if (pos < end) {
+        const int block = table[pos / kv.block_tokens];
+        const std::size_t row = (static_cast<std::size_t>(kh) * kv.block_tokens + pos % kv.block_tokens) * hd + 4 * c;
+        key = *reinterpret_cast<const uint2*>(kv_part(kv, block, a.layer, 0) + row);
+        value = *reinterpret_cast<const uint2*>(kv_part(kv, block, a.layer, 1) + row);
+      }
+      *reinterpret_cast<uint2*>(keys + j * kTileKeyStride + 4 * c) = key;
+      *reinterpret_cast<uint2*>(values + j * kTileKeyStride + 4 * c) = value;
+    }
+    __syncthreads();
+    float s[kTileRowsPerWarp] = {};
+    const __half* my_key = keys + lane * kTileKeyStride;
+    const float* my_queries = queries + warp * kTileRowsPerWarp * hd;
+    for (int d = 0; d < hd; d += 4) {
+      const uint2 two = *reinterpret_cast<const uint2*>(my_key + d);
+      const float k0v = low_half(two.x), k1v = high_half(two.x), k2v = low_half(two.y), k3v = high_half(two.y);
+#pragma unroll
+      for (int i = 0; i < kTileRowsPerWarp; ++i) {
+        const float4 qv = *reinterpret_cast<const float4*>(my_queries + i * hd + d);
+        s[i] += qv.x * k0v + qv.y * k1v + qv.z * k2v + qv.w * k3v;
+      }
+    }
+    const int pos = k0 + lane;
+#pragma unroll
+    for (int i = 0; i < kTileRowsPerWarp; ++i) {
+      const bool seen = view[i].sees(pos);
+      float score = s[i] * a.scale;
+      if (a.softcap > 0.0f) score = a.softcap * tanhf(score / a.softcap);
+      const float m_new = fmaxf(m[i], warp_max(seen ? score : -FLT_MAX));
+      const float w = seen ? __expf(score - m_new) : 0.0f, correction = __expf(m[i] - m_new);
+      l[i] = l[i] * correction + warp_sum(w);
+      m[i] = m_new;
+      weights[warp * kTileRowsPerWarp + i][lane] = w;
+#pragma unroll
+      for (int j = 0; j < kTilePairsPerLane; ++j) acc[i][j].x *= correction, acc[i][j].y *= correction;
+    }
+    __syncwarp();
+    for (int key = 0; key < kTileKeys; ++key) {
+      const __half* value_row = values + key * kTileKeyStride;
+#pragma unroll
+      for (int j = 0; j < kTilePairsPerLane; ++j) {
+        const int d = 2 * lane + 2 * kWarp * j;
+        const unsigned two = d < hd ? *reinterpret_cast<const unsigned*>(value_row + d) : 0u;
+        const float v0 = low_half(two), v1 = high_half(two);
+#pragma unroll
+        for (int i = 0; i < kTileRowsPerWarp; ++i) {
+          const float w = weights[warp * kTileRowsPerWarp + i][key];
+          acc[i][j].x += w * v0, acc[i][j].y += w * v1;
+        }
+      }
+    }
+  }
+  __syncthreads();  // every warp is done with the queries; each now writes its rows' outputs there
+#pragma unroll
+  for (int i = 0; i < kTileRowsPerWarp; ++i) {
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    float* row = queries + (warp * kTileRowsPerWarp + i) * hd;
+#pragma unroll
+    for (int j = 0; j < kTilePairsPerLane; ++j) {
+      const int d = 2 * lane + 2 * kWarp * j;
+      if (d < hd) row[d] = acc[i][j].x * inv, row[d + 1] = acc[i][j].y * inv;
+    }
+  }
+  __syncwarp();
+  for (int i = 0; i < kTileRowsPerWarp; ++i) {
+    const int r = warp * kTileRowsPerWarp + i;
+    const bool valid = r < n_tokens;
+    const std::size_t out_row = (static_cast<std::size_t>(first_token + (valid ? r : 0)) * a.n_head + h) * hd;
+    // With q8, hd is a multiple of 32: a warp's lanes are all in or all out.
+    for (int base = 0; base < hd; base += kWarp) {
+      const int d = base + lane;
+      const float v = d < hd ? queries[r * hd + d] : 0.0f;
+      if (valid && d < hd) a.out[out_row + d] = v;
+      if (q8.q) warp_quantize_q8(v, (out_row + base) / kWarp, valid, q8);
+    }
+  }
 }
 
 __global__ void gated_activation_kernel(float* gate, const float* up, std::size_t n, bool gelu, Q8Out q8) {
@@ -974,8 +1129,15 @@ void gemv_q8_qkv(const GemvParts& parts, const std::int8_t* q, const float2* sca
 
 void attention(const AttentionArgs& a, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream, const Q8Out& q8) {
   const Q8Out out_q8 = attention_writes_q8(a.head_dim) ? q8 : Q8Out{};
-  launch(attention_kernel, dim3(T, a.n_head, a.n_splits), kAttentionWarps * kWarp, 0, stream, a, meta, kv, out_q8);
+  launch(a.tokens ? attention_kernel<true> : attention_kernel<false>, dim3(T, a.n_head, a.n_splits), kAttentionWarps * kWarp, 0, stream, a,
+         meta, kv, out_q8);
   if (!a.arrivals) launch(attention_combine_kernel, dim3(T, a.n_head), kAttentionWarps * kWarp, 0, stream, a, out_q8);
+}
+
+void attention_tiles(const AttentionArgs& a, const StepMeta& meta, int n_tiles, const DeviceKv& kv, cudaStream_t stream, const Q8Out& q8) {
+  if (!attention_tiles_take(a.head_dim)) throw Error("internal: attention tiles asked for heads of " + std::to_string(a.head_dim));
+  const Q8Out out_q8 = attention_writes_q8(a.head_dim) ? q8 : Q8Out{};
+  if (n_tiles > 0) launch(attention_tiles_kernel, dim3(n_tiles, a.n_head), kTileWarps * kWarp, 0, stream, a, meta, kv, out_q8);
 }
 
 void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cudaStream_t stream, const Q8Out& q8) {

@@ -45,6 +45,10 @@ struct StepMeta {
   // 32-bit halves, low first).
   const std::int32_t* tree_context;
   const std::uint32_t* tree_ancestors;
+  // Attention tiles (attention_tiles): pairs of first token and count, tokens of one sequence;
+  // and the tokens in none, for the per-token kernel (AttentionArgs::tokens).
+  const std::int32_t* tiles;
+  const std::int32_t* lone;
 };
 
 // The paged KV store on the device: for block b and layer l, keys then values, each n_head_kv runs
@@ -157,11 +161,25 @@ struct AttentionArgs {
   // launch, by the last of each (token, head)'s split blocks to be done (one launch fewer a layer);
   // null: in a launch of their own.
   int* arrivals = nullptr;
+  // The tokens to attend for (blocks' x: T of them); null: 0 to T - 1.
+  const std::int32_t* tokens = nullptr;
 };
 // With q8, and heads whose size attention_writes_q8 takes, the output as int8 too (for the o
 // projection's integer GEMV: one launch fewer a layer).
 void attention(const AttentionArgs& a, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream, const Q8Out& q8 = {});
 constexpr bool attention_writes_q8(int head_dim) { return head_dim % 32 == 0; }
+
+// Prefill's attention: a block per (tile, head), a tile being up to kAttentionTileTokens tokens of
+// one sequence (meta.tiles, as pack_step plans them), which load each cached key and value they
+// see once for the whole tile rather than once a token, and score them from shared memory: the
+// per-token kernel reads the context from L2 once per query, some 2 GB a layer for a 512-token
+// prompt of an 8B model. The tile's queries see what attention's would (windows, trees, soft
+// caps); no splits (a.partials, a.chunk, a.n_splits and a.arrivals are not used). Heads of the
+// sizes attention_tiles_take says; with q8 as attention.
+constexpr int kAttentionTileMaxHeadDim = 128;
+constexpr bool attention_tiles_take(int head_dim) { return head_dim % 4 == 0 && head_dim <= kAttentionTileMaxHeadDim; }
+void attention_tiles(const AttentionArgs& a, const StepMeta& meta, int n_tiles, const DeviceKv& kv, cudaStream_t stream,
+                     const Q8Out& q8 = {});
 
 // gate = act(gate) * up over n values (SwiGLU, or GeGLU with tanh when gelu); with q8 (rows of a
 // multiple of 32) the result as int8 too.

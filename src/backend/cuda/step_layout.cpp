@@ -41,6 +41,23 @@ StepLayout pack_step(const Batch& batch, const KvCache& cache, std::vector<std::
     packed[layout.table_starts() + t] = it->second;
     if (batch.want_logits[t]) packed[layout.out_rows() + layout.n_out++] = t;
   }
+  for (int t = 0; t < T;) {  // runs of one sequence and one tree context
+    int end = t + 1;
+    while (end < T && batch.seq_ids[end] == batch.seq_ids[t] && batch.tree_context[end] == batch.tree_context[t]) ++end;
+    const int run = end - t;
+    if (run < kAttentionTileMinTokens) {
+      for (; t < end; ++t) packed[layout.lone() + layout.n_lone++] = t;
+      continue;
+    }
+    const int n = (run + kAttentionTileTokens - 1) / kAttentionTileTokens;
+    for (int i = 0; i < n; ++i) {
+      const int count = run / n + (i < run % n ? 1 : 0);
+      packed[layout.tiles() + 2 * layout.n_tiles] = t;
+      packed[layout.tiles() + 2 * layout.n_tiles + 1] = count;
+      ++layout.n_tiles;
+      t += count;
+    }
+  }
   return layout;
 }
 

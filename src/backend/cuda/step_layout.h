@@ -12,13 +12,27 @@ struct Batch;
 
 namespace promptly::backend::cuda {
 
+// Attention tiles (kernels.cuh's attention_tiles): prefill's queries that share each key and value
+// they load, at most kAttentionTileTokens of them. Runs shorter than kAttentionTileMinTokens (a
+// decoding sequence's token in a step with another's prompt, short token trees) go to the per-token
+// kernel instead, whose four warps share one query's keys: a tile of one or two queries would
+// leave three of its warps idle while the first scores their keys alone.
+constexpr int kAttentionTileTokens = 16;
+constexpr int kAttentionTileMinTokens = 8;
+
 // Offsets (in int32s) of StepMeta's arrays in the packed step: tokens, positions, slots, table
 // starts, the rows that want logits and the tree contexts (T each), the tree ancestors (2T: each
-// token's 64-bit mask, low half first), then the block tables of the batch's sequences, each
-// sequence's once, in order of first appearance.
+// token's 64-bit mask, low half first), the attention tiles (n_tiles pairs of first token and
+// count, room for T pairs), the tokens in no tile (n_lone, room for T), then the block tables of
+// the batch's sequences, each sequence's once, in order of first appearance. Every offset depends
+// on T alone, as the graphs of decode steps need.
 struct StepLayout {
   int T = 0;
-  int n_out = 0;  // rows that want logits
+  int n_out = 0;    // rows that want logits
+  int n_tiles = 0;  // runs of kAttentionTileMinTokens or more consecutive tokens of one sequence
+                    // and one tree context (or none), cut into as few tiles as kAttentionTileTokens
+                    // allows, of sizes within one of each other
+  int n_lone = 0;   // the tokens of shorter runs
   int tokens() const { return 0; }
   int positions() const { return T; }
   int slots() const { return 2 * T; }
@@ -26,7 +40,9 @@ struct StepLayout {
   int out_rows() const { return 4 * T; }
   int tree_contexts() const { return 5 * T; }
   int tree_ancestors() const { return 6 * T; }
-  int tables() const { return 8 * T; }
+  int tiles() const { return 8 * T; }
+  int lone() const { return 10 * T; }
+  int tables() const { return 11 * T; }
 };
 
 // The most positions a token of `batch` scans in attention: its position + 1, or for a tree node its
