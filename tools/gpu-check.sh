@@ -116,7 +116,7 @@ for spec in "Q4_K_M 0 300" "F16 $slice 120"; do
     PROMPTLY_CUDA_FUSE=0 timeout 120 $P bench model -m "$f" --device cuda -p 512 -n 128 -r 2 2>&1 | tee "$out/bench-$dtype-no-fuse.log" | tail -n 5 | tee -a "$summary"
     say "$dtype with PROMPTLY_CUDA_PREFILL_HALVES=0 (quantized weights decoded to halves on every prefill instead of once at load):"
     PROMPTLY_CUDA_PREFILL_HALVES=0 timeout 90 $P bench model -m "$f" --device cuda -p 512 -n 16 -r 2 2>&1 | tee "$out/bench-$dtype-no-halves.log" | tail -n 5 | tee -a "$summary"
-    say "$dtype with PROMPTLY_CUDA_ATTENTION_TILES=0 (prefill's attention a block per token instead of per tile of 16 sharing the keys they load):"
+    say "$dtype with PROMPTLY_CUDA_ATTENTION_TILES=0 (prefill's attention a block per token instead of tiles of 8-16 tokens sharing the keys they load):"
     PROMPTLY_CUDA_ATTENTION_TILES=0 timeout 90 $P bench model -m "$f" --device cuda -p 512 -n 16 -r 2 2>&1 | tee "$out/bench-$dtype-no-tiles.log" | tail -n 5 | tee -a "$summary"
   fi
   rm -f "$f"

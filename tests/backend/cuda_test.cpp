@@ -717,25 +717,32 @@ TEST(CudaKernels, PagedAttentionMatchesTheReference) {
               EXPECT_EQ(out.read(), separate) << "merged in the attention launch: " << what << ", chunk " << chunk;
               expect_counters_left_zero(arrivals, "attention merged in its launch");
             }
-            // A list of the tokens to attend for (a prefill-sized step's tokens in no tile): their
-            // rows as before, the others' untouched.
+            // A list of the tokens to attend for (a prefill-sized step's tokens in no tile), with
+            // partials and counters for as many queries: their rows as before, the others'
+            // untouched; merged in the launch and on their own.
             const std::vector<std::int32_t> listed = {T - 1, 0, T / 2};
             Device<std::int32_t> tokens(listed);
-            args.tokens = tokens.p;
-            CUDA_OK(cudaMemset(out.p, 0xff, out.n * sizeof(float)));
-            attention(args, meta, static_cast<int>(listed.size()), kv, nullptr);
-            CUDA_OK(cudaDeviceSynchronize());
-            const std::vector<float> some = out.read();
-            for (int t = 0; t < T; ++t) {
-              const bool is_listed = std::find(listed.begin(), listed.end(), t) != listed.end();
-              const std::size_t row = static_cast<std::size_t>(t) * n_head * hd, n = static_cast<std::size_t>(n_head) * hd;
-              for (std::size_t i = row; i < row + n; ++i) {
-                if (is_listed ? some[i] != separate[i] : !std::isnan(some[i])) {
-                  ADD_FAILURE() << "listed tokens: " << what << ", chunk " << chunk << ", token " << t << (is_listed ? "" : " (not listed)");
-                  break;
+            Device<float> listed_partials(listed.size() * n_head * n_splits * (hd + 2));
+            args.tokens = tokens.p, args.partials = listed_partials.p;
+            for (int* counters : {arrivals.p, static_cast<int*>(nullptr)}) {
+              args.arrivals = counters;
+              CUDA_OK(cudaMemset(out.p, 0xff, out.n * sizeof(float)));
+              attention(args, meta, static_cast<int>(listed.size()), kv, nullptr);
+              CUDA_OK(cudaDeviceSynchronize());
+              const std::vector<float> some = out.read();
+              for (int t = 0; t < T; ++t) {
+                const bool is_listed = std::find(listed.begin(), listed.end(), t) != listed.end();
+                const std::size_t row = static_cast<std::size_t>(t) * n_head * hd, n = static_cast<std::size_t>(n_head) * hd;
+                for (std::size_t i = row; i < row + n; ++i) {
+                  if (is_listed ? some[i] != separate[i] : !std::isnan(some[i])) {
+                    ADD_FAILURE() << "listed tokens: " << what << ", chunk " << chunk << ", token " << t << (is_listed ? "" : " (not listed)")
+                                  << (counters ? ", merged in the launch" : "");
+                    break;
+                  }
                 }
               }
             }
+            expect_counters_left_zero(arrivals, "listed tokens' attention");
           }
           // The tiles (no splits, no partials); with heads of whole int8 blocks, the output as int8
           // too, as the o projection's integer GEMV reads it.

@@ -242,9 +242,10 @@ class CudaForward final : public DeviceForward {
       copy_kv_rows(kv.desc(), copy.from, static_cast<int>(copy.from_slot), copy.to, static_cast<int>(copy.to_slot),
                    static_cast<int>(copy.n_rows), compute_);
     }
-    const AttentionShape shape = attention_shape(T, static_cast<int>(c_.n_head), attention_span(batch), multiprocessors_, kMaxSplits);
+    const int longest = attention_span(batch);
+    const AttentionShape shape = attention_shape(T, static_cast<int>(c_.n_head), longest, multiprocessors_, kMaxSplits);
     profile_.mark("step upload (waited for)");
-    const int n_out = upload_step(batch, cache, shape.n_splits, sampling);
+    const int n_out = upload_step(batch, cache, shape.n_splits, longest, sampling);
     const int n_draws = sampling ? static_cast<int>(sampling->draws.size()) : 0;
     const bool long_rope = &model_.rope_speeds_for(cache.max_positions()) != &model_.rope_speeds_for(0);
     const float* inv_freq = long_rope ? inv_freq_long_.get() : inv_freq_.get();
@@ -442,10 +443,16 @@ class CudaForward final : public DeviceForward {
 
   // Sends the step's per-token facts and the rows to draw up (copies from pinned buffers, on the
   // copy stream, which the compute stream waits for); returns the number of rows that want logits.
-  int upload_step(const Batch& batch, const KvCache& cache, int n_splits, const DeviceSampling* sampling) {
+  int upload_step(const Batch& batch, const KvCache& cache, int n_splits, int longest, const DeviceSampling* sampling) {
     const StepLayout layout = pack_step(batch, cache, step_host_);
     const int T = layout.T;
-    ensure_capacity(T, layout.n_out, n_splits, step_host_.size());
+    // The tokens in no attention tile (a decoding sequence's, beside a prompt) split their contexts
+    // by their own count, as a decode step's would: one split over a long context would hold the
+    // whole step up.
+    lone_shape_ = attention_shape(layout.n_lone, static_cast<int>(c_.n_head), longest, multiprocessors_, kMaxSplits);
+    const std::size_t split_queries = std::max(static_cast<std::size_t>(T) * n_splits,
+                                               tiled_attention(T) ? static_cast<std::size_t>(layout.n_lone) * lone_shape_.n_splits : 0);
+    ensure_capacity(T, layout.n_out, split_queries, step_host_.size());
     const std::size_t bytes = step_host_.size() * sizeof(std::int32_t);
     pinned_step_.reserve(bytes);
     // The previous step's upload must have left the pinned buffer before it is rewritten.
@@ -484,7 +491,8 @@ class CudaForward final : public DeviceForward {
     PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(draws_.get(), pinned_draws_.as<DeviceDraw>(), draws.size() * sizeof(DeviceDraw), cudaMemcpyHostToDevice, copy_));
   }
 
-  void ensure_capacity(int T, int n_out, int n_splits, std::size_t step_entries) {
+  // split_queries: the most (query, split) pairs of an attention launch.
+  void ensure_capacity(int T, int n_out, std::size_t split_queries, std::size_t step_entries) {
     bool moved = false;
     const std::size_t t = static_cast<std::size_t>(T);
     // Twice the room a step needs when it grows: the block tables grow a block at a time, and each
@@ -514,7 +522,7 @@ class CudaForward final : public DeviceForward {
     const std::size_t widest_input = std::max({std::size_t{c_.n_embd}, std::size_t{c_.q_dim()}, ffn_width});
     moved |= x_q8_.reserve(std::max(t * widest_input, pairs * c_.n_ff_expert));
     moved |= x_q8_scales_.reserve(std::max(t * widest_input, pairs * c_.n_ff_expert) / 32 + 1);
-    moved |= partials_.reserve(t * c_.n_head * static_cast<std::size_t>(n_splits) * (c_.head_dim + 2));
+    moved |= partials_.reserve(split_queries * c_.n_head * (c_.head_dim + 2));
     // The fused launches' counters: zero when made, and each launch leaves them zero.
     const std::size_t arrivals = std::max({attention_arrivals_needed(T, static_cast<int>(c_.n_head)), gated_arrivals_needed(static_cast<int>(c_.n_ff)),
                                            qkv_arrivals_needed(static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv)),
@@ -736,10 +744,10 @@ class CudaForward final : public DeviceForward {
       const Q8Out q8_o = attention_writes_q8(args.head_dim) ? q8_for(T, {L.wo}) : Q8Out{};
       // Decode-sized batches (graphs) keep the split per-token kernel: few queries, long contexts;
       // so do a larger batch's tokens in no tile (pack_step).
-      if (attention_tiles_ && T > kGemvMaxTokens) {
+      if (tiled_attention(T)) {
         attention_tiles(args, meta_, n_tiles_, kv.desc(), compute_, q8_o);
         AttentionArgs lone = args;
-        lone.tokens = meta_.lone;
+        lone.tokens = meta_.lone, lone.chunk = lone_shape_.chunk, lone.n_splits = lone_shape_.n_splits;
         if (n_lone_ > 0) attention(lone, meta_, n_lone_, kv.desc(), compute_, q8_o);
       } else {
         attention(args, meta_, T, kv.desc(), compute_, q8_o);
@@ -895,6 +903,8 @@ class CudaForward final : public DeviceForward {
   bool fuse_ = true;
   bool attention_tiles_ = true;
   int n_tiles_ = 0, n_lone_ = 0;  // this step's attention tiles and tokens in none (upload_step)
+  AttentionShape lone_shape_;     // and how those tokens split their contexts
+  bool tiled_attention(int T) const { return attention_tiles_ && T > kGemvMaxTokens; }
   bool moe_on_device_ = false;  // moe_ffn_on_device for decode-sized batches
   bool dependent_launches_ = false;
   StepProfile profile_;

@@ -702,13 +702,14 @@ __device__ QueryView query_view(const StepMeta& meta, int t, int window) {
 // with its own running softmax, and the warps' states merge at the end.
 constexpr int kAttentionWarps = 4;
 constexpr int kPerLane = kMaxHeadDim / kWarp;
-// (t, h)'s splits merged (their partial softmax states, partials' layout: attention_kernel's end)
-// into its output row, with q8 (head_dim a multiple of 32) as int8 too: each warp's 32 outputs are
-// one int8 block of the o projection's input. The partials are read past L1 (__ldcg): other
-// blocks of the same launch may have written them (attention with arrivals).
-__device__ void merge_splits(const AttentionArgs& a, int t, int h, const Q8Out& q8) {
+// (t, h)'s splits merged (their partial softmax states, partials' layout: attention_kernel's end;
+// `query`: t's place in the launch, by which its partials are found) into its output row, with q8
+// (head_dim a multiple of 32) as int8 too: each warp's 32 outputs are one int8 block of the o
+// projection's input. The partials are read past L1 (__ldcg): other blocks of the same launch may
+// have written them (attention with arrivals).
+__device__ void merge_splits(const AttentionArgs& a, int query, int t, int h, const Q8Out& q8) {
   const int hd = a.head_dim;
-  const float* parts = a.partials + (static_cast<std::size_t>(t) * a.n_head + h) * a.n_splits * (hd + 2);
+  const float* parts = a.partials + (static_cast<std::size_t>(query) * a.n_head + h) * a.n_splits * (hd + 2);
   float top = -FLT_MAX;
   for (int s = 0; s < a.n_splits; ++s) {
     if (__ldcg(parts + s * (hd + 2) + hd + 1) > 0.0f) top = fmaxf(top, __ldcg(parts + s * (hd + 2) + hd));
@@ -741,7 +742,7 @@ __device__ void merge_splits(const AttentionArgs& a, int t, int h, const Q8Out& 
 template <bool kListed>
 __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(AttentionArgs a, StepMeta meta, DeviceKv kv, Q8Out q8) {
   dependent_launch_prologue();
-  const int t = kListed ? a.tokens[blockIdx.x] : blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+  const int query = blockIdx.x, t = kListed ? a.tokens[query] : query, h = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, hd = a.head_dim;
   const int kh = h / (a.n_head / a.n_head_kv);
   const QueryView view = query_view(meta, t, a.window);
@@ -794,7 +795,9 @@ __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(Atte
     if (d < hd) warp_acc[warp][d] = acc[j];
   }
   __syncthreads();
-  float* out = a.partials + ((static_cast<std::size_t>(t) * a.n_head + h) * a.n_splits + split) * (hd + 2);
+  // The partials and counters by the query's place in the launch: a launch for listed
+  // tokens needs room for its own queries' splits only.
+  float* out = a.partials + ((static_cast<std::size_t>(query) * a.n_head + h) * a.n_splits + split) * (hd + 2);
   float top = -FLT_MAX;
   for (int w = 0; w < kAttentionWarps; ++w) top = fmaxf(top, warp_m[w]);
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -808,12 +811,14 @@ __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(Atte
     out[hd] = top;
     out[hd + 1] = sum;
   }
-  if (a.arrivals && last_to_arrive(a.arrivals + static_cast<std::size_t>(t) * a.n_head + h, a.n_splits)) merge_splits(a, t, h, q8);
+  if (a.arrivals && last_to_arrive(a.arrivals + static_cast<std::size_t>(query) * a.n_head + h, a.n_splits)) {
+    merge_splits(a, query, t, h, q8);
+  }
 }
 
 __global__ void attention_combine_kernel(AttentionArgs a, Q8Out q8) {
   dependent_launch_prologue();
-  merge_splits(a, a.tokens ? a.tokens[blockIdx.x] : blockIdx.x, blockIdx.y, q8);
+  merge_splits(a, blockIdx.x, a.tokens ? a.tokens[blockIdx.x] : blockIdx.x, blockIdx.y, q8);
 }
 
 // attention_tiles' kernel. The block's warps share the tile's next kTileKeys keys and values in

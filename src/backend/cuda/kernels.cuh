@@ -161,7 +161,8 @@ struct AttentionArgs {
   // launch, by the last of each (token, head)'s split blocks to be done (one launch fewer a layer);
   // null: in a launch of their own.
   int* arrivals = nullptr;
-  // The tokens to attend for (blocks' x: T of them); null: 0 to T - 1.
+  // The tokens to attend for (blocks' x: T of them; partials and counters for T queries); null: 0
+  // to T - 1.
   const std::int32_t* tokens = nullptr;
 };
 // With q8, and heads whose size attention_writes_q8 takes, the output as int8 too (for the o
