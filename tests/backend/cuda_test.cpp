@@ -949,6 +949,8 @@ TEST(CudaModel, CodeModelsDecodeAsOnTheCpu) {
   REQUIRE_GPU();
   expect_same_greedy(shared_model("code/code-draft-f16.gguf"), 6);
   expect_same_greedy(shared_model("code/code-target-f16.gguf"), 64);
+  // A long prompt: 19 attention tiles, the last ones scanning 10 blocks of 32 keys.
+  expect_same_greedy(shared_model("code/code-target-f16.gguf"), 300, 8);
   expect_same_greedy(path_from("PROMPTLY_SOURCE_DIR", PROMPTLY_SOURCE_DIR) + "/models/promptly-code-23m-q8_0.gguf", 33);
 }
 
