@@ -837,8 +837,9 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-__device__ __forceinline__ float low_half(unsigned two) { return __half2float(__ushort_as_half(static_cast<unsigned short>(two & 0xffffu))); }
-__device__ __forceinline__ float high_half(unsigned two) { return __half2float(__ushort_as_half(static_cast<unsigned short>(two >> 16))); }
+// The two halves packed in 32 bits (the lower address in the low bits), as floats.
+__device__ __forceinline__ float low_half(unsigned two) { return half_to_float(static_cast<std::uint16_t>(two & 0xffffu)); }
+__device__ __forceinline__ float high_half(unsigned two) { return half_to_float(static_cast<std::uint16_t>(two >> 16)); }
 
 __global__ void __launch_bounds__(kTileWarps * kWarp) attention_tiles_kernel(AttentionArgs a, StepMeta meta, DeviceKv kv, Q8Out q8) {
   dependent_launch_prologue();
