@@ -644,7 +644,6 @@ class CudaForward final : public DeviceForward {
   // act_q8_ (x_q8_ is the launch's own input); else a launch of its own after them.
   Q8Out gate_up_activation(const DeviceLayer& L, int T, Q8Out xn_q8) {
     const int F = static_cast<int>(c_.n_ff);
-    const bool gelu = c_.desc->activation == arch::Activation::GeluTanh;
     const auto integer = [&](const MatrixView& m) { return integer_gemv_ && gemv_q8_takes(m.format, m.cols); };
     if (fuse_ && T <= kGemvMaxTokens && integer(L.gate.view) && integer(L.up.view) && L.gate.view.rows == L.up.view.rows) {
       profile_.mark("gate/up matmuls, gated activation", streamed(T, {L.gate, L.up}));
@@ -655,7 +654,7 @@ class CudaForward final : public DeviceForward {
       parts.n = 2, parts.cols = L.gate.view.cols;
       parts.part[0] = {L.gate.view.data(), L.gate.view.format, F, gate_.get()};
       parts.part[1] = {L.up.view.data(), L.up.view.format, F, up_.get()};
-      parts.gated = {arrivals_.get(), q8_down, gelu};
+      parts.gated = {arrivals_.get(), q8_down, gelu()};
       gemv_q8(parts, xn_q8.q, xn_q8.scale_sum, T, compute_);
       return q8_down;
     }
@@ -663,7 +662,7 @@ class CudaForward final : public DeviceForward {
     matmul({{L.gate, gate_.get()}, {L.up, up_.get()}}, xn_.get(), T, xn_q8);
     profile_.mark("gated activation");
     const Q8Out q8_down = q8_for(T, {L.down});
-    gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(T) * F, gelu, compute_, q8_down);
+    gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(T) * F, gelu(), compute_, q8_down);
     return q8_down;
   }
 
@@ -818,14 +817,13 @@ class CudaForward final : public DeviceForward {
     const float* device_weights = reinterpret_cast<const float*>(device_rows + t_count * K);
     PROMPTLY_CUDA_CHECK(cudaMemsetAsync(tmp_.get(), 0, t_count * D * sizeof(float), compute_));
     profile_.mark("moe experts");
-    const bool gelu = c_.desc->activation == arch::Activation::GeluTanh;
     for (std::size_t e = 0; e < E; ++e) {
       const int first = static_cast<int>(expert_first_[e]), n = static_cast<int>(expert_first_[e + 1]) - first;
       if (n == 0) continue;
       gather_rows(xn_.get(), device_rows + first, n, D, expert_x_.get(), compute_);
       matmul({{L.exp_gate.each[e], gate_.get()}, {L.exp_up.each[e], up_.get()}}, expert_x_.get(), n);
       const Q8Out q8_down = q8_for(n, {L.exp_down.each[e]});
-      gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(n) * F, gelu, compute_, q8_down);
+      gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(n) * F, gelu(), compute_, q8_down);
       matmul({{L.exp_down.each[e], expert_y_.get()}}, gate_.get(), n, q8_down);
       add_weighted_rows(expert_y_.get(), device_rows + first, device_weights + first, n, D, tmp_.get(), compute_);
     }
@@ -848,16 +846,15 @@ class CudaForward final : public DeviceForward {
     profile_.mark("moe experts", pairs * streamed(1, {L.exp_gate.each[0], L.exp_up.each[0], L.exp_down.each[0]}));
     const auto reads_q8 = [](const DeviceExperts& m) { return !is_float_format(m.each.front().format); };
     if ((reads_q8(L.exp_gate) || reads_q8(L.exp_up)) && !xn_q8.q) quantized(xn_.get(), T, D);
-    const bool gelu = c_.desc->activation == arch::Activation::GeluTanh;
     ExpertGemv gate_up{{L.exp_gate.indexed(gate_.get()), L.exp_up.indexed(up_.get())}, 2, F, D, K, {}};
     // The activation at the gate/up launch's end, its int8 into act_q8_ (F: whole blocks, as
     // experts_routable_on_device asks); else a launch of its own after it.
     const bool fused = fuse_ && gemv_experts_gated_takes(gate_up);
     Q8Out q8_down{};
     if (reads_q8(L.exp_down)) q8_down = fused ? Q8Out{act_q8_.get(), act_q8_scales_.get()} : Q8Out{x_q8_.get(), x_q8_scales_.get()};
-    if (fused) gate_up.gated = {arrivals_.get(), q8_down, gelu};
+    if (fused) gate_up.gated = {arrivals_.get(), q8_down, gelu()};
     gemv_experts(gate_up, routes.experts, pairs, xn_.get(), x_q8_.get(), x_q8_scales_.get(), compute_);
-    if (!fused) gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(pairs) * F, gelu, compute_, q8_down);
+    if (!fused) gated_activation(gate_.get(), up_.get(), static_cast<std::size_t>(pairs) * F, gelu(), compute_, q8_down);
     const ExpertGemv down{{L.exp_down.indexed(expert_y_.get()), {}}, 1, D, F, 1, {}};
     gemv_experts(down, routes.experts, pairs, gate_.get(), q8_down.q, q8_down.scale_sum, compute_);
     moe_combine(expert_y_.get(), routes, T, K, D, tmp_.get(), compute_);
@@ -905,6 +902,8 @@ class CudaForward final : public DeviceForward {
   int n_tiles_ = 0, n_lone_ = 0;  // this step's attention tiles and tokens in none (upload_step)
   AttentionShape lone_shape_;     // and how those tokens split their contexts
   bool tiled_attention(int T) const { return attention_tiles_ && T > kGemvMaxTokens; }
+  // The gated activation's kind (GeGLU with tanh, else SwiGLU), as every FFN here takes it.
+  bool gelu() const { return c_.desc->activation == arch::Activation::GeluTanh; }
   bool moe_on_device_ = false;  // moe_ffn_on_device for decode-sized batches
   bool dependent_launches_ = false;
   StepProfile profile_;
