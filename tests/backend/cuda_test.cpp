@@ -618,8 +618,9 @@ TEST(CudaKernels, PagedAttentionMatchesTheReference) {
   // ancestors reach the tree's last slot (111). Tiled as pack_step would (the ordinary tokens, then
   // the tree), one token a tile, and in tiles that mix the two kinds.
   std::vector<AttentionQuery> mixed = {{0, -1, 0}, {45, -1, 0}, {111, -1, 0}, {100, 100, 0b1}, {102, 100, 0b1101}, {101, 100, 0b100000000010}};
-  // A prompt of 37 tokens after 70 cached positions: tiles of 16, 16 and 5 (pack_step's), and of 7,
-  // 16 and 14 (the kernel takes any count up to kAttentionTileTokens).
+  // A prompt of 37 tokens after 70 cached positions: in tiles of 16, 16 and 5, and of 7, 16 and 14
+  // (the kernel takes any count up to its tile size); with heads of 256, whose tiles hold 8, in
+  // pack_step's 8, 8, 7, 7 and 7, and in 5, 8, 1, 8, 8 and 7.
   std::vector<AttentionQuery> prompt;
   for (int i = 0; i < 37; ++i) prompt.push_back({70 + i, -1, 0});
   struct Set {
@@ -627,10 +628,13 @@ TEST(CudaKernels, PagedAttentionMatchesTheReference) {
     std::vector<AttentionQuery> queries;
     std::vector<Tiling> tilings;
   };
-  const std::vector<Set> sets = {
-      {"mixed", mixed, {{{0, 3}, {3, 3}}, {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}}, {{0, 6}}, {{0, 4}, {4, 2}}}},
-      {"prompt", prompt, {{{0, 16}, {16, 16}, {32, 5}}, {{0, 7}, {7, 16}, {23, 14}}}}};
-  for (const int hd : {80, 128}) {
+  const std::vector<Tiling> mixed_tilings = {{{0, 3}, {3, 3}}, {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}}, {{0, 6}}, {{0, 4}, {4, 2}}};
+  for (const int hd : {80, 128, 256}) {
+    const std::vector<Set> sets = {
+        {"mixed", mixed, mixed_tilings},
+        {"prompt", prompt,
+         attention_tile_tokens(hd) == 16 ? std::vector<Tiling>{{{0, 16}, {16, 16}, {32, 5}}, {{0, 7}, {7, 16}, {23, 14}}}
+                                         : std::vector<Tiling>{{{0, 8}, {8, 8}, {16, 7}, {23, 7}, {30, 7}}, {{0, 5}, {5, 8}, {13, 1}, {14, 8}, {22, 8}, {30, 7}}}}};
     DeviceKv kv{nullptr, n_layer, n_head_kv, hd, bt};
     std::vector<__half> store(static_cast<std::size_t>(n_blocks) * n_layer * 2 * kv.part_elems());
     for (auto& h : store) h = __float2half(normal(rng));
@@ -749,7 +753,10 @@ TEST(CudaKernels, PagedAttentionMatchesTheReference) {
           ASSERT_TRUE(attention_tiles_take(hd));
           for (const Tiling& tiling : set.tilings) {
             std::vector<std::int32_t> tiles_host;
-            for (const auto& [first, count] : tiling) tiles_host.insert(tiles_host.end(), {first, count});
+            for (const auto& [first, count] : tiling) {
+              ASSERT_LE(count, attention_tile_tokens(hd)) << "a tile larger than its kernel holds";
+              tiles_host.insert(tiles_host.end(), {first, count});
+            }
             Device<std::int32_t> tiles(tiles_host);
             StepMeta tiled = meta;
             tiled.tiles = tiles.p;
@@ -1208,9 +1215,10 @@ TEST(CudaModel, FusedLaunchesComputeWhatSeparateOnesDo) {
   }
 }
 
-// Prefill's attention by tiles (the default for heads up to 128 elements) against the per-token
+// Prefill's attention by tiles (the default for heads up to 256 elements) against the per-token
 // kernel (PROMPTLY_CUDA_ATTENTION_TILES=0): Llama with heads of 64, Gemma 2 with a window of 4 and
-// a soft cap, Qwen3 with head norms; prompts of 40 (tiles of 16, 16 and 8) and 13, then greedy steps
+// a soft cap, Qwen3 with head norms, and Gemma 2 with heads of 256 as the real ones have (tiles of
+// 8 queries); prompts of 40 (tiles of 16, 16 and 8; or five of 8) and 13, then greedy steps
 // (decode keeps the per-token kernel either way). In F32, whose matmuls take floats throughout: with
 // halves or int8 between the layers, a sum in another order that rounds to the neighbouring half
 // or int8 step moves later layers by 1e-3 of a logit, which would hide a real error of that size.
@@ -1218,10 +1226,17 @@ TEST(CudaModel, AttentionTilesComputeWhatThePerTokenKernelDoes) {
   REQUIRE_GPU();
   test::TempDir tmp;
   ThreadPool pool(2);
-  for (const std::string preset : {"tiny", "tiny-gemma2", "tiny-qwen3"}) {
-    const auto file = gguf::File::open(write_preset(tmp, preset, DType::F32, pool));
+  SyntheticModelSpec wide_heads = synthetic_preset("tiny-gemma2");
+  wide_heads.head_dim = 256;
+  std::vector<std::pair<std::string, std::string>> models;  // (what, path)
+  for (const std::string preset : {"tiny", "tiny-gemma2", "tiny-qwen3"}) models.emplace_back(preset, write_preset(tmp, preset, DType::F32, pool));
+  models.emplace_back("tiny-gemma2, heads of 256", tmp.file("gemma2-heads-256.gguf"));
+  write_synthetic_model(wide_heads, DType::F32, 5, models.back().second, pool);
+  for (const auto& [preset, path] : models) {
+    const auto file = gguf::File::open(path);
     const std::unique_ptr<Model> per_token = gpu_model_with(file, {{"PROMPTLY_CUDA_ATTENTION_TILES", "0"}});
     const std::unique_ptr<Model> tiled = gpu_model_with(file, {});
+    ASSERT_TRUE(attention_tiles_take(static_cast<int>(tiled->config().head_dim))) << preset;
     std::mt19937 rng(8);
     for (const std::size_t prompt_len : {std::size_t{40}, std::size_t{13}}) {
       const std::vector<std::int32_t> prompt = random_prompt(rng, prompt_len);

@@ -18,7 +18,7 @@ TEST(StepLayout, PacksEachSequencesBlockTableOnceAndTheRowsThatWantLogits) {
   batch.add(12, 9, 3, true);
   batch.add(13, 38, 7, true);
   std::vector<std::int32_t> packed;
-  const StepLayout layout = pack_step(batch, cache, packed);
+  const StepLayout layout = pack_step(batch, cache, packed, 16);
   ASSERT_EQ(layout.T, 3);
   EXPECT_EQ(layout.n_out, 2);
   ASSERT_EQ(packed.size(), 11u * 3 + 3 + 1);
@@ -39,8 +39,8 @@ TEST(StepLayout, PacksEachSequencesBlockTableOnceAndTheRowsThatWantLogits) {
 }
 
 // Attention tiles: runs of consecutive tokens of one sequence and one tree context, of at least
-// kAttentionTileMinTokens, cut into as few tiles of at most kAttentionTileTokens as can be, of
-// even sizes; the tokens of shorter runs listed on their own.
+// kAttentionTileMinTokens, cut into as few tiles of at most the tile size (16 for heads up to
+// 128) as can be, of even sizes; the tokens of shorter runs listed on their own.
 TEST(StepLayout, TilesRunsOfOneSequenceAndTreeContext) {
   KvCache cache = KvCache::with_blocks(2, 64, 32, 1024, KvType::F16, 16);
   cache.reserve(1, 100);
@@ -54,7 +54,7 @@ TEST(StepLayout, TilesRunsOfOneSequenceAndTreeContext) {
   batch.add(5, 37, 1, true);                                // the prompt's sequence again
   for (int i = 0; i < 25; ++i) batch.add(6, i, 3, false);  // a third sequence's prompt: 13 + 12
   std::vector<std::int32_t> packed;
-  const StepLayout layout = pack_step(batch, cache, packed);
+  const StepLayout layout = pack_step(batch, cache, packed, 16);
   EXPECT_EQ(layout.tables(), 11 * layout.T);
   const auto at = [&](int offset, int n) { return std::vector<std::int32_t>(packed.begin() + offset, packed.begin() + offset + n); };
   ASSERT_EQ(layout.n_tiles, 5);
@@ -63,10 +63,32 @@ TEST(StepLayout, TilesRunsOfOneSequenceAndTreeContext) {
   EXPECT_EQ(at(layout.lone(), 4), (std::vector<std::int32_t>{37, 38, 39, 40}));
   Batch short_run;
   for (int i = 0; i < kAttentionTileMinTokens; ++i) short_run.add(1, i, 1, false);
-  EXPECT_EQ(pack_step(short_run, cache, packed).n_tiles, 1);
+  EXPECT_EQ(pack_step(short_run, cache, packed, 16).n_tiles, 1);
   short_run.clear();
   for (int i = 1; i < kAttentionTileMinTokens; ++i) short_run.add(1, i, 1, false);
-  EXPECT_EQ(pack_step(short_run, cache, packed).n_lone, kAttentionTileMinTokens - 1);
+  EXPECT_EQ(pack_step(short_run, cache, packed, 16).n_lone, kAttentionTileMinTokens - 1);
+  // Heads of 256 (Gemma 2's) take tiles of 8: the prompts as 8 + 8 + 7 + 7 + 7 and 7 + 6 + 6 + 6.
+  ASSERT_EQ(attention_tile_tokens(256), 8);
+  const StepLayout eights = pack_step(batch, cache, packed, attention_tile_tokens(256));
+  ASSERT_EQ(eights.n_tiles, 9);
+  EXPECT_EQ(at(eights.tiles(), 18), (std::vector<std::int32_t>{0, 8, 8, 8, 16, 7, 23, 7, 30, 7, 41, 7, 48, 6, 54, 6, 60, 6}));
+  EXPECT_EQ(eights.n_lone, 4);
+  // No tiles (heads too large, or tiles switched off): every token on its own.
+  const StepLayout none = pack_step(batch, cache, packed, 0);
+  EXPECT_EQ(none.n_tiles, 0);
+  EXPECT_EQ(none.n_lone, none.T);
+}
+
+TEST(StepLayout, TileSizesFitTheirHeads) {
+  EXPECT_EQ(attention_tile_tokens(64), 16);
+  EXPECT_EQ(attention_tile_tokens(80), 16);
+  EXPECT_EQ(attention_tile_tokens(128), 16);
+  EXPECT_EQ(attention_tile_tokens(192), 8);
+  EXPECT_EQ(attention_tile_tokens(256), 8);
+  EXPECT_EQ(attention_tile_tokens(258), 0);  // not of whole 8-byte pieces
+  EXPECT_EQ(attention_tile_tokens(260), 0);  // larger than the tiles take
+  EXPECT_EQ(attention_tile_tokens(0), 0);
+  for (const int hd : {64, 128, 256}) EXPECT_GE(attention_tile_tokens(hd), kAttentionTileMinTokens) << hd;
 }
 
 // Token trees: each node's tree context and 64-bit ancestor mask (halves, low first); ordinary
@@ -80,7 +102,7 @@ TEST(StepLayout, PacksTreeNodesContextsAndAncestors) {
   const std::uint64_t deep = (std::uint64_t{1} << 40) | (std::uint64_t{1} << 33) | 0b1;
   batch.add_tree_node(7, 0, 30, 40, 3, deep, true);
   std::vector<std::int32_t> packed;
-  const StepLayout layout = pack_step(batch, cache, packed);
+  const StepLayout layout = pack_step(batch, cache, packed, 16);
   const auto at = [&](int offset, int n) { return std::vector<std::int32_t>(packed.begin() + offset, packed.begin() + offset + n); };
   EXPECT_EQ(at(layout.tree_contexts(), 3), (std::vector<std::int32_t>{-1, 30, 30}));
   EXPECT_EQ(at(layout.tree_ancestors(), 6), (std::vector<std::int32_t>{0, 0, 1, 0, 1, (1 << 1) | (1 << 8)}));

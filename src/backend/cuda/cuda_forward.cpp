@@ -444,7 +444,7 @@ class CudaForward final : public DeviceForward {
   // Sends the step's per-token facts and the rows to draw up (copies from pinned buffers, on the
   // copy stream, which the compute stream waits for); returns the number of rows that want logits.
   int upload_step(const Batch& batch, const KvCache& cache, int n_splits, int longest, const DeviceSampling* sampling) {
-    const StepLayout layout = pack_step(batch, cache, step_host_);
+    const StepLayout layout = pack_step(batch, cache, step_host_, attention_tiles_ ? attention_tile_tokens(static_cast<int>(c_.head_dim)) : 0);
     const int T = layout.T;
     // The tokens in no attention tile (a decoding sequence's, beside a prompt) split their contexts
     // by their own count, as a decode step's would: one split over a long context would hold the

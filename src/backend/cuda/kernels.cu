@@ -821,17 +821,12 @@ __global__ void attention_combine_kernel(AttentionArgs a, Q8Out q8) {
   merge_splits(a, blockIdx.x, a.tokens ? a.tokens[blockIdx.x] : blockIdx.x, blockIdx.y, q8);
 }
 
-// attention_tiles' kernel. The block's warps share the tile's next kTileKeys keys and values in
-// shared memory; each warp owns kTileRowsPerWarp of the tile's queries, with a running softmax for
-// each. Scoring, a lane takes one key; summing values, a lane takes pairs of elements.
+// attention_tiles' kernel, for tiles of up to kTileTokens queries of heads up to kTileHeadDim
+// (attention_tile_tokens' sizes). The block's warps share the tile's next kTileKeys keys and values
+// in shared memory; each warp owns kTileTokens / kTileWarps of the tile's queries, with a running
+// softmax for each. Scoring, a lane takes one key; summing values, a lane takes pairs of elements.
 constexpr int kTileWarps = 4;
-constexpr int kTileRowsPerWarp = kAttentionTileTokens / kTileWarps;
 constexpr int kTileKeys = kWarp;
-constexpr int kTilePairsPerLane = kAttentionTileMaxHeadDim / (2 * kWarp);
-// Halves from one key's row to the next: 4 past the head, so that the lanes' 8-byte reads of their
-// own keys fall on distinct banks.
-constexpr int kTileKeyStride = kAttentionTileMaxHeadDim + 4;
-static_assert(kAttentionTileTokens % kTileWarps == 0 && kAttentionTileMaxHeadDim % (2 * kWarp) == 0);
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -841,16 +836,23 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float low_half(unsigned two) { return half_to_float(static_cast<std::uint16_t>(two & 0xffffu)); }
 __device__ __forceinline__ float high_half(unsigned two) { return half_to_float(static_cast<std::uint16_t>(two >> 16)); }
 
+template <int kTileTokens, int kTileHeadDim>
 __global__ void __launch_bounds__(kTileWarps * kWarp) attention_tiles_kernel(AttentionArgs a, StepMeta meta, DeviceKv kv, Q8Out q8) {
+  static_assert(kTileTokens % kTileWarps == 0 && kTileHeadDim % (2 * kWarp) == 0);
+  constexpr int kTileRowsPerWarp = kTileTokens / kTileWarps;
+  constexpr int kTilePairsPerLane = kTileHeadDim / (2 * kWarp);
+  // Halves from one key's row to the next: 4 past the head, so that the lanes' 8-byte reads of
+  // their own keys fall on distinct banks.
+  constexpr int kTileKeyStride = kTileHeadDim + 4;
   dependent_launch_prologue();
   const int first_token = meta.tiles[2 * blockIdx.x], n_tokens = meta.tiles[2 * blockIdx.x + 1], h = blockIdx.y;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, hd = a.head_dim;
   const int kh = h / (a.n_head / a.n_head_kv);
-  alignas(16) __shared__ float queries[kAttentionTileTokens * kAttentionTileMaxHeadDim];  // later the outputs
+  alignas(16) __shared__ float queries[kTileTokens * kTileHeadDim];  // later the outputs
   alignas(16) __shared__ __half keys[kTileKeys * kTileKeyStride];
   alignas(16) __shared__ __half values[kTileKeys * kTileKeyStride];
-  __shared__ float weights[kAttentionTileTokens][kTileKeys];
-  for (int i = threadIdx.x; i < kAttentionTileTokens * hd; i += blockDim.x) {
+  __shared__ float weights[kTileTokens][kTileKeys];
+  for (int i = threadIdx.x; i < kTileTokens * hd; i += blockDim.x) {
     const int r = i / hd;
     queries[i] = r < n_tokens ? a.q[(static_cast<std::size_t>(first_token + r) * a.n_head + h) * hd + i % hd] : 0.0f;
   }
@@ -1143,7 +1145,15 @@ void attention(const AttentionArgs& a, const StepMeta& meta, int T, const Device
 void attention_tiles(const AttentionArgs& a, const StepMeta& meta, int n_tiles, const DeviceKv& kv, cudaStream_t stream, const Q8Out& q8) {
   if (!attention_tiles_take(a.head_dim)) throw Error("internal: attention tiles asked for heads of " + std::to_string(a.head_dim));
   const Q8Out out_q8 = attention_writes_q8(a.head_dim) ? q8 : Q8Out{};
-  if (n_tiles > 0) launch(attention_tiles_kernel, dim3(n_tiles, a.n_head), kTileWarps * kWarp, 0, stream, a, meta, kv, out_q8);
+  if (n_tiles == 0) return;
+  // The instance whose sizes are attention_tile_tokens' for these heads (the tiles pack_step planned).
+  static_assert(attention_tile_tokens(128) == 16 && attention_tile_tokens(132) == 8 && attention_tile_tokens(256) == 8);
+  const dim3 grid(n_tiles, a.n_head);
+  if (a.head_dim <= 128) {
+    launch(attention_tiles_kernel<16, 128>, grid, kTileWarps * kWarp, 0, stream, a, meta, kv, out_q8);
+  } else {
+    launch(attention_tiles_kernel<8, 256>, grid, kTileWarps * kWarp, 0, stream, a, meta, kv, out_q8);
+  }
 }
 
 void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cudaStream_t stream, const Q8Out& q8) {

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/blocks.h"
+#include "backend/cuda/step_layout.h"
 
 namespace promptly::backend::cuda {
 
@@ -170,15 +171,14 @@ struct AttentionArgs {
 void attention(const AttentionArgs& a, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream, const Q8Out& q8 = {});
 constexpr bool attention_writes_q8(int head_dim) { return head_dim % 32 == 0; }
 
-// Prefill's attention: a block per (tile, head), a tile being up to kAttentionTileTokens tokens of
-// one sequence (meta.tiles, as pack_step plans them), which load each cached key and value they
-// see once for the whole tile rather than once a token, and score them from shared memory: the
+// Prefill's attention: a block per (tile, head), a tile being up to attention_tile_tokens(head_dim)
+// tokens of one sequence (meta.tiles, as pack_step plans them), which load each cached key and value
+// they see once for the whole tile rather than once a token, and score them from shared memory: the
 // per-token kernel reads the context from L2 once per query, some 2 GB a layer for a 512-token
 // prompt of an 8B model. The tile's queries see what attention's would (windows, trees, soft
 // caps); no splits (a.partials, a.chunk, a.n_splits and a.arrivals are not used). Heads of the
 // sizes attention_tiles_take says; with q8 as attention.
-constexpr int kAttentionTileMaxHeadDim = 128;
-constexpr bool attention_tiles_take(int head_dim) { return head_dim % 4 == 0 && head_dim <= kAttentionTileMaxHeadDim; }
+constexpr bool attention_tiles_take(int head_dim) { return attention_tile_tokens(head_dim) > 0; }
 void attention_tiles(const AttentionArgs& a, const StepMeta& meta, int n_tiles, const DeviceKv& kv, cudaStream_t stream,
                      const Q8Out& q8 = {});
 

@@ -18,7 +18,7 @@ int attention_span(const Batch& batch) {
   return longest;
 }
 
-StepLayout pack_step(const Batch& batch, const KvCache& cache, std::vector<std::int32_t>& packed) {
+StepLayout pack_step(const Batch& batch, const KvCache& cache, std::vector<std::int32_t>& packed, int tile_tokens) {
   StepLayout layout;
   layout.T = static_cast<int>(batch.size());
   const int T = layout.T;
@@ -45,11 +45,11 @@ StepLayout pack_step(const Batch& batch, const KvCache& cache, std::vector<std::
     int end = t + 1;
     while (end < T && batch.seq_ids[end] == batch.seq_ids[t] && batch.tree_context[end] == batch.tree_context[t]) ++end;
     const int run = end - t;
-    if (run < kAttentionTileMinTokens) {
+    if (tile_tokens <= 0 || run < kAttentionTileMinTokens) {
       for (; t < end; ++t) packed[layout.lone() + layout.n_lone++] = t;
       continue;
     }
-    const int n = (run + kAttentionTileTokens - 1) / kAttentionTileTokens;
+    const int n = (run + tile_tokens - 1) / tile_tokens;
     for (int i = 0; i < n; ++i) {
       const int count = run / n + (i < run % n ? 1 : 0);
       packed[layout.tiles() + 2 * layout.n_tiles] = t;
