@@ -118,6 +118,8 @@ for spec in "Q4_K_M 0 300" "F16 $slice 120"; do
     PROMPTLY_CUDA_PREFILL_HALVES=0 timeout 90 $P bench model -m "$f" --device cuda -p 512 -n 16 -r 2 2>&1 | tee "$out/bench-$dtype-no-halves.log" | tail -n 5 | tee -a "$summary"
     say "$dtype with PROMPTLY_CUDA_ATTENTION_TILES=0 (prefill's attention a block per token instead of tiles of 8-16 tokens sharing the keys they load):"
     PROMPTLY_CUDA_ATTENTION_TILES=0 timeout 90 $P bench model -m "$f" --device cuda -p 512 -n 16 -r 2 2>&1 | tee "$out/bench-$dtype-no-tiles.log" | tail -n 5 | tee -a "$summary"
+    say "$dtype with PROMPTLY_CUDA_ATTENTION_MMA=0 (the tiles' products in float on the CUDA cores instead of the tensor cores):"
+    PROMPTLY_CUDA_ATTENTION_MMA=0 timeout 90 $P bench model -m "$f" --device cuda -p 512 -n 16 -r 2 2>&1 | tee "$out/bench-$dtype-no-mma.log" | tail -n 5 | tee -a "$summary"
   fi
   rm -f "$f"
 done

@@ -763,15 +763,21 @@ TEST(CudaKernels, PagedAttentionMatchesTheReference) {
             const AttentionArgs args{dq.p, out.p, nullptr, n_head, n_head_kv, hd, layer, window, scale, cap, 64, 1};
             Device<std::int8_t> got_q(q.size()), want_q(q.size());
             Device<float2> got_scales(q.size() / 32), want_scales(q.size() / 32);
-            CUDA_OK(cudaMemset(out.p, 0xff, out.n * sizeof(float)));
-            attention_tiles(args, tiled, static_cast<int>(tiling.size()), kv, nullptr, Q8Out{got_q.p, got_scales.p});
-            CUDA_OK(cudaDeviceSynchronize());
-            const std::string tiles_what = what + ", " + std::to_string(tiling.size()) + " tiles";
-            EXPECT_LT(relative_error(out.read(), want), 1e-5) << tiles_what;
-            if (attention_writes_q8(hd)) {
-              quantize_q8(out.p, T * n_head, hd, want_q.p, want_scales.p, nullptr);
+            // On the CUDA cores in float; on the tensor cores (heads of 80 and 128) with queries and
+            // softmax weights as halves, ~5e-4 from the exact sums (a key left out of a window of 37
+            // moves a row by ~3%).
+            for (const bool tensor_cores : {false, true}) {
+              if (tensor_cores && !attention_tiles_mma_take(hd)) continue;
+              CUDA_OK(cudaMemset(out.p, 0xff, out.n * sizeof(float)));
+              attention_tiles(args, tiled, static_cast<int>(tiling.size()), kv, nullptr, Q8Out{got_q.p, got_scales.p}, tensor_cores);
               CUDA_OK(cudaDeviceSynchronize());
-              expect_same_q8(got_q, got_scales, want_q, want_scales, q.size() / 32, tiles_what);
+              const std::string tiles_what = what + ", " + std::to_string(tiling.size()) + " tiles" + (tensor_cores ? " on the tensor cores" : "");
+              EXPECT_LT(relative_error(out.read(), want), tensor_cores ? 2e-3 : 1e-5) << tiles_what;
+              if (attention_writes_q8(hd)) {
+                quantize_q8(out.p, T * n_head, hd, want_q.p, want_scales.p, nullptr);
+                CUDA_OK(cudaDeviceSynchronize());
+                expect_same_q8(got_q, got_scales, want_q, want_scales, q.size() / 32, tiles_what);
+              }
             }
           }
         }
@@ -1248,6 +1254,37 @@ TEST(CudaModel, AttentionTilesComputeWhatThePerTokenKernelDoes) {
       }
     }
   }
+}
+
+// The tiles on the tensor cores (the default where the file's matrices are not F32) against the
+// same tiles in float on the CUDA cores (PROMPTLY_CUDA_ATTENTION_MMA=0): Llama with heads of 64,
+// Gemma 2 with a window of 4 and a soft cap, Qwen3 with head norms, in F16; the prefill's logits
+// (prompts of 40 and 13) within 5e-3 (queries and softmax weights as halves: ~5e-4 in each layer's
+// attention, carried through two layers and the halves the GEMMs take). F32 files keep the CUDA
+// cores, which the device's name says.
+TEST(CudaModel, TensorCoreTilesComputeWhatTheFloatTilesDo) {
+  REQUIRE_GPU();
+  test::TempDir tmp;
+  ThreadPool pool(2);
+  for (const std::string preset : {"tiny", "tiny-gemma2", "tiny-qwen3"}) {
+    const auto file = gguf::File::open(write_preset(tmp, preset, DType::F16, pool));
+    const std::unique_ptr<Model> on_cuda_cores = gpu_model_with(file, {{"PROMPTLY_CUDA_ATTENTION_MMA", "0"}});
+    const std::unique_ptr<Model> on_tensor_cores = gpu_model_with(file, {});
+    EXPECT_EQ(on_cuda_cores->device()->name().find("tensor cores"), std::string::npos) << on_cuda_cores->device()->name();
+    EXPECT_NE(on_tensor_cores->device()->name().find("prefill attention on tensor cores"), std::string::npos)
+        << on_tensor_cores->device()->name();
+    std::mt19937 rng(9);
+    for (const std::size_t prompt_len : {std::size_t{40}, std::size_t{13}}) {
+      const std::vector<std::int32_t> prompt = random_prompt(rng, prompt_len);
+      const Greedy want = run_greedy(*on_cuda_cores, prompt, 1, pool), got = run_greedy(*on_tensor_cores, prompt, 1, pool);
+      const double error = relative_error(got.logits[0], std::vector<double>(want.logits[0].begin(), want.logits[0].end()));
+      EXPECT_LT(error, 5e-3) << preset << " prompt " << prompt_len;
+      std::printf("%s, prompt %zu: prefill logits on the tensor cores within %.2g of the float tiles'\n", preset.c_str(), prompt_len, error);
+    }
+  }
+  const auto f32 = gguf::File::open(write_preset(tmp, "tiny", DType::F32, pool));
+  const std::unique_ptr<Model> full_precision = gpu_model_with(f32, {});
+  EXPECT_EQ(full_precision->device()->name().find("tensor cores"), std::string::npos) << full_precision->device()->name();
 }
 
 // Quantized matrices kept as halves for prefill (the default where they fit in a quarter of the

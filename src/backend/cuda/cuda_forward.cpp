@@ -167,9 +167,16 @@ class CudaForward final : public DeviceForward {
     // Tensor-parallel (model/tensor_parallel.h): this rank's slices, the sublayers' shares summed
     // across the ranks through the host mid-pass (reduce_across_ranks), which a graph cannot wait for.
     if (tp_) use_graphs_ = false;
+    // The tiles' products on the tensor cores (halves in, float sums) where the heads' size allows,
+    // except for a file of F32 matrices, which asked for full precision (as its GEMMs keep);
+    // PROMPTLY_CUDA_ATTENTION_MMA=0 keeps them on the CUDA cores, for comparing the two
+    // (tools/gpu-check.sh).
+    attention_mma_ = attention_tiles_ && !env_is("PROMPTLY_CUDA_ATTENTION_MMA", "0") && attention_tiles_mma_take(static_cast<int>(c_.head_dim)) &&
+                     !layers_.empty() && layers_.front().wq.view.format != WeightFormat::F32;
     const bool halves_kept = keep_prefill_halves();
     name_ += std::string(" (") + props.name + "; " + (use_graphs_ ? "graphs" : "no graphs") +
-             (dependent_launches_ ? ", dependent launches" : "") + (halves_kept ? "; prefill from kept halves" : "") + ")";
+             (dependent_launches_ ? ", dependent launches" : "") + (halves_kept ? "; prefill from kept halves" : "") +
+             (attention_mma_ ? "; prefill attention on tensor cores" : "") + ")";
   }
 
   ~CudaForward() override {
@@ -744,7 +751,7 @@ class CudaForward final : public DeviceForward {
       // Decode-sized batches (graphs) keep the split per-token kernel: few queries, long contexts;
       // so do a larger batch's tokens in no tile (pack_step).
       if (tiled_attention(T)) {
-        attention_tiles(args, meta_, n_tiles_, kv.desc(), compute_, q8_o);
+        attention_tiles(args, meta_, n_tiles_, kv.desc(), compute_, q8_o, attention_mma_);
         AttentionArgs lone = args;
         lone.tokens = meta_.lone, lone.chunk = lone_shape_.chunk, lone.n_splits = lone_shape_.n_splits;
         if (n_lone_ > 0) attention(lone, meta_, n_lone_, kv.desc(), compute_, q8_o);
@@ -899,6 +906,7 @@ class CudaForward final : public DeviceForward {
   bool integer_gemv_ = true;
   bool fuse_ = true;
   bool attention_tiles_ = true;
+  bool attention_mma_ = false;  // the tiles on the tensor cores
   int n_tiles_ = 0, n_lone_ = 0;  // this step's attention tiles and tokens in none (upload_step)
   AttentionShape lone_shape_;     // and how those tokens split their contexts
   bool tiled_attention(int T) const { return attention_tiles_ && T > kGemvMaxTokens; }

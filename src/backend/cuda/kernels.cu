@@ -3,6 +3,8 @@
 #include <cfloat>
 #include <climits>
 
+#include <mma.h>
+
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/step_layout.h"
 #include "util/error.h"
@@ -961,6 +963,183 @@ __global__ void __launch_bounds__(kTileWarps * kWarp) attention_tiles_kernel(Att
   }
 }
 
+// attention_tiles on the tensor cores, for tiles of up to 16 queries (attention_tile_tokens' size
+// for these heads). A warp multiplies the tile's queries (as halves) by 16 keys at a time (wmma
+// 16x16x16, sums in float), in two passes over the tile's context, so that no running correction
+// has to scale the accumulators (whose elements' places are the hardware's): the first finds each
+// query's largest score and its softmax sum; the second adds e^(score - largest) x values, those
+// weights as halves (at most 1). The block's four warps take every fourth 16-key chunk, each into
+// shared memory of its own; their maxima, sums and outputs merge in shared memory at the end.
+constexpr int kMmaRows = 16;
+constexpr int kMmaKeys = 16;
+constexpr int kMmaMaxFragments = kAttentionTileMmaMaxHeadDim / 16;
+// Halves from one row to the next: 8 past the head, so that the 16-byte rows the tensor cores' loads
+// take fall on distinct banks.
+constexpr int kMmaStride = kAttentionTileMmaMaxHeadDim + 8;
+static_assert(attention_tile_tokens(kAttentionTileMmaMaxHeadDim) == kMmaRows);
+
+// A chunk's keys (which 0) or values (1): positions [k0, k0 + kMmaKeys) of the table's sequence,
+// zeros from `end` on, into rows of kMmaStride halves. The warp's lanes share the copy.
+__device__ void load_mma_chunk(const DeviceKv& kv, const std::int32_t* table, int layer, int kh, int hd, int k0, int end, int which,
+                               __half* chunk) {
+  const int pieces = hd / 8;  // 16-byte pieces a row
+  for (int i = threadIdx.x % kWarp; i < kMmaKeys * pieces; i += kWarp) {
+    const int j = i / pieces, c = i % pieces, pos = k0 + j;
+    uint4 piece = make_uint4(0u, 0u, 0u, 0u);
+    if (pos < end) {
+      const int block = table[pos / kv.block_tokens];
+      const std::size_t row = (static_cast<std::size_t>(kh) * kv.block_tokens + pos % kv.block_tokens) * hd + 8 * c;
+      piece = *reinterpret_cast<const uint4*>(kv_part(kv, block, layer, which) + row);
+    }
+    *reinterpret_cast<uint4*>(chunk + j * kMmaStride + 8 * c) = piece;
+  }
+}
+
+using MmaQueries = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __half, nvcuda::wmma::row_major>;
+
+// The tile's scores against a chunk's keys (before the scale), row-major into `scores` (16 x 16).
+__device__ void mma_chunk_scores(const MmaQueries (&queries)[kMmaMaxFragments], int n_fragments, const __half* keys, float* scores) {
+  using namespace nvcuda;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
+  wmma::fill_fragment(s, 0.0f);
+#pragma unroll
+  for (int f = 0; f < kMmaMaxFragments; ++f) {
+    if (f < n_fragments) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> k;  // element (d, key) at keys[key * stride + d]
+      wmma::load_matrix_sync(k, keys + 16 * f, kMmaStride);
+      wmma::mma_sync(s, queries[f], k, s);
+    }
+  }
+  wmma::store_matrix_sync(scores, s, kMmaKeys, wmma::mem_row_major);
+}
+
+__global__ void __launch_bounds__(kTileWarps * kWarp) attention_tiles_mma_kernel(AttentionArgs a, StepMeta meta, DeviceKv kv, Q8Out q8) {
+  using namespace nvcuda;
+  dependent_launch_prologue();
+  const int first_token = meta.tiles[2 * blockIdx.x], n_tokens = meta.tiles[2 * blockIdx.x + 1], h = blockIdx.y;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, hd = a.head_dim, n_fragments = hd / 16;
+  const int kh = h / (a.n_head / a.n_head_kv);
+  alignas(32) __shared__ __half queries[kMmaRows * kMmaStride];
+  // Each warp's keys and values; once the second pass is done, the warps' outputs (floats).
+  alignas(32) __shared__ __half chunks[kTileWarps][2][kMmaKeys * kMmaStride];
+  alignas(32) __shared__ float scores[kTileWarps][kMmaRows * kMmaKeys];
+  alignas(32) __shared__ __half weights[kTileWarps][kMmaRows * kMmaKeys];
+  __shared__ float warp_max_of[kTileWarps][kMmaRows], warp_sum_of[kTileWarps][kMmaRows];
+  static_assert(sizeof(chunks) >= sizeof(float) * kTileWarps * kMmaRows * kAttentionTileMmaMaxHeadDim);
+  for (int i = threadIdx.x; i < kMmaRows * hd; i += blockDim.x) {
+    const int r = i / hd, d = i % hd;
+    queries[r * kMmaStride + d] = __float2half(r < n_tokens ? a.q[(static_cast<std::size_t>(first_token + r) * a.n_head + h) * hd + d] : 0.0f);
+  }
+  // The union of the rows' spans, as attention_tiles_kernel scans it; each row keeps its own view.
+  int begin = INT_MAX, end = 0;
+  for (int r = 0; r < n_tokens; ++r) {
+    const QueryView v = query_view(meta, first_token + r, a.window);
+    begin = min(begin, v.first), end = max(end, v.end);
+  }
+  // A lane's scores: row lane / 2, keys 8 * (lane % 2) to 8 more of each chunk.
+  const int row = lane / 2, key0 = (kMmaKeys / 2) * (lane % 2);
+  const QueryView view = row < n_tokens ? query_view(meta, first_token + row, a.window) : QueryView{};
+  __syncthreads();
+  MmaQueries q[kMmaMaxFragments];
+#pragma unroll
+  for (int f = 0; f < kMmaMaxFragments; ++f) {
+    if (f < n_fragments) wmma::load_matrix_sync(q[f], queries + 16 * f, kMmaStride);
+  }
+  const std::int32_t* table = meta.tables + meta.table_start[first_token];
+  __half* keys = chunks[warp][0];
+  __half* values = chunks[warp][1];
+  float* my_scores = scores[warp];
+  // Every warp takes the same turns (the last ones may find no position past `end`): the shuffles
+  // and warp barriers then line up across the block, as CPU runtimes of this code need.
+  const int turns = (end - begin + kTileWarps * kMmaKeys - 1) / (kTileWarps * kMmaKeys);
+  const auto scaled = [&](float s) {
+    s *= a.scale;
+    return a.softcap > 0.0f ? a.softcap * tanhf(s / a.softcap) : s;
+  };
+  // First pass: each row's largest score and softmax sum over this warp's chunks.
+  float m = -FLT_MAX, l = 0.0f;
+  for (int turn = 0; turn < turns; ++turn) {
+    const int k0 = begin + (turn * kTileWarps + warp) * kMmaKeys;
+    __syncwarp();  // the previous chunk's scores are read
+    load_mma_chunk(kv, table, a.layer, kh, hd, k0, end, 0, keys);
+    __syncwarp();
+    mma_chunk_scores(q, n_fragments, keys, my_scores);
+    __syncwarp();
+    float s[kMmaKeys / 2], top = -FLT_MAX;
+#pragma unroll
+    for (int j = 0; j < kMmaKeys / 2; ++j) {
+      const bool seen = view.sees(k0 + key0 + j);
+      s[j] = seen ? scaled(my_scores[row * kMmaKeys + key0 + j]) : -FLT_MAX;
+      top = fmaxf(top, s[j]);
+    }
+    const float m_new = fmaxf(m, fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1)));
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMmaKeys / 2; ++j) sum += s[j] > -FLT_MAX ? __expf(s[j] - m_new) : 0.0f;
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    l = l * __expf(m - m_new) + sum;
+    m = m_new;
+  }
+  if (lane % 2 == 0) warp_max_of[warp][row] = m, warp_sum_of[warp][row] = l;
+  __syncthreads();
+  float top = -FLT_MAX, total = 0.0f;
+  for (int w = 0; w < kTileWarps; ++w) top = fmaxf(top, warp_max_of[w][row]);
+  for (int w = 0; w < kTileWarps; ++w) total += warp_sum_of[w][row] > 0.0f ? warp_sum_of[w][row] * __expf(warp_max_of[w][row] - top) : 0.0f;
+  // Second pass: the same scores (the same products), weights e^(score - top) into the outputs.
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[kMmaMaxFragments];
+#pragma unroll
+  for (int f = 0; f < kMmaMaxFragments; ++f) wmma::fill_fragment(o[f], 0.0f);
+  for (int turn = 0; turn < turns; ++turn) {
+    const int k0 = begin + (turn * kTileWarps + warp) * kMmaKeys;
+    __syncwarp();  // the previous chunk's values and weights are read
+    load_mma_chunk(kv, table, a.layer, kh, hd, k0, end, 0, keys);
+    load_mma_chunk(kv, table, a.layer, kh, hd, k0, end, 1, values);
+    __syncwarp();
+    mma_chunk_scores(q, n_fragments, keys, my_scores);
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < kMmaKeys / 2; ++j) {
+      const bool seen = view.sees(k0 + key0 + j);
+      weights[warp][row * kMmaKeys + key0 + j] = __float2half(seen ? __expf(scaled(my_scores[row * kMmaKeys + key0 + j]) - top) : 0.0f);
+    }
+    __syncwarp();
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> p;
+    wmma::load_matrix_sync(p, weights[warp], kMmaKeys);
+#pragma unroll
+    for (int f = 0; f < kMmaMaxFragments; ++f) {
+      if (f < n_fragments) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> v;  // element (key, d) at values[key * stride + d]
+        wmma::load_matrix_sync(v, values + 16 * f, kMmaStride);
+        wmma::mma_sync(o[f], p, v, o[f]);
+      }
+    }
+  }
+  __syncthreads();  // every warp is done with its chunks: they now hold the warps' outputs
+  float* outputs = reinterpret_cast<float*>(&chunks[0][0][0]);
+#pragma unroll
+  for (int f = 0; f < kMmaMaxFragments; ++f) {
+    if (f < n_fragments) wmma::store_matrix_sync(outputs + warp * kMmaRows * hd + 16 * f, o[f], hd, wmma::mem_row_major);
+  }
+  __syncthreads();
+  for (int i = 0; i < kMmaRows / kTileWarps; ++i) {
+    const int r = warp * (kMmaRows / kTileWarps) + i;
+    const float row_total = __shfl_sync(0xffffffffu, total, 2 * r);
+    const bool valid = r < n_tokens;
+    const std::size_t out_row = (static_cast<std::size_t>(first_token + (valid ? r : 0)) * a.n_head + h) * hd;
+    // With q8, hd is a multiple of 32: a warp's lanes are all in or all out.
+    for (int base = 0; base < hd; base += kWarp) {
+      const int d = base + lane;
+      float v = 0.0f;
+      if (d < hd) {
+        for (int w = 0; w < kTileWarps; ++w) v += outputs[(w * kMmaRows + r) * hd + d];
+        v = row_total > 0.0f ? v / row_total : 0.0f;
+      }
+      if (valid && d < hd) a.out[out_row + d] = v;
+      if (q8.q) warp_quantize_q8(v, (out_row + base) / kWarp, valid, q8);
+    }
+  }
+}
+
 __global__ void gated_activation_kernel(float* gate, const float* up, std::size_t n, bool gelu, Q8Out q8) {
   dependent_launch_prologue();
   const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -1142,10 +1321,17 @@ void attention(const AttentionArgs& a, const StepMeta& meta, int T, const Device
   if (!a.arrivals) launch(attention_combine_kernel, dim3(T, a.n_head), kAttentionWarps * kWarp, 0, stream, a, out_q8);
 }
 
-void attention_tiles(const AttentionArgs& a, const StepMeta& meta, int n_tiles, const DeviceKv& kv, cudaStream_t stream, const Q8Out& q8) {
-  if (!attention_tiles_take(a.head_dim)) throw Error("internal: attention tiles asked for heads of " + std::to_string(a.head_dim));
+void attention_tiles(const AttentionArgs& a, const StepMeta& meta, int n_tiles, const DeviceKv& kv, cudaStream_t stream, const Q8Out& q8,
+                     bool tensor_cores) {
+  if (!attention_tiles_take(a.head_dim) || (tensor_cores && !attention_tiles_mma_take(a.head_dim))) {
+    throw Error("internal: attention tiles asked for heads of " + std::to_string(a.head_dim) + (tensor_cores ? " on the tensor cores" : ""));
+  }
   const Q8Out out_q8 = attention_writes_q8(a.head_dim) ? q8 : Q8Out{};
   if (n_tiles == 0) return;
+  if (tensor_cores) {
+    launch(attention_tiles_mma_kernel, dim3(n_tiles, a.n_head), kTileWarps * kWarp, 0, stream, a, meta, kv, out_q8);
+    return;
+  }
   // The instance whose sizes are attention_tile_tokens' for these heads (the tiles pack_step planned).
   static_assert(attention_tile_tokens(128) == 16 && attention_tile_tokens(132) == 8 && attention_tile_tokens(256) == 8);
   const dim3 grid(n_tiles, a.n_head);

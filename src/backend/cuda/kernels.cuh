@@ -178,9 +178,14 @@ constexpr bool attention_writes_q8(int head_dim) { return head_dim % 32 == 0; }
 // prompt of an 8B model. The tile's queries see what attention's would (windows, trees, soft
 // caps); no splits (a.partials, a.chunk, a.n_splits and a.arrivals are not used). Heads of the
 // sizes attention_tiles_take says; with q8 as attention.
+// tensor_cores: the products on the tensor cores (queries, keys, values and the softmax weights as
+// halves, sums in float: within ~1e-3 of the float kernel's outputs), for heads of the sizes
+// attention_tiles_mma_take says; else in float on the CUDA cores.
 constexpr bool attention_tiles_take(int head_dim) { return attention_tile_tokens(head_dim) > 0; }
+constexpr int kAttentionTileMmaMaxHeadDim = 128;
+constexpr bool attention_tiles_mma_take(int head_dim) { return head_dim % 16 == 0 && head_dim > 0 && head_dim <= kAttentionTileMmaMaxHeadDim; }
 void attention_tiles(const AttentionArgs& a, const StepMeta& meta, int n_tiles, const DeviceKv& kv, cudaStream_t stream,
-                     const Q8Out& q8 = {});
+                     const Q8Out& q8 = {}, bool tensor_cores = false);
 
 // gate = act(gate) * up over n values (SwiGLU, or GeGLU with tanh when gelu); with q8 (rows of a
 // multiple of 32) the result as int8 too.
