@@ -112,7 +112,7 @@ for spec in "Q4_K_M 0 300" "F16 $slice 120"; do
     PROMPTLY_CUDA_GEMV=float timeout 120 $P bench model -m "$f" --device cuda -p 0 -n 128 -r 3 2>&1 | tee "$out/bench-$dtype-float-gemv.log" | tail -n 5 | tee -a "$summary"
     say "$dtype with PROMPTLY_CUDA_PDL=0 (ordinary launches instead of programmatic dependent ones):"
     PROMPTLY_CUDA_PDL=0 timeout 120 $P bench model -m "$f" --device cuda -p 512 -n 128 -r 2 2>&1 | tee "$out/bench-$dtype-no-pdl.log" | tail -n 5 | tee -a "$summary"
-    say "$dtype with PROMPTLY_CUDA_FUSE=0 (rope/KV write, the attention merge and the gated activation in launches of their own):"
+    say "$dtype with PROMPTLY_CUDA_FUSE=0 (rope/KV write, the attention merge, the gated activation and a lone stream's norms in launches of their own):"
     PROMPTLY_CUDA_FUSE=0 timeout 120 $P bench model -m "$f" --device cuda -p 512 -n 128 -r 2 2>&1 | tee "$out/bench-$dtype-no-fuse.log" | tail -n 5 | tee -a "$summary"
     say "$dtype with PROMPTLY_CUDA_PREFILL_HALVES=0 (quantized weights decoded to halves on every prefill instead of once at load):"
     PROMPTLY_CUDA_PREFILL_HALVES=0 timeout 90 $P bench model -m "$f" --device cuda -p 512 -n 16 -r 2 2>&1 | tee "$out/bench-$dtype-no-halves.log" | tail -n 5 | tee -a "$summary"

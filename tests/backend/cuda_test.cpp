@@ -1190,8 +1190,10 @@ TEST(CudaModel, DependentLaunchesComputeWhatOrdinaryOnesDo) {
 }
 
 // The fused launches (rope and the KV write in the q/k/v launch, the attention merge in the
-// attention launch, the gated activation in the gate/up launch) give the logits the separate ones
-// give (PROMPTLY_CUDA_FUSE=0), bit for bit: the same arithmetic in the same order. Llama (SiLU) and
+// attention launch, the gated activation in the gate/up launch, and for a lone stream's decode
+// steps the residual add and the next norm in the o and down launches) give the logits the
+// separate ones give (PROMPTLY_CUDA_FUSE=0), bit for bit: the same arithmetic in the same order
+// (Gemma 2's sublayer output norms included). Llama (SiLU) and
 // Qwen2 (q/k/v biases) in Q4_K, Gemma 2 (GELU), Qwen3 (head norms) and Qwen3-MoE (the activation
 // in the experts' gate/up launch) in Q8_0, through the integer GEMV; decode steps and prefills (the
 // attention merge is fused at every batch size).
@@ -1218,6 +1220,10 @@ TEST(CudaModel, FusedLaunchesComputeWhatSeparateOnesDo) {
       EXPECT_NE(report.find("gate/up matmuls, gated activation"), std::string::npos) << preset << ": " << report;
     }
     EXPECT_NE(report.find("q/k/v matmuls, rope, kv write"), std::string::npos) << preset << ": " << report;
+    EXPECT_NE(report.find("attention output matmul, norm"), std::string::npos) << preset << ": " << report;
+    if (preset.find("moe") == std::string::npos) {  // the experts' FFN ends in its combine
+      EXPECT_NE(report.find("down matmul, norm"), std::string::npos) << preset << ": " << report;
+    }
   }
 }
 

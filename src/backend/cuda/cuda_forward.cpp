@@ -722,20 +722,53 @@ class CudaForward final : public DeviceForward {
     }
   }
 
+  // One matrix into tmp_ (the o or down projection; under tensor parallelism each rank's share,
+  // summed across the ranks), then add_rmsnorm's work on it: x_ += tmp_ (through delta_norm where
+  // the model norms its sublayers' outputs), xn_ = rmsnorm(x_) * weight, as int8 too where q8. For a
+  // lone decoding stream whose matrix the integer GEMV takes, that work is the GEMV launch's end
+  // (NormTail: one launch fewer on the step's critical path); otherwise a launch of its own, or
+  // none yet where norm_otherwise is false (the caller's own launch does it). Returns whether the
+  // norm was done. The profile names the stretch `stretch`, or `folded` where the norm ends the GEMV.
+  bool project_and_norm(const char* stretch, const char* folded, const MatrixView& w, const float* in, int T, Q8Out in_q8,
+                        const float* delta_norm, const float* weight, Q8Out q8, bool norm_otherwise = true) {
+    const int D = static_cast<int>(c_.n_embd);
+    if (fuse_ && !tp_ && T == 1 && integer_gemv_ && gemv_q8_takes(w.format, w.cols) && w.rows == D) {
+      profile_.mark(folded, streamed(T, {w}));
+      if (!in_q8.q) in_q8 = quantized(in, T, w.cols);
+      GemvParts parts{};
+      parts.n = 1, parts.cols = w.cols;
+      parts.part[0] = {w.data(), w.format, w.rows, tmp_.get()};
+      parts.norm = {arrivals_.get(), x_.get(), delta_norm, weight, D, c_.rms_eps, xn_.get(), q8};
+      gemv_q8(parts, in_q8.q, in_q8.scale_sum, T, compute_);
+      return true;
+    }
+    profile_.mark(stretch, streamed(T, {w}));
+    matmul({{w, tmp_.get()}}, in, T, in_q8);
+    reduce_across_ranks(T);
+    if (!norm_otherwise) return false;
+    profile_.mark("norms");
+    add_rmsnorm(x_.get(), tmp_.get(), delta_norm, weight, D, T, c_.rms_eps, xn_.get(), compute_, q8);
+    return true;
+  }
+
   bool run_layers(int T, int n_out, AttentionShape shape, DeviceKvStore& kv, const float* inv_freq,
                   const std::function<bool(std::size_t)>& stop_before) {
     const int D = static_cast<int>(c_.n_embd);
     const float embed_scale = c_.desc->embed_scale ? std::sqrt(static_cast<float>(D)) : 1.0f;
     profile_.mark("embedding");
     embed(token_embd_.view.bytes, token_embd_.view.format, D, meta_, T, embed_scale, x_.get(), compute_);
+    bool normed = false;  // the down projection's launch did the next norm (project_and_norm)
     for (std::size_t il = 0; il < c_.n_layer; ++il) {
       if (il > 0 && stop_before && stop_before(il)) return false;
       const DeviceLayer& L = layers_[il];
       // Attention sublayer (the previous FFN output joins the stream first).
       const float* prev_post = il > 0 ? layers_[il - 1].post_ffn_norm.get() : nullptr;
-      profile_.mark("norms");
       const Q8Out q8_qkv = q8_for(T, {L.wq, L.wk, L.wv});
-      add_rmsnorm(x_.get(), il > 0 ? tmp_.get() : nullptr, prev_post, L.attn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_, q8_qkv);
+      if (!normed) {
+        profile_.mark("norms");
+        add_rmsnorm(x_.get(), il > 0 ? tmp_.get() : nullptr, prev_post, L.attn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_, q8_qkv);
+      }
+      normed = false;
       const bool own_rope = L.local && inv_freq_local_.get();
       const QkvPost post{q_.get(), k_.get(), v_.get(), L.bq.get(), L.bk.get(), L.bv.get(), L.q_norm.get(), L.k_norm.get(),
                          own_rope ? inv_freq_local_.get() : inv_freq, static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv),
@@ -758,26 +791,28 @@ class CudaForward final : public DeviceForward {
       } else {
         attention(args, meta_, T, kv.desc(), compute_, q8_o);
       }
-      profile_.mark("attention output matmul", streamed(T, {L.wo}));
-      matmul({{L.wo, tmp_.get()}}, attn_.get(), T, q8_o);
-      reduce_across_ranks(T);  // each rank's heads' share of the output
-      // FFN sublayer.
-      profile_.mark("norms");
+      // The output projection (each rank's heads' share), then the FFN sublayer's norm.
       const bool routed_here = moe_on_device_ && T <= kGemvMaxTokens;
       const Q8Out q8_gate_up = !c_.is_moe() ? q8_for(T, {L.gate, L.up}) : routed_here ? q8_for(T, {L.exp_gate.each[0], L.exp_up.each[0]}) : Q8Out{};
-      add_rmsnorm(x_.get(), tmp_.get(), L.post_attn_norm.get(), L.ffn_norm.get(), D, T, c_.rms_eps, xn_.get(), compute_, q8_gate_up);
+      project_and_norm("attention output matmul", "attention output matmul, norm", L.wo, attn_.get(), T, q8_o, L.post_attn_norm.get(),
+                       L.ffn_norm.get(), q8_gate_up);
       if (c_.is_moe()) {
         routed_here ? moe_ffn_on_device(L, T, q8_gate_up) : moe_ffn(L, T);
         reduce_across_ranks(T);  // each rank's expert columns' share
         continue;
       }
       const Q8Out q8_down = gate_up_activation(L, T, q8_gate_up);
-      profile_.mark("down matmul", streamed(T, {L.down}));
-      matmul({{L.down, tmp_.get()}}, gate_.get(), T, q8_down);
-      reduce_across_ranks(T);  // each rank's FFN columns' share
+      // Each rank's FFN columns' share, then the next layer's norm (or the output norm).
+      const bool last = il + 1 == c_.n_layer;
+      const Q8Out q8_next = last ? Q8Out{} : q8_for(T, {layers_[il + 1].wq, layers_[il + 1].wk, layers_[il + 1].wv});
+      const float* next_weight = last ? output_norm_.get() : layers_[il + 1].attn_norm.get();
+      normed = project_and_norm("down matmul", "down matmul, norm", L.down, gate_.get(), T, q8_down, L.post_ffn_norm.get(), next_weight, q8_next,
+                                false);
     }
-    profile_.mark("norms");
-    add_rmsnorm(x_.get(), tmp_.get(), layers_.back().post_ffn_norm.get(), output_norm_.get(), D, T, c_.rms_eps, xn_.get(), compute_);
+    if (!normed) {
+      profile_.mark("norms");
+      add_rmsnorm(x_.get(), tmp_.get(), layers_.back().post_ffn_norm.get(), output_norm_.get(), D, T, c_.rms_eps, xn_.get(), compute_);
+    }
     profile_.mark("output matmul", streamed(n_out, {output_tied_ ? token_embd_.view : output_.view}));
     gather_rows(xn_.get(), out_rows_, n_out, D, out_x_.get(), compute_);
     if (n_out > 0) matmul({{output_tied_ ? token_embd_.view : output_.view, logits_.get()}}, out_x_.get(), n_out);

@@ -125,25 +125,28 @@ __device__ __forceinline__ void warp_quantize_q8(float v, std::size_t b, bool st
   if (lane == 0) out.scale_sum[b] = make_float2(d, d * static_cast<float>(sum));
 }
 
-__global__ void add_rmsnorm_kernel(float* x, const float* delta, const float* delta_norm, const float* weight, int d, float eps,
-                                   float* out, Q8Out q8) {
-  dependent_launch_prologue();
-  float* xt = x + static_cast<std::size_t>(blockIdx.x) * d;
+// add_rmsnorm's work for token t, by the whole block (its own kernel: a block a token; a GEMV's
+// NormTail: the launch's last block). delta is read past L1 (__ldcg): other blocks of a GEMV launch
+// wrote it. The same sums in the same order for the same block size: add_rmsnorm launches
+// kGemvWarps warps a block, as the GEMV does, so that the two give the same bits.
+__device__ void add_rmsnorm_row(int t, float* x, const float* delta, const float* delta_norm, const float* weight, int d, float eps,
+                                float* out, const Q8Out& q8) {
+  float* xt = x + static_cast<std::size_t>(t) * d;
   if (delta) {
-    const float* dt = delta + static_cast<std::size_t>(blockIdx.x) * d;
+    const float* dt = delta + static_cast<std::size_t>(t) * d;
     float delta_scale = 1.0f;
     if (delta_norm) {
       float ss = 0.0f;
-      for (int i = threadIdx.x; i < d; i += blockDim.x) ss += dt[i] * dt[i];
+      for (int i = threadIdx.x; i < d; i += blockDim.x) ss += __ldcg(dt + i) * __ldcg(dt + i);
       delta_scale = rsqrtf(block_sum(ss) / d + eps);
     }
-    for (int i = threadIdx.x; i < d; i += blockDim.x) xt[i] += delta_norm ? dt[i] * delta_scale * delta_norm[i] : dt[i];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) xt[i] += delta_norm ? __ldcg(dt + i) * delta_scale * delta_norm[i] : __ldcg(dt + i);
   }
   __syncthreads();
   float ss = 0.0f;
   for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xt[i] * xt[i];
   const float scale = rsqrtf(block_sum(ss) / d + eps);
-  float* ot = out + static_cast<std::size_t>(blockIdx.x) * d;
+  float* ot = out + static_cast<std::size_t>(t) * d;
   if (!q8.q) {
     for (int i = threadIdx.x; i < d; i += blockDim.x) ot[i] = xt[i] * scale * weight[i];
     return;
@@ -154,8 +157,14 @@ __global__ void add_rmsnorm_kernel(float* x, const float* delta, const float* de
     const bool in = i < d;
     const float v = in ? xt[i] * scale * weight[i] : 0.0f;
     if (in) ot[i] = v;
-    warp_quantize_q8(v, (static_cast<std::size_t>(blockIdx.x) * d + i) / kWarp, in, q8);
+    warp_quantize_q8(v, (static_cast<std::size_t>(t) * d + i) / kWarp, in, q8);
   }
+}
+
+__global__ void add_rmsnorm_kernel(float* x, const float* delta, const float* delta_norm, const float* weight, int d, float eps,
+                                   float* out, Q8Out q8) {
+  dependent_launch_prologue();
+  add_rmsnorm_row(blockIdx.x, x, delta, delta_norm, weight, d, eps, out, q8);
 }
 
 // The GEMV kernels' end: y[t][row] = the warp's sum of acc[t], for each token (every warp takes
@@ -430,12 +439,19 @@ __device__ __forceinline__ GemvBlock gemv_q8_block(const GemvParts& parts, const
   return which;
 }
 
+// kNormTail: the launch ends with parts.norm's work (a template parameter, so that the other
+// launches keep their registers).
+template <bool kNormTail>
 __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_parts_kernel(GemvParts parts, const std::int8_t* xq, const float2* xds, int T) {
   dependent_launch_prologue();
   const GemvBlock which = gemv_q8_block(parts, xq, xds, T);
   if (parts.gated.arrivals) {
     const int group = which.block_in_part * kGemvWarps / kWarp;
     gated_tail(parts.gated, parts.gated.arrivals + group, parts.part[0].y, parts.part[1].y, parts.part[0].rows, group, T, parts.gated.q8);
+  }
+  const NormTail& norm = parts.norm;
+  if (kNormTail && last_to_arrive(norm.arrivals, static_cast<int>(gridDim.x))) {
+    add_rmsnorm_row(0, norm.x, parts.part[0].y, norm.delta_norm, norm.weight, norm.d, norm.eps, norm.out, norm.q8);
   }
 }
 
@@ -1191,7 +1207,7 @@ void embed(const std::uint8_t* table, WeightFormat format, int d, const StepMeta
 
 void add_rmsnorm(float* x, const float* delta, const float* delta_norm, const float* weight, int d, int T, float eps, float* out,
                  cudaStream_t stream, const Q8Out& q8) {
-  launch(add_rmsnorm_kernel, T, 256, 0, stream, x, delta, delta_norm, weight, d, eps, out, d % kWarp == 0 ? q8 : Q8Out{});
+  launch(add_rmsnorm_kernel, T, kGemvWarps * kWarp, 0, stream, x, delta, delta_norm, weight, d, eps, out, d % kWarp == 0 ? q8 : Q8Out{});
 }
 
 void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const float* x, int T, float* y, cudaStream_t stream) {
@@ -1233,12 +1249,20 @@ void gemv_q8(const GemvParts& parts, const std::int8_t* q, const float2* scale_s
   if (parts.gated.q8.q && (parts.part[0].rows % kWarp || parts.gated.q8.q == q)) {
     throw Error("internal: gemv_q8's gated activation writes int8 for rows of a multiple of 32, not over its own input");
   }
+  if (parts.norm.arrivals && (parts.n != 1 || T != 1 || parts.part[0].rows != parts.norm.d || (parts.norm.q8.q && parts.norm.d % kWarp))) {
+    throw Error("internal: gemv_q8's norm tail takes one part of d rows, one token, and int8 for d a multiple of 32");
+  }
   unsigned blocks = 0;
   for (int p = 0; p < parts.n; ++p) {
     if (!gemv_q8_takes(parts.part[p].format, parts.cols)) return;
     blocks += blocks_for(static_cast<std::size_t>(parts.part[p].rows), kGemvWarps);
   }
-  if (blocks > 0) launch(gemv_q8_parts_kernel, blocks, kGemvWarps * kWarp, 0, stream, parts, q, scale_sum, T);
+  if (blocks == 0) return;
+  if (parts.norm.arrivals) {
+    launch(gemv_q8_parts_kernel<true>, blocks, kGemvWarps * kWarp, 0, stream, parts, q, scale_sum, T);
+  } else {
+    launch(gemv_q8_parts_kernel<false>, blocks, kGemvWarps * kWarp, 0, stream, parts, q, scale_sum, T);
+  }
 }
 
 void route_experts(const float* logits, int T, int n_expert, int k, bool softmax_over_all, const ExpertRoutes& routes, cudaStream_t stream) {

@@ -108,11 +108,25 @@ struct GatedTail {
   Q8Out q8;
   bool gelu = false;
 };
+// With arrivals (one part, whose y is `delta`, and T == 1): the launch ends with add_rmsnorm's work
+// on its output, by the last block to be done (the o and down projections of a lone decoding
+// stream: one launch fewer a sublayer on its critical path). The counter is left zero.
+struct NormTail {
+  int* arrivals = nullptr;
+  float* x;
+  const float* delta_norm;
+  const float* weight;
+  int d;
+  float eps;
+  float* out;
+  Q8Out q8;
+};
 struct GemvParts {
   GemvPart part[3];
   int n;
   int cols;
   GatedTail gated;
+  NormTail norm;
 };
 void gemv_q8(const GemvParts& parts, const std::int8_t* q, const float2* scale_sum, int T, cudaStream_t stream);
 // The counters a fused launch needs (gemv_q8 with a GatedTail over `rows`, attention with
