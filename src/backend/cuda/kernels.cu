@@ -716,6 +716,23 @@ __device__ QueryView query_view(const StepMeta& meta, int t, int window) {
   return v;
 }
 
+// A query-key dot product as the softmax takes it: scaled, then Gemma 2's soft cap where set.
+__device__ __forceinline__ float attention_score(const AttentionArgs& a, float dot) {
+  const float score = dot * a.scale;
+  return a.softcap > 0.0f ? a.softcap * tanhf(score / a.softcap) : score;
+}
+
+// What a tile scans: the union [x, y) of its rows' spans (every position of it in the sequence's
+// table: pack_step's tiles are of one sequence and one tree context); each row keeps its own view.
+__device__ int2 tile_span(const StepMeta& meta, int first_token, int n_tokens, int window) {
+  int begin = INT_MAX, end = 0;
+  for (int r = 0; r < n_tokens; ++r) {
+    const QueryView v = query_view(meta, first_token + r, window);
+    begin = min(begin, v.first), end = max(end, v.end);
+  }
+  return make_int2(begin, end);
+}
+
 // One block (4 warps) per (token, head, split); each warp walks every 4th position of the split
 // with its own running softmax, and the warps' states merge at the end.
 constexpr int kAttentionWarps = 4;
@@ -792,8 +809,7 @@ __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(Atte
     }
     const float sum = warp_sum(dot);
     if (!valid) continue;
-    float score = sum * a.scale;
-    if (a.softcap > 0.0f) score = a.softcap * tanhf(score / a.softcap);
+    const float score = attention_score(a, sum);
     const float m_new = fmaxf(m, score);
     const float correction = __expf(m - m_new), w = __expf(score - m_new);
     l = l * correction + w;
@@ -874,13 +890,8 @@ __global__ void __launch_bounds__(kTileWarps * kWarp) attention_tiles_kernel(Att
     const int r = i / hd;
     queries[i] = r < n_tokens ? a.q[(static_cast<std::size_t>(first_token + r) * a.n_head + h) * hd + i % hd] : 0.0f;
   }
-  // The tile scans the union of its rows' spans (every position of it in the sequence's table:
-  // pack_step's tiles are of one sequence and one tree context); each row keeps to its own view.
-  int begin = INT_MAX, end = 0;
-  for (int r = 0; r < n_tokens; ++r) {
-    const QueryView v = query_view(meta, first_token + r, a.window);
-    begin = min(begin, v.first), end = max(end, v.end);
-  }
+  const int2 span = tile_span(meta, first_token, n_tokens, a.window);
+  const int begin = span.x, end = span.y;
   QueryView view[kTileRowsPerWarp];
   float m[kTileRowsPerWarp], l[kTileRowsPerWarp];
   float2 acc[kTileRowsPerWarp][kTilePairsPerLane];
@@ -927,8 +938,7 @@ __global__ void __launch_bounds__(kTileWarps * kWarp) attention_tiles_kernel(Att
 #pragma unroll
     for (int i = 0; i < kTileRowsPerWarp; ++i) {
       const bool seen = view[i].sees(pos);
-      float score = s[i] * a.scale;
-      if (a.softcap > 0.0f) score = a.softcap * tanhf(score / a.softcap);
+      const float score = attention_score(a, s[i]);
       const float m_new = fmaxf(m[i], warp_max(seen ? score : -FLT_MAX));
       const float w = seen ? __expf(score - m_new) : 0.0f, correction = __expf(m[i] - m_new);
       l[i] = l[i] * correction + warp_sum(w);
@@ -1046,12 +1056,8 @@ __global__ void __launch_bounds__(kTileWarps * kWarp) attention_tiles_mma_kernel
     const int r = i / hd, d = i % hd;
     queries[r * kMmaStride + d] = __float2half(r < n_tokens ? a.q[(static_cast<std::size_t>(first_token + r) * a.n_head + h) * hd + d] : 0.0f);
   }
-  // The union of the rows' spans, as attention_tiles_kernel scans it; each row keeps its own view.
-  int begin = INT_MAX, end = 0;
-  for (int r = 0; r < n_tokens; ++r) {
-    const QueryView v = query_view(meta, first_token + r, a.window);
-    begin = min(begin, v.first), end = max(end, v.end);
-  }
+  const int2 span = tile_span(meta, first_token, n_tokens, a.window);
+  const int begin = span.x, end = span.y;
   // A lane's scores: row lane / 2, keys 8 * (lane % 2) to 8 more of each chunk.
   const int row = lane / 2, key0 = (kMmaKeys / 2) * (lane % 2);
   const QueryView view = row < n_tokens ? query_view(meta, first_token + row, a.window) : QueryView{};
@@ -1068,10 +1074,6 @@ __global__ void __launch_bounds__(kTileWarps * kWarp) attention_tiles_mma_kernel
   // Every warp takes the same turns (the last ones may find no position past `end`): the shuffles
   // and warp barriers then line up across the block, as CPU runtimes of this code need.
   const int turns = (end - begin + kTileWarps * kMmaKeys - 1) / (kTileWarps * kMmaKeys);
-  const auto scaled = [&](float s) {
-    s *= a.scale;
-    return a.softcap > 0.0f ? a.softcap * tanhf(s / a.softcap) : s;
-  };
   // First pass: each row's largest score and softmax sum over this warp's chunks.
   float m = -FLT_MAX, l = 0.0f;
   for (int turn = 0; turn < turns; ++turn) {
@@ -1085,7 +1087,7 @@ __global__ void __launch_bounds__(kTileWarps * kWarp) attention_tiles_mma_kernel
 #pragma unroll
     for (int j = 0; j < kMmaKeys / 2; ++j) {
       const bool seen = view.sees(k0 + key0 + j);
-      s[j] = seen ? scaled(my_scores[row * kMmaKeys + key0 + j]) : -FLT_MAX;
+      s[j] = seen ? attention_score(a, my_scores[row * kMmaKeys + key0 + j]) : -FLT_MAX;
       top = fmaxf(top, s[j]);
     }
     const float m_new = fmaxf(m, fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1)));
@@ -1116,7 +1118,7 @@ __global__ void __launch_bounds__(kTileWarps * kWarp) attention_tiles_mma_kernel
 #pragma unroll
     for (int j = 0; j < kMmaKeys / 2; ++j) {
       const bool seen = view.sees(k0 + key0 + j);
-      weights[warp][row * kMmaKeys + key0 + j] = __float2half(seen ? __expf(scaled(my_scores[row * kMmaKeys + key0 + j]) - top) : 0.0f);
+      weights[warp][row * kMmaKeys + key0 + j] = __float2half(seen ? __expf(attention_score(a, my_scores[row * kMmaKeys + key0 + j]) - top) : 0.0f);
     }
     __syncwarp();
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> p;
