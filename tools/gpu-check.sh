@@ -110,6 +110,10 @@ for spec in "Q4_K_M 0 300" "F16 $slice 120"; do
   if [ "$dtype" = Q4_K_M ]; then  # decode's products on the float kernel instead of the integer one, for the ratio
     say "$dtype with PROMPTLY_CUDA_GEMV=float:"
     PROMPTLY_CUDA_GEMV=float timeout 120 $P bench model -m "$f" --device cuda -p 0 -n 128 -r 3 2>&1 | tee "$out/bench-$dtype-float-gemv.log" | tail -n 5 | tee -a "$summary"
+    say "$dtype decode drawing as a default request does (--sample: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), against greedy above; then the sampler's stretch of a step:"
+    timeout 90 $P bench model -m "$f" --device cuda -p 0 -n 128 -r 3 --sample 2>&1 | tee "$out/bench-$dtype-sampled.log" | tail -n 5 | tee -a "$summary"
+    PROMPTLY_CUDA_PROFILE=1 timeout 90 $P bench model -m "$f" --device cuda -p 0 -n 32 -r 1 --sample 2>&1 | tee "$out/profile-$dtype-sampled.log" |
+      grep -E '^GPU profile|sampling' | tee -a "$summary"
     say "$dtype with PROMPTLY_CUDA_PDL=0 (ordinary launches instead of programmatic dependent ones):"
     PROMPTLY_CUDA_PDL=0 timeout 120 $P bench model -m "$f" --device cuda -p 512 -n 128 -r 2 2>&1 | tee "$out/bench-$dtype-no-pdl.log" | tail -n 5 | tee -a "$summary"
     say "$dtype with PROMPTLY_CUDA_FUSE=0 (rope/KV write, the attention merge, the gated activation and a lone stream's norms in launches of their own):"

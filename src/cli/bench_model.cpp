@@ -17,6 +17,7 @@
 #include "kernels/cpu.h"
 #include "kernels/matmul.h"
 #include "model/model.h"
+#include "sampling/sampler.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/process.h"
@@ -173,14 +174,19 @@ int bench_model(const BenchModelOptions& o) {
       Batch batch;
       const parallel::Communicator::Totals tp_before = tp ? tp->totals() : parallel::Communicator::Totals{};
       const auto t0 = SteadyClock::now();
-      // On a device the step's token is drawn there, as the engine has it drawn (greedy): its row
-      // of logits never comes back.
-      backend::DeviceSampling greedy;
-      greedy.draws.push_back({0, 0.0f, 0, 1.0f, 0.0f, 0.0});
+      // On a device the step's token is drawn there, as the engine has it drawn: its row of logits
+      // never comes back. Greedy unless --sample; the CPU takes no time to pick the largest logit
+      // (the engine's argmax is noise beside a step), but draws with the sampler the engine uses.
+      const SamplingParams params = o.sample ? SamplingParams{} : SamplingParams{.temperature = 0.0f};
+      Sampler sampler(params);
+      backend::DeviceSampling draw;
       for (int i = 0; i < o.n_gen; ++i) {
         batch.clear();
         batch.add(tok(rng), at(i), 0, true);
-        model.forward(batch, cache, pool, logits, {}, model.samples_on_device() ? &greedy : nullptr);
+        draw.draws.assign(1, {0, params.temperature, params.top_k, params.top_p, params.min_p, o.sample ? sampler.next_uniform() : 0.0});
+        if (o.sample) sampler.skip_uniform();
+        model.forward(batch, cache, pool, logits, {}, model.samples_on_device() ? &draw : nullptr);
+        if (o.sample && !model.samples_on_device()) sampler.sample(logits.data(), c.n_vocab, {});
       }
       const double seconds = seconds_since(t0);
       tg_tps.push_back(o.n_gen / seconds);
@@ -206,7 +212,7 @@ int bench_model(const BenchModelOptions& o) {
       {"model", o.model}, {"type", type}, {"file_mb", file_mb}, {"params_m", static_cast<double>(params) / 1e6},
       {"active_params_m", static_cast<double>(active_params) / 1e6},
       {"threads", threads}, {"tp", o.tp}, {"device", backend::to_string(device)}, {"tg_tp_collectives_per_token", tg_tp_collectives},
-      {"tg_tp_collective_share", tg_tp_share.empty() ? 0.0 : stats(tg_tp_share).median}, {"isa", kernels::isa_name(kernels::active_isa())}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"depth", o.depth},
+      {"tg_tp_collective_share", tg_tp_share.empty() ? 0.0 : stats(tg_tp_share).median}, {"isa", kernels::isa_name(kernels::active_isa())}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"sampled", o.sample}, {"depth", o.depth},
       {"repetitions", o.repetitions}, {"pp_tps", {{"mean", pp.mean}, {"stddev", pp.stddev}, {"median", pp.median}}},
       {"tg_tps", {{"mean", tg.mean}, {"stddev", tg.stddev}, {"median", tg.median}}},
       {"read_bandwidth_gbs", bandwidth}, {"weight_bytes_per_token", weight_bytes}, {"tg_floor_tps", tg_floor},
@@ -224,8 +230,8 @@ int bench_model(const BenchModelOptions& o) {
     return 0;
   }
   const std::string at_depth = o.depth > 0 ? " @ d" + std::to_string(o.depth) : "";
-  std::printf("| model | type | size MB | threads | isa | pp%d%s t/s | tg%d%s t/s | read GB/s | tg floor t/s | tg / floor | pp / int8 peak | peak RSS MB |\n",
-              o.n_prompt, at_depth.c_str(), o.n_gen, at_depth.c_str());
+  std::printf("| model | type | size MB | threads | isa | pp%d%s t/s | tg%d%s%s t/s | read GB/s | tg floor t/s | tg / floor | pp / int8 peak | peak RSS MB |\n",
+              o.n_prompt, at_depth.c_str(), o.n_gen, at_depth.c_str(), o.sample ? " sampled" : "");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::printf("| %s | %s | %.0f | %d | %s | %.1f ± %.1f | %.1f ± %.1f | %.1f | %.1f | %.0f%% | %.1f%% | %.0f |\n", o.model.c_str(),
               type.c_str(), file_mb, threads, kernels::isa_name(kernels::active_isa()), pp.mean, pp.stddev, tg.mean, tg.stddev, bandwidth,

@@ -165,6 +165,7 @@ struct BenchModelOptions {
   double int8_peak_tops = 1.9;  // this machine's int8 VNNI peak (2 cores), the prefill reference
   double device_peak_tflops = 989;  // --device cuda: the GPU's dense FP16/BF16 tensor peak (H100/H200 SXM)
   int tp = 1;                   // tensor-parallel ranks (started by mpirun -n tp)
+  bool sample = false;          // decode draws its tokens as a default request does (SamplingParams), not greedily
   bool json = false;
   std::string device = "cpu";   // --device: cpu, cuda or cuda:N
 };

@@ -32,6 +32,8 @@ thread_local bool t_dependent_launches = false;
 
 template <typename... Params, typename... Args>
 void launch_as(bool dependent, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t stream, Args... args) {
+  // No blocks is nothing to do, where a GPU would fail the launch (an invalid configuration).
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   if (!dependent) {
     kernel<<<grid, block, shared, stream>>>(args...);
     return;
@@ -1398,6 +1400,13 @@ __global__ void count_kernel(int* counter) {
 }  // namespace
 
 bool dependent_launches_work(cudaStream_t stream) {
+  // The kernels wait for the grid before them only where they were compiled for sm_90 or later
+  // (dependent_launch_prologue): a binary built for older GPUs only (CMAKE_CUDA_ARCHITECTURES=80),
+  // its PTX compiled for this GPU when loaded, would start each kernel before the previous one's
+  // writes were seen. Its counter test could still pass (count_kernel lets nothing overlap), so the
+  // code this GPU runs is asked which architecture it was compiled for.
+  cudaFuncAttributes compiled{};
+  if (cudaFuncGetAttributes(&compiled, count_kernel) != cudaSuccess || compiled.ptxVersion < 90) return cudaGetLastError(), false;
   int* counter = nullptr;
   if (cudaMalloc(&counter, sizeof(int)) != cudaSuccess) return cudaGetLastError(), false;
   bool ok = cudaMemsetAsync(counter, 0, sizeof(int), stream) == cudaSuccess;

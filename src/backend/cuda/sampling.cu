@@ -18,7 +18,7 @@ constexpr int kWarp = 32;
 constexpr int kWarps = kThreads / kWarp;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kDigits = 256;
-// Copies of the select histogram, a warp writing to one of them: the first byte of most logits is
+// Copies of the select histograms, a warp writing to one of them: the first byte of most logits is
 // one of a few values, and a single copy would have every thread of the block add to one address.
 constexpr int kHistCopies = 4;
 
@@ -42,7 +42,8 @@ struct Head {
 constexpr Head kWholeRow{0, INT_MAX};
 
 struct Shared {
-  double hist[kHistCopies][kDigits];
+  double hist[kHistCopies][kDigits];      // top-p's weights
+  unsigned counts[kHistCopies][kDigits];  // top-k's counts
   double warp_totals[kWarps];
   float warp_best[kWarps];
   int warp_best_id[kWarps];
@@ -86,10 +87,11 @@ __device__ double block_exclusive_scan(double v, Shared& sh, double& total) {
 
 // What a select weighs each token by: 1 (top-k counts tokens) or its probability's numerator
 // e^(logit - max) (top-p).
-struct ByCount {
-  __device__ double operator()(float) const { return 1.0; }
+struct ByCount {  // counted by count_digits
+  static constexpr bool kCounts = true;
 };
 struct ByMass {
+  static constexpr bool kCounts = false;
   float max_logit;
   __device__ double operator()(float v) const { return expf(v - max_logit); }
 };
@@ -101,6 +103,26 @@ struct Selected {
   double at;       // and of those with this key
 };
 
+// Top-k's counts of the keys of `within`'s tokens under `prefix` by their byte at `shift`. Most of
+// a row's keys share their first byte or two: the lanes of a warp that fall in one bucket add to
+// it once, by their number (__match_any_sync), where one add each would queue 32 adds to one
+// address, and the counts are integers, which shared memory adds natively (a double's add is a
+// compare-and-swap loop there).
+__device__ void count_digits(const float* row, int n, Head within, unsigned prefix, unsigned mask, int shift, unsigned* counts) {
+  const int lane = threadIdx.x % kWarp;
+  // Every warp takes the same turns (the last may find no token), as CPU runtimes of this code need.
+  for (int base = 0; base < n; base += blockDim.x) {
+    const int i = base + static_cast<int>(threadIdx.x);
+    int digit = -1;  // none: past the row, or not in the head
+    if (i < n) {
+      const unsigned k = order_key(row[i]);
+      if ((k & mask) == prefix && within.holds(k, i)) digit = static_cast<int>((k >> shift) & 0xff);
+    }
+    const unsigned peers = __match_any_sync(kFullMask, digit);
+    if (digit >= 0 && lane == __ffs(peers) - 1) atomicAdd(&counts[digit], static_cast<unsigned>(__popc(peers)));
+  }
+}
+
 // Walking down the keys of `within`'s tokens, largest first, adding each token's weight: the key
 // at which the running weight first reaches `target` (weight above it < target <= weight above it
 // and at it). Four passes, each fixing one more byte of the key.
@@ -109,14 +131,18 @@ __device__ Selected select_key(const float* row, int n, Head within, Weight weig
   unsigned prefix = 0, mask = 0;
   double above = 0;  // thread 0's
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < kHistCopies * kDigits; i += blockDim.x) (&sh.hist[0][0])[i] = 0;
+    for (int i = threadIdx.x; i < kHistCopies * kDigits; i += blockDim.x) (&sh.hist[0][0])[i] = 0, (&sh.counts[0][0])[i] = 0;
     __syncthreads();
-    double* hist = sh.hist[(threadIdx.x / kWarp) % kHistCopies];
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const float v = row[i];
-      const unsigned k = order_key(v);
-      if ((k & mask) != prefix || !within.holds(k, i)) continue;
-      atomicAdd(&hist[(k >> shift) & 0xff], weight(v));
+    const int copy = (threadIdx.x / kWarp) % kHistCopies;
+    if constexpr (Weight::kCounts) {
+      count_digits(row, n, within, prefix, mask, shift, sh.counts[copy]);
+    } else {
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = row[i];
+        const unsigned k = order_key(v);
+        if ((k & mask) != prefix || !within.holds(k, i)) continue;
+        atomicAdd(&sh.hist[copy][(k >> shift) & 0xff], weight(v));
+      }
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -124,7 +150,7 @@ __device__ Selected select_key(const float* row, int n, Head within, Weight weig
       double h = 0, lowest_h = 0;
       for (int d = kDigits - 1; d >= 0; --d) {
         h = 0;
-        for (int c = 0; c < kHistCopies; ++c) h += sh.hist[c][d];
+        for (int c = 0; c < kHistCopies; ++c) h += sh.hist[c][d] + sh.counts[c][d];  // one of the two is 0
         if (h <= 0) continue;
         if (above + h >= target) {
           digit = d;
