@@ -125,6 +125,9 @@ for spec in "Q4_K_M 0 300" "F16 $slice 120"; do
     say "$dtype with PROMPTLY_CUDA_ATTENTION_MMA=0 (the tiles' products in float on the CUDA cores instead of the tensor cores):"
     PROMPTLY_CUDA_ATTENTION_MMA=0 timeout 90 $P bench model -m "$f" --device cuda -p 512 -n 16 -r 2 2>&1 | tee "$out/bench-$dtype-no-mma.log" | tail -n 5 | tee -a "$summary"
   fi
+  # Both shapes: the kept halves (Q4_K_M) and the F16 file's own bytes take the joined GEMM.
+  say "$dtype with PROMPTLY_CUDA_JOINED_QKV=0 (prefill's q, k and v products as three GEMMs instead of one):"
+  PROMPTLY_CUDA_JOINED_QKV=0 timeout 90 $P bench model -m "$f" --device cuda -p 512 -n 16 -r 3 2>&1 | tee "$out/bench-$dtype-three-qkv-gemms.log" | tail -n 5 | tee -a "$summary"
   rm -f "$f"
 done
 

@@ -1319,6 +1319,34 @@ TEST(CudaModel, KeptHalvesPrefillAsDecodingThemOnEveryPassDoes) {
   EXPECT_NE(read.find("prefill: cuBLAS GEMMs"), std::string::npos) << read;
 }
 
+// Prefill's q/k/v products in one GEMM over wq, wk and wv one under the other (F16 files' bytes, kept
+// halves of quantized ones) give what three GEMMs give (PROMPTLY_CUDA_JOINED_QKV=0): biases (Qwen2),
+// head norms (Qwen3) and rope read from the joined rows. F32 files keep three GEMMs in FP32.
+TEST(CudaModel, JoinedQkvGemmComputesWhatThreeGemmsDo) {
+  REQUIRE_GPU();
+  test::TempDir tmp;
+  ThreadPool pool(2);
+  const std::pair<const char*, DType> models[] = {{"tiny", DType::F16}, {"tiny-qwen2", DType::F16}, {"tiny-qwen3", DType::F16},
+                                                  {"tiny", DType::Q4_K}, {"tiny-qwen2", DType::Q8_0}, {"tiny", DType::F32}};
+  for (const auto& [preset, type] : models) {
+    const std::string what = std::string(preset) + " " + std::string(dtype_name(type));
+    const auto file = gguf::File::open(write_preset(tmp, preset, type, pool));
+    const std::unique_ptr<Model> three = gpu_model_with(file, {{"PROMPTLY_CUDA_JOINED_QKV", "0"}});
+    const std::unique_ptr<Model> joined = gpu_model_with(file, {});
+    EXPECT_EQ(three->device()->name().find("q/k/v in one GEMM"), std::string::npos) << three->device()->name();
+    EXPECT_EQ(joined->device()->name().find("prefill q/k/v in one GEMM") != std::string::npos, type != DType::F32)
+        << what << ": " << joined->device()->name();
+    std::mt19937 rng(21);
+    const std::vector<std::int32_t> prompt = random_prompt(rng, 37);
+    const Greedy want = run_greedy(*three, prompt, 4, pool), got = run_greedy(*joined, prompt, 4, pool);
+    EXPECT_EQ(got.tokens, want.tokens) << what;
+    for (std::size_t step = 0; step < want.logits.size(); ++step) {
+      EXPECT_LT(relative_error(got.logits[step], std::vector<double>(want.logits[step].begin(), want.logits[step].end())), 1e-5)
+          << what << " step " << step;
+    }
+  }
+}
+
 // A token tree after a prompt (two first-level nodes, branches of depth 2 and 3): each node's logits
 // as the CPU's, so each sees its context and its own ancestors, never a sibling's branch.
 std::vector<std::vector<float>> tree_logits(const Model& model, ThreadPool& pool) {

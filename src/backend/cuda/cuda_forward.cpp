@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <iterator>
 #include <map>
 #include <string>
 #include <tuple>
@@ -86,6 +87,11 @@ struct DeviceExperts {
 
 struct DeviceLayer {
   DeviceMatrix wq, wk, wv, wo, gate, up, down;
+  // wq, wk and wv one under the other, as halves (F16 files' bytes, or the kept halves), for
+  // prefill's one GEMM of the three; rows 0 where they are not.
+  MatrixView qkv;
+  DeviceBuffer<std::uint8_t> qkv_bytes;  // F16 wq, wk and wv uploaded together (their views point here)
+  DeviceBuffer<__half> qkv_halves;       // their kept halves (keep_prefill_halves)
   DeviceMatrix router;                                // mixture of experts: n_expert rows
   DeviceExperts exp_gate, exp_up, exp_down;
   DeviceBuffer<float> attn_norm, ffn_norm, post_attn_norm, post_ffn_norm, q_norm, k_norm, bq, bk, bv;
@@ -140,6 +146,11 @@ class CudaForward final : public DeviceForward {
     // PROMPTLY_CUDA_ATTENTION_TILES=0 keeps them on the per-token kernel, for comparing the two
     // (tools/gpu-check.sh).
     attention_tiles_ = !env_is("PROMPTLY_CUDA_ATTENTION_TILES", "0") && attention_tiles_take(static_cast<int>(c_.head_dim));
+    // Prefill's q, k and v products in one GEMM where wq, wk and wv lie one under the other as
+    // halves (F16 files, kept halves): k and v are a quarter of q's rows each for grouped heads,
+    // too few output tiles alone to fill the GPU; PROMPTLY_CUDA_JOINED_QKV=0 runs three GEMMs, for
+    // comparing the two (tools/gpu-check.sh).
+    joined_qkv_ = !env_is("PROMPTLY_CUDA_JOINED_QKV", "0");
     // PROMPTLY_CUDA_PROFILE=1: each pass's time by stretch of kernels (step_profile.h), graphs off.
     if (env_is("PROMPTLY_CUDA_PROFILE", "1")) {
       profile_.enable();
@@ -176,7 +187,8 @@ class CudaForward final : public DeviceForward {
     const bool halves_kept = keep_prefill_halves();
     name_ += std::string(" (") + props.name + "; " + (use_graphs_ ? "graphs" : "no graphs") +
              (dependent_launches_ ? ", dependent launches" : "") + (halves_kept ? "; prefill from kept halves" : "") +
-             (attention_mma_ ? "; prefill attention on tensor cores" : "") + ")";
+             (attention_mma_ ? "; prefill attention on tensor cores" : "") +
+             (joined_qkv_ && !layers_.empty() && layers_.front().qkv.rows > 0 ? "; prefill q/k/v in one GEMM" : "") + ")";
   }
 
   ~CudaForward() override {
@@ -332,6 +344,34 @@ class CudaForward final : public DeviceForward {
     out.view.bytes = out.bytes.get();
     weight_bytes_ += bytes;
   }
+  // wq, wk and wv of F16 files in one allocation, so that prefill multiplies by them in one GEMM
+  // (joined_qkv_gemm); otherwise each on its own.
+  void upload_qkv(const LayerWeights& L, DeviceLayer& d, const std::string& blk) {
+    const kernels::WeightMatrix* parts[] = {&L.wq, &L.wk, &L.wv};
+    DeviceMatrix* outs[] = {&d.wq, &d.wk, &d.wv};
+    const char* names[] = {"attn_q", "attn_k", "attn_v"};
+    bool joined = true;
+    std::size_t total = 0;
+    for (const kernels::WeightMatrix* m : parts) {
+      joined = joined && m->data && m->type == DType::F16 && m->layout == kernels::Layout::Plain && m->cols == L.wq.cols;
+      total += m->rows * m->row_stride();
+    }
+    if (!joined) {
+      for (int i = 0; i < 3; ++i) upload(*parts[i], *outs[i], blk + names[i]);
+      return;
+    }
+    d.qkv_bytes = DeviceBuffer<std::uint8_t>(total);
+    std::size_t offset = 0;
+    for (int i = 0; i < 3; ++i) {
+      const std::size_t bytes = parts[i]->rows * parts[i]->row_stride();
+      outs[i]->view = describe(*parts[i], blk + names[i]);
+      PROMPTLY_CUDA_CHECK(cudaMemcpy(d.qkv_bytes.get() + offset, parts[i]->data, bytes, cudaMemcpyHostToDevice));
+      outs[i]->view.bytes = d.qkv_bytes.get() + offset;
+      offset += bytes;
+    }
+    weight_bytes_ += total;
+    d.qkv = {d.qkv_bytes.get(), WeightFormat::F16, d.wq.view.rows + d.wk.view.rows + d.wv.view.rows, d.wq.view.cols, nullptr};
+  }
   void upload(const std::vector<kernels::WeightMatrix>& experts, DeviceExperts& out, const std::string& what) {
     if (experts.empty()) return;
     std::vector<std::size_t> offsets;
@@ -368,7 +408,7 @@ class CudaForward final : public DeviceForward {
       const LayerWeights& L = model_.layers()[il];
       DeviceLayer& d = layers_[il];
       const std::string blk = "blk." + std::to_string(il) + ".";
-      upload(L.wq, d.wq, blk + "attn_q"), upload(L.wk, d.wk, blk + "attn_k"), upload(L.wv, d.wv, blk + "attn_v");
+      upload_qkv(L, d, blk);
       upload(L.wo, d.wo, blk + "attn_output");
       upload(L.w_gate, d.gate, blk + "ffn_gate"), upload(L.w_up, d.up, blk + "ffn_up"), upload(L.w_down, d.down, blk + "ffn_down");
       upload(L.router, d.router, blk + "ffn_gate_inp");
@@ -413,10 +453,28 @@ class CudaForward final : public DeviceForward {
     }
     if (quantized.empty() || env_is("PROMPTLY_CUDA_PREFILL_HALVES", "0")) return false;
     if (!env_is("PROMPTLY_CUDA_PREFILL_HALVES", "1") && bytes > free_memory_bytes() / 4) return false;
+    const auto decode = [&](DeviceMatrix& m, __half* to) {
+      dequantize_to_half(m.view.bytes, m.view.format, m.view.rows, m.view.cols, to, compute_);
+      m.view.halves = to;
+    };
+    for (DeviceLayer& L : layers_) {
+      // wq, wk and wv one under the other, for prefill's one GEMM of the three (joined_qkv_gemm).
+      DeviceMatrix* qkv[] = {&L.wq, &L.wk, &L.wv};
+      if (std::all_of(std::begin(qkv), std::end(qkv), [](const DeviceMatrix* m) { return m->view.bytes && !is_float_format(m->view.format); })) {
+        const int rows = L.wq.view.rows + L.wk.view.rows + L.wv.view.rows;
+        L.qkv_halves = DeviceBuffer<__half>(static_cast<std::size_t>(rows) * L.wq.view.cols);
+        std::size_t offset = 0;
+        for (DeviceMatrix* m : qkv) {
+          decode(*m, L.qkv_halves.get() + offset);
+          offset += static_cast<std::size_t>(m->view.rows) * m->view.cols;
+        }
+        L.qkv = {L.wq.view.bytes, L.wq.view.format, rows, L.wq.view.cols, L.qkv_halves.get()};
+      }
+    }
     for (DeviceMatrix* m : quantized) {
+      if (m->view.halves) continue;  // joined above
       m->halves = DeviceBuffer<__half>(static_cast<std::size_t>(m->view.rows) * m->view.cols);
-      dequantize_to_half(m->view.bytes, m->view.format, m->view.rows, m->view.cols, m->halves.get(), compute_);
-      m->view.halves = m->halves.get();
+      decode(*m, m->halves.get());
     }
     PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(compute_));
     PROMPTLY_CUDA_CHECK(cudaGetLastError());
@@ -512,6 +570,8 @@ class CudaForward final : public DeviceForward {
     moved |= attn_.reserve(t * c_.q_dim());
     moved |= k_.reserve(t * c_.kv_dim());
     moved |= v_.reserve(t * c_.kv_dim());
+    // Prefill's joined q/k/v products (never a graph's: prefill runs without).
+    if (joined_qkv_ && T > kGemvMaxTokens) moved |= qkv_.reserve(t * (c_.q_dim() + 2 * c_.kv_dim()));
     const std::size_t ffn_width = std::max<std::size_t>(c_.n_ff, c_.n_ff_expert);
     // moe_ffn_on_device's (token, expert) pairs: their FFN rows in gate_/up_, outputs in expert_y_.
     const std::size_t pairs = moe_on_device_ && T <= kGemvMaxTokens ? t * c_.n_expert_used : 0;
@@ -640,6 +700,20 @@ class CudaForward final : public DeviceForward {
       return;
     }
     profile_.mark("q/k/v matmuls", streamed(T, {L.wq, L.wk, L.wv}));
+    if (joined_qkv_ && T > kGemvMaxTokens && L.qkv.rows > 0) {
+      // One GEMM into qkv_, a token's q, k and v in one row; qkv_post reads them there and writes
+      // the rotated queries to q_.
+      bool x_in_half = false;
+      gemm(L.qkv, xn_.get(), T, qkv_.get(), x_in_half);
+      QkvPost joined = post;
+      joined.q_in = qkv_.get();
+      joined.k = qkv_.get() + L.wq.view.rows;
+      joined.v = joined.k + L.wk.view.rows;
+      joined.in_stride = L.qkv.rows;
+      profile_.mark("q/k/v post (rope, kv write)");
+      qkv_post(joined, meta_, T, kv.desc(), compute_);
+      return;
+    }
     matmul({{L.wq, q_.get()}, {L.wk, k_.get()}, {L.wv, v_.get()}}, xn_.get(), T, xn_q8);
     profile_.mark("q/k/v post (rope, kv write)");
     qkv_post(post, meta_, T, kv.desc(), compute_);
@@ -938,6 +1012,7 @@ class CudaForward final : public DeviceForward {
   std::string name_;
   int multiprocessors_ = 0;
   bool use_graphs_ = true;
+  bool joined_qkv_ = true;
   bool integer_gemv_ = true;
   bool fuse_ = true;
   bool attention_tiles_ = true;
@@ -971,6 +1046,7 @@ class CudaForward final : public DeviceForward {
   std::vector<int> written_;     // blocks_written's
   DeviceBuffer<float> x_, xn_, tmp_, q_, attn_, k_, v_, gate_, up_, out_x_, logits_, partials_;
   DeviceBuffer<__half> x_half_, w_half_;
+  DeviceBuffer<float> qkv_;  // prefill's q, k and v products from one GEMM (joined_qkv_)
   // Mixture of experts (moe_ffn): router logits, each expert's gathered input and output, the
   // routes (rows and weights, expert after expert) on the device and the host.
   DeviceBuffer<float> router_logits_, expert_x_, expert_y_;

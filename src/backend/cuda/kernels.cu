@@ -623,7 +623,8 @@ __device__ void post_head(const QkvPost& p, const StepMeta& meta, const DeviceKv
   const int lane = threadIdx.x % kWarp, hd = p.head_dim;
   const bool is_q = h < p.n_head;
   const int kh = h - p.n_head;
-  const float* src = !active ? nullptr : is_q ? p.q + (static_cast<std::size_t>(t) * p.n_head + h) * hd : p.k + (static_cast<std::size_t>(t) * p.n_head_kv + kh) * hd;
+  const std::size_t q_stride = p.in_stride ? p.in_stride : p.n_head * hd, kv_stride = p.in_stride ? p.in_stride : p.n_head_kv * hd;
+  const float* src = !active ? nullptr : is_q ? (p.q_in ? p.q_in : p.q) + t * q_stride + h * hd : p.k + t * kv_stride + kh * hd;
   const float* bias = is_q ? (p.bq ? p.bq + h * hd : nullptr) : (p.bk ? p.bk + kh * hd : nullptr);
   const float* norm = is_q ? p.q_norm : p.k_norm;
   for (int i = lane; active && i < hd; i += kWarp) head[i] = __ldcg(src + i) + (bias ? bias[i] : 0.0f);
@@ -660,7 +661,7 @@ __device__ void post_head(const QkvPost& p, const StepMeta& meta, const DeviceKv
   const std::size_t row = (static_cast<std::size_t>(kh) * kv.block_tokens + slot % kv.block_tokens) * hd;
   __half* key = const_cast<__half*>(kv_part(kv, block, p.layer, 0)) + row;
   __half* value = const_cast<__half*>(kv_part(kv, block, p.layer, 1)) + row;
-  const float* v = p.v + (static_cast<std::size_t>(t) * p.n_head_kv + kh) * hd;
+  const float* v = p.v + t * kv_stride + kh * hd;
   for (int i = lane; i < hd; i += kWarp) {
     key[i] = __float2half(head[i]);
     value[i] = __float2half(__ldcg(v + i) + (p.bv ? p.bv[kh * hd + i] : 0.0f));
@@ -1327,7 +1328,7 @@ void qkv_post(const QkvPost& p, const StepMeta& meta, int T, const DeviceKv& kv,
 }
 
 bool gemv_q8_qkv_takes(const GemvParts& parts, const QkvPost& post) {
-  if (parts.n != 3 || post.head_dim % kGemvWarps || parts.part[0].rows != post.n_head * post.head_dim) return false;
+  if (parts.n != 3 || post.head_dim % kGemvWarps || parts.part[0].rows != post.n_head * post.head_dim || post.q_in || post.in_stride) return false;
   for (int p = 0; p < 3; ++p) {
     if (!gemv_q8_takes(parts.part[p].format, parts.cols)) return false;
   }

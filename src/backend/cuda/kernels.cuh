@@ -141,7 +141,7 @@ void float_to_half(const float* x, std::size_t n, __half* out, cudaStream_t stre
 // After the q/k/v matmuls: biases, per-head norms, RoPE (angles from the positions and inv_freq),
 // keys and values stored into the paged cache at their slots; q rotated in place.
 struct QkvPost {
-  float* q;
+  float* q;  // the rotated queries, [T][n_head * head_dim]; the products too unless q_in says
   const float* k;
   const float* v;
   const float *bq, *bk, *bv;          // null: none
@@ -151,6 +151,11 @@ struct QkvPost {
   bool neox;
   float attn_factor, eps;
   int layer;
+  // Where prefill's one GEMM for the three products wrote them (a token's q, k and v in one row of
+  // in_stride floats): the queries' products at q_in, rotated into q. Null and 0: q, k and v each
+  // [T][their heads * head_dim], q rotated in place.
+  const float* q_in = nullptr;
+  int in_stride = 0;
 };
 void qkv_post(const QkvPost& p, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream);
 // The q/k/v products (gemv_q8 over parts q, k, v, whose y are post's q, k and v) with qkv_post's
