@@ -1612,6 +1612,63 @@ TEST(CudaEngine, RunReadsItsSpooledPromptBackIntoTheGpu) {
   EXPECT_EQ(cold.ids.size(), 16u);
 }
 
+// Rows the pool logged after a pass (a token tree's accepted path moved into place, copy-on-write)
+// are on the device only once replayed. A block saved for the spool before the next pass goes with
+// them in place, and a block read from the spool is not overwritten by a logged copy into it that
+// the next pass would have replayed.
+TEST(CudaKvStore, SavesAndLoadsFollowTheLoggedRowCopies) {
+  REQUIRE_GPU();
+  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
+  const std::unique_ptr<Model> on_gpu = gpu_model(file);
+  const ModelConfig& c = on_gpu->config();
+  ThreadPool pool(2);
+  KvCache cache = on_gpu->make_cache(128, KvType::F16);
+  Batch batch;
+  for (int i = 0; i < 40; ++i) batch.add(1 + (i * 29) % 400, i, 0, i + 1 == 40);
+  std::vector<float> logits;
+  on_gpu->forward(batch, cache, pool, logits);
+  KvCache::DeviceState* device = cache.device_state();
+  ASSERT_NE(device, nullptr);
+  const auto save = [&](int block) {
+    const std::shared_ptr<PendingBlock> pending = device->save_block(block);
+    EXPECT_NE(pending, nullptr);
+    const std::span<const std::uint8_t> bytes = pending ? pending->wait() : std::span<const std::uint8_t>{};
+    return std::vector<std::uint8_t>(bytes.begin(), bytes.end());
+  };
+  // A block's bytes: for each layer, keys then values, each [head][slot][element] as halves.
+  const std::size_t bt = cache.block_tokens(), hd = c.head_dim, row_bytes = hd * sizeof(std::uint16_t);
+  const std::size_t part_bytes = c.n_head_kv * bt * row_bytes;
+  const auto with_row_copied = [&](std::vector<std::uint8_t> image, std::size_t from_slot, std::size_t to_slot) {
+    for (std::size_t part = 0; part < 2 * c.n_layer; ++part) {
+      for (std::size_t kh = 0; kh < c.n_head_kv; ++kh) {
+        const std::size_t head = part * part_bytes + kh * bt * row_bytes;
+        std::copy_n(image.begin() + static_cast<std::ptrdiff_t>(head + from_slot * row_bytes), row_bytes,
+                    image.begin() + static_cast<std::ptrdiff_t>(head + to_slot * row_bytes));
+      }
+    }
+    return image;
+  };
+  const int first = cache.blocks(0)[0], second = cache.blocks(0)[1];
+  const std::vector<std::uint8_t> before = save(first);
+  ASSERT_EQ(before.size(), 2 * c.n_layer * part_bytes);
+  cache.pool().copy_row(first, 1, first, 5);  // logged, as accepting a tree's path does
+  const std::vector<std::uint8_t> moved = save(first);
+  EXPECT_NE(moved, before) << "rows 1 and 5 held the same";
+  EXPECT_EQ(moved, with_row_copied(before, 1, 5)) << "the block went to the spool without its logged row copy";
+  EXPECT_TRUE(cache.pool().copies().empty()) << "replayed, so the next pass must not replay it again";
+  EXPECT_EQ(save(first), moved);
+  // A copy into `second` logged, then `second` read from the spool: what was read stays, past the
+  // next pass.
+  cache.pool().copy_row(first, 2, second, 3);
+  std::vector<std::uint8_t> read(before.size());
+  for (std::size_t i = 0; i < read.size(); i += 2) read[i] = static_cast<std::uint8_t>(i / 2 % 251), read[i + 1] = 0x3c;  // small halves
+  EXPECT_TRUE(device->load_block(second)(read));
+  batch.clear();
+  batch.add(7, 40, 0, true);
+  on_gpu->forward(batch, cache, pool, logits);
+  EXPECT_EQ(save(second), read) << "a logged copy replayed over what the spool read into the block";
+}
+
 // Blocks taken again right after their copies back were queued: with room for one conversation
 // only, the next prompt's first step writes into the blocks the last one just finished (evicted
 // from the prefix tree). Its writes wait for those copies (DeviceKvStore::order_writes_after_saves),

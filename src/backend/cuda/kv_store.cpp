@@ -98,12 +98,12 @@ class StagedBlock final : public PendingBlock {
 
 }  // namespace
 
-DeviceKvStore::DeviceKvStore(int device, int n_layer, int n_head_kv, int head_dim, const KvCache& cache) : device_(device) {
+DeviceKvStore::DeviceKvStore(int device, int n_layer, int n_head_kv, int head_dim, KvCache& cache) : device_(device), pool_(cache.pool()) {
   desc_.n_layer = n_layer;
   desc_.n_head_kv = n_head_kv;
   desc_.head_dim = head_dim;
   desc_.block_tokens = static_cast<int>(cache.block_tokens());
-  const BlockPool& pool = cache.pool();
+  const BlockPool& pool = pool_;
   block_bytes_ = static_cast<std::size_t>(n_layer) * 2 * desc_.part_elems() * sizeof(__half);
   spoolable_ = pool.type() == KvType::F16 && pool.segment_dim() == static_cast<std::size_t>(head_dim) && !pool.has_separate_local_layers() &&
                BlockPool::block_bytes(pool.n_layers(), pool.kv_dim(), pool.block_tokens(), pool.type()) == block_bytes_;
@@ -132,7 +132,22 @@ DeviceKvStore::~DeviceKvStore() {
 __half* DeviceKvStore::block_data(int block) const { return data_.get() + static_cast<std::size_t>(block) * desc_.n_layer * 2 * desc_.part_elems(); }
 
 void DeviceKvStore::forget_finished_saves() {
-  if (!saving_.empty() && cudaEventQuery(saves_done_) == cudaSuccess) saving_.clear();
+  if (!saving_.empty() && cudaEventQuery(saves_done_) == cudaSuccess) saving_.clear(), replayed_ = false;
+}
+
+void DeviceKvStore::replay_logged_copies() {
+  const std::vector<BlockPool::RowCopy> copies = pool_.take_copies();
+  if (copies.empty()) return;
+  // The passes that logged them have finished (CudaForward::forward waits for its compute stream
+  // before it returns); the next pass waits for these (order_writes_after_saves).
+  for (const BlockPool::RowCopy& copy : copies) {
+    copy_kv_rows(desc_, copy.from, static_cast<int>(copy.from_slot), copy.to, static_cast<int>(copy.to_slot), static_cast<int>(copy.n_rows),
+                 saves_);
+    saving_.insert(copy.from), saving_.insert(copy.to);
+  }
+  PROMPTLY_CUDA_CHECK(cudaGetLastError());
+  PROMPTLY_CUDA_CHECK(cudaEventRecord(saves_done_, saves_));
+  replayed_ = true;
 }
 
 std::shared_ptr<PendingBlock> DeviceKvStore::save_block(int block) {
@@ -140,6 +155,7 @@ std::shared_ptr<PendingBlock> DeviceKvStore::save_block(int block) {
   std::lock_guard lock(mutex_);
   PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
   forget_finished_saves();
+  replay_logged_copies();
   const int slot = staging_->take();
   if (slot < 0) return nullptr;  // as many copies on their way as the spool's queue holds
   // The passes that wrote the block have finished (CudaForward::forward waits for its compute
@@ -152,6 +168,14 @@ std::shared_ptr<PendingBlock> DeviceKvStore::save_block(int block) {
 }
 
 BlockSink DeviceKvStore::load_block(int block) {
+  {
+    // Here, on the engine's thread, before the reader's copy into the block: a logged copy from or
+    // into it runs first, and the copy up waits for it (load).
+    std::lock_guard lock(mutex_);
+    PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
+    forget_finished_saves();
+    replay_logged_copies();
+  }
   return [this, block](std::span<const std::uint8_t> bytes) { return load(block, bytes); };
 }
 
@@ -178,7 +202,7 @@ bool DeviceKvStore::saves_in_flight() {
 void DeviceKvStore::order_writes_after_saves(std::span<const int> blocks, cudaStream_t stream) {
   std::lock_guard lock(mutex_);
   forget_finished_saves();
-  if (std::any_of(blocks.begin(), blocks.end(), [&](int b) { return saving_.count(b) > 0; })) {
+  if (replayed_ || std::any_of(blocks.begin(), blocks.end(), [&](int b) { return saving_.count(b) > 0; })) {
     PROMPTLY_CUDA_CHECK(cudaStreamWaitEvent(stream, saves_done_, 0));
   }
 }
