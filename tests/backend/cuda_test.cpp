@@ -1612,6 +1612,32 @@ TEST(CudaEngine, RunReadsItsSpooledPromptBackIntoTheGpu) {
   EXPECT_EQ(cold.ids.size(), 16u);
 }
 
+// A pass the engine stops at a layer boundary (a newcomer given way to, stop_before) returns false
+// after asking about each layer from the second up to the one it stopped before; the same batch
+// run again whole gives what a pass never stopped gives.
+TEST(CudaModel, APassStoppedAtALayerBoundaryRunsAgainWhole) {
+  REQUIRE_GPU();
+  const auto file = gguf::File::open(shared_model("stories260K.gguf"));
+  const std::unique_ptr<Model> on_gpu = gpu_model(file);
+  ASSERT_GE(on_gpu->config().n_layer, 4u);
+  ThreadPool pool(2);
+  Batch batch;
+  for (int i = 0; i < 30; ++i) batch.add(1 + (i * 31) % 400, i, 0, i + 1 == 30);
+  std::vector<float> want, got;
+  KvCache fresh = on_gpu->make_cache(64, KvType::F16);
+  ASSERT_TRUE(on_gpu->forward(batch, fresh, pool, want));
+  KvCache cache = on_gpu->make_cache(64, KvType::F16);
+  std::vector<std::size_t> asked;
+  const auto stop_at_3 = [&](std::size_t layer) {
+    asked.push_back(layer);
+    return layer == 3;
+  };
+  EXPECT_FALSE(on_gpu->forward(batch, cache, pool, got, stop_at_3));
+  EXPECT_EQ(asked, (std::vector<std::size_t>{1, 2, 3}));
+  ASSERT_TRUE(on_gpu->forward(batch, cache, pool, got));
+  EXPECT_EQ(got, want);
+}
+
 // Rows the pool logged after a pass (a token tree's accepted path moved into place, copy-on-write)
 // are on the device only once replayed. A block saved for the spool before the next pass goes with
 // them in place, and a block read from the spool is not overwritten by a logged copy into it that

@@ -165,6 +165,7 @@ class CudaForward final : public DeviceForward {
     PROMPTLY_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
     PROMPTLY_CUDA_CHECK(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
     PROMPTLY_CUDA_CHECK(cudaEventCreateWithFlags(&sampled_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : layer_done_) PROMPTLY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     // Programmatic dependent launches (kernels.cu's launch) where the device and driver take them;
     // PROMPTLY_CUDA_PDL=0 launches the ordinary way, for comparing the two (tools/gpu-check.sh).
     dependent_launches_ = !env_is("PROMPTLY_CUDA_PDL", "0") && props.major >= 9 && dependent_launches_work(compute_);
@@ -197,6 +198,7 @@ class CudaForward final : public DeviceForward {
     if (cublas_handle_) cublas().destroy(cublas_handle_);
     cudaEventDestroy(uploaded_);
     cudaEventDestroy(sampled_);
+    for (cudaEvent_t e : layer_done_) cudaEventDestroy(e);
     cudaStreamDestroy(copy_);
     cudaStreamDestroy(compute_);
   }
@@ -249,6 +251,21 @@ class CudaForward final : public DeviceForward {
 
   bool forward(const Batch& batch, KvCache& cache, std::vector<float>& logits,
                const std::function<bool(std::size_t layer)>& stop_before, DeviceSampling* sampling) override {
+    try {
+      return forward_pass(batch, cache, logits, stop_before, sampling);
+    } catch (...) {
+      // The engine goes on to its next step after a failed one: nothing of this pass may still be
+      // running then (its copies read pinned buffers the next step may reallocate).
+      cudaStreamSynchronize(compute_);
+      cudaStreamSynchronize(copy_);
+      cudaGetLastError();
+      throw;
+    }
+  }
+
+ private:
+  bool forward_pass(const Batch& batch, KvCache& cache, std::vector<float>& logits, const std::function<bool(std::size_t layer)>& stop_before,
+                    DeviceSampling* sampling) {
     PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
     const DependentLaunches launches(dependent_launches_);
     const int T = static_cast<int>(batch.size());
@@ -323,7 +340,6 @@ class CudaForward final : public DeviceForward {
     return true;
   }
 
- private:
   // ---- loading -------------------------------------------------------------------------------
   // m's format and shape, checked (its bytes not yet anywhere).
   static MatrixView describe(const kernels::WeightMatrix& m, const std::string& what) {
@@ -833,7 +849,14 @@ class CudaForward final : public DeviceForward {
     embed(token_embd_.view.bytes, token_embd_.view.format, D, meta_, T, embed_scale, x_.get(), compute_);
     bool normed = false;  // the down projection's launch did the next norm (project_and_norm)
     for (std::size_t il = 0; il < c_.n_layer; ++il) {
-      if (il > 0 && stop_before && stop_before(il)) return false;
+      if (il > 0 && stop_before) {
+        // Paced: queued all at once, a prefill's layers would all be asked about in its first
+        // millisecond, long before a newcomer could arrive; here the host waits for layer il - 2,
+        // so it asks while the GPU runs layer il - 1, which keeps it busy meanwhile.
+        PROMPTLY_CUDA_CHECK(cudaEventRecord(layer_done_[(il - 1) % std::size(layer_done_)], compute_));
+        if (il >= 2) PROMPTLY_CUDA_CHECK(cudaEventSynchronize(layer_done_[(il - 2) % std::size(layer_done_)]));
+        if (stop_before(il)) return false;
+      }
       const DeviceLayer& L = layers_[il];
       // Attention sublayer (the previous FFN output joins the stream first).
       const float* prev_post = il > 0 ? layers_[il - 1].post_ffn_norm.get() : nullptr;
@@ -1028,6 +1051,7 @@ class CudaForward final : public DeviceForward {
   std::size_t weight_bytes_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cudaEvent_t uploaded_ = nullptr, sampled_ = nullptr;
+  cudaEvent_t layer_done_[3] = {};  // run_layers' pace where it may stop: a ring, the last three layers' ends
   cublasHandle_t cublas_handle_ = nullptr;
 
   std::vector<DeviceLayer> layers_;

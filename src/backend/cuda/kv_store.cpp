@@ -43,10 +43,12 @@ class StagingSlots {
     }
     if (slots_.size() >= max_slots_) return -1;
     Slot s;
-    PROMPTLY_CUDA_CHECK(cudaMallocHost(&s.host, slot_bytes_));
-    if (const cudaError_t status = cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming); status != cudaSuccess) {
+    // No room for another slot now is what -1 says too (the spool skips the write); the failure
+    // must not stay behind as the thread's last error, which the next pass checks.
+    if (cudaMallocHost(&s.host, slot_bytes_) != cudaSuccess) return cudaGetLastError(), -1;
+    if (cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming) != cudaSuccess) {
       cudaFreeHost(s.host);
-      check(status, "cudaEventCreateWithFlags");
+      return cudaGetLastError(), -1;
     }
     slots_.push_back(s);
     return static_cast<int>(slots_.size()) - 1;
