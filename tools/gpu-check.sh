@@ -199,4 +199,23 @@ if command -v node > /dev/null && [ -d tests/e2e/node_modules/openai ] && [ -d .
 else
   say "e2e server suite on the GPU skipped: needs node, tests/e2e/node_modules (npm install) and ../shared/models, under 7 minutes gone"
 fi
+# compute-sanitizer over the kernel tests, graphs off, where it works (the Firecracker machines) and
+# time is left: bad accesses (memcheck), then shared-memory races (racecheck) in the kernels whose
+# warps share memory; a first GPU run is where those would show.
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ -x "$sanitizer" ] && [ "$SECONDS" -lt 400 ]; then
+  say "== compute-sanitizer (graphs off)"
+  for check in "memcheck CudaKernels.*:CudaSampling.*:CudaKvStore.*:CudaModel.Stories260K*" \
+               "racecheck CudaKernels.PagedAttention*:CudaKernels.QkvGemv*:CudaKernels.GateUpGemv*:CudaSampling.*"; do
+    read -r tool filter <<< "$check"
+    left=$((450 - SECONDS)); [ "$left" -gt 20 ] || { say "$tool skipped: ${SECONDS}s gone"; continue; }
+    PROMPTLY_CUDA_GRAPHS=0 PROMPTLY_SHARED_MODELS="$PWD/.gpu/models" PROMPTLY_SOURCE_DIR="$PWD" timeout $((left / 2)) \
+      "$sanitizer" --tool "$tool" --error-exitcode 9 .gpu/bin/promptly_cuda_tests --gtest_filter="$filter" > "$out/$tool.log" 2>&1
+    say "$tool: exit $? ($filter)"
+    grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED) ' "$out/$tool.log" | tee -a "$summary"
+    grep -m 12 -E '^=+ +(Invalid|Race|Error|Program hit)' "$out/$tool.log" | tee -a "$summary"
+  done
+else
+  say "compute-sanitizer skipped: not on this machine, or ${SECONDS}s gone"
+fi
 say "== done"
