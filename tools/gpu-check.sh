@@ -94,42 +94,63 @@ say "== Llama-3-8B shape, random weights (targets: Q4_K_M decode >= 80% of the H
 # GPU_CHECK_PRESET=tiny: a dry run of the script's steps on a small shape (here, without a GPU).
 preset=${GPU_CHECK_PRESET:-llama3-8b}
 slice=8; [ "$preset" = llama3-8b ] || slice=0
-for spec in "Q4_K_M 0 300" "F16 $slice 120"; do
-  read -r dtype layers limit <<< "$spec"
-  if [ "$SECONDS" -gt 330 ]; then say "skipped $dtype: ${SECONDS}s gone, keeping under 8 minutes"; continue; fi
-  f=/tmp/$preset-$dtype.gguf
-  layer_flag=(); [ "$layers" -gt 0 ] && layer_flag=(--layers "$layers")
-  t0=$SECONDS
-  timeout "$limit" $P gen-model --preset "$preset" --dtype "$dtype" "${layer_flag[@]}" -t "$threads" -o "$f" > "$out/gen-$dtype.log" 2>&1 ||
-    { say "gen-model $dtype failed or ran past ${limit}s"; tail -n 5 "$out/gen-$dtype.log" | tee -a "$summary"; continue; }
-  say "$dtype (layers: ${layers/#0/all}): $(du -h "$f" | cut -f1), generated in $((SECONDS - t0)) s"
-  timeout 150 $P bench model -m "$f" --device cuda -p 512 -n 128 -r 3 2>&1 | tee "$out/bench-$dtype.log" | tail -n 8 | tee -a "$summary"
-  # Where a pass's time goes (graphs off, so its total against the run above shows what graphs save).
-  PROMPTLY_CUDA_PROFILE=1 timeout 120 $P bench model -m "$f" --device cuda -p 512 -n 32 -r 1 2>&1 | tee "$out/profile-$dtype.log" |
-    sed -n '/^GPU profile/,$p' | tee -a "$summary"
-  if [ "$dtype" = Q4_K_M ]; then  # decode's products on the float kernel instead of the integer one, for the ratio
-    say "$dtype with PROMPTLY_CUDA_GEMV=float:"
-    PROMPTLY_CUDA_GEMV=float timeout 120 $P bench model -m "$f" --device cuda -p 0 -n 128 -r 3 2>&1 | tee "$out/bench-$dtype-float-gemv.log" | tail -n 5 | tee -a "$summary"
-    say "$dtype decode drawing as a default request does (--sample: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), against greedy above; then the sampler's stretch of a step:"
-    timeout 90 $P bench model -m "$f" --device cuda -p 0 -n 128 -r 3 --sample 2>&1 | tee "$out/bench-$dtype-sampled.log" | tail -n 5 | tee -a "$summary"
-    PROMPTLY_CUDA_PROFILE=1 timeout 90 $P bench model -m "$f" --device cuda -p 0 -n 32 -r 1 --sample 2>&1 | tee "$out/profile-$dtype-sampled.log" |
-      grep -E '^GPU profile|sampling' | tee -a "$summary"
-    say "$dtype with PROMPTLY_CUDA_PDL=0 (ordinary launches instead of programmatic dependent ones):"
-    PROMPTLY_CUDA_PDL=0 timeout 120 $P bench model -m "$f" --device cuda -p 512 -n 128 -r 2 2>&1 | tee "$out/bench-$dtype-no-pdl.log" | tail -n 5 | tee -a "$summary"
-    say "$dtype with PROMPTLY_CUDA_FUSE=0 (rope/KV write, the attention merge, the gated activation and a lone stream's norms in launches of their own):"
-    PROMPTLY_CUDA_FUSE=0 timeout 120 $P bench model -m "$f" --device cuda -p 512 -n 128 -r 2 2>&1 | tee "$out/bench-$dtype-no-fuse.log" | tail -n 5 | tee -a "$summary"
-    say "$dtype with PROMPTLY_CUDA_PREFILL_HALVES=0 (quantized weights decoded to halves on every prefill instead of once at load):"
-    PROMPTLY_CUDA_PREFILL_HALVES=0 timeout 90 $P bench model -m "$f" --device cuda -p 512 -n 16 -r 2 2>&1 | tee "$out/bench-$dtype-no-halves.log" | tail -n 5 | tee -a "$summary"
-    say "$dtype with PROMPTLY_CUDA_ATTENTION_TILES=0 (prefill's attention a block per token instead of tiles of 8-16 tokens sharing the keys they load):"
-    PROMPTLY_CUDA_ATTENTION_TILES=0 timeout 90 $P bench model -m "$f" --device cuda -p 512 -n 16 -r 2 2>&1 | tee "$out/bench-$dtype-no-tiles.log" | tail -n 5 | tee -a "$summary"
-    say "$dtype with PROMPTLY_CUDA_ATTENTION_MMA=0 (the tiles' products in float on the CUDA cores instead of the tensor cores):"
-    PROMPTLY_CUDA_ATTENTION_MMA=0 timeout 90 $P bench model -m "$f" --device cuda -p 512 -n 16 -r 2 2>&1 | tee "$out/bench-$dtype-no-mma.log" | tail -n 5 | tee -a "$summary"
+# The targets' figures first (Q4_K_M whole, then the F16 slice, each with its profile), then the
+# ratios of the switches on the Q4_K_M file while the time lasts.
+gen() {  # dtype layers limit: the file's path on stdout, or nothing
+  local dtype=$1 layers=$2 limit=$3 f=/tmp/$preset-$1.gguf t0=$SECONDS
+  local layer_flag=(); [ "$layers" -gt 0 ] && layer_flag=(--layers "$layers")
+  if ! timeout "$limit" $P gen-model --preset "$preset" --dtype "$dtype" "${layer_flag[@]}" -t "$threads" -o "$f" > "$out/gen-$dtype.log" 2>&1; then
+    say "gen-model $dtype failed or ran past ${limit}s" >&2; tail -n 5 "$out/gen-$dtype.log" | tee -a "$summary" >&2; rm -f "$f"; return
   fi
-  # Both shapes: the kept halves (Q4_K_M) and the F16 file's own bytes take the joined GEMM.
-  say "$dtype with PROMPTLY_CUDA_JOINED_QKV=0 (prefill's q, k and v products as three GEMMs instead of one):"
-  PROMPTLY_CUDA_JOINED_QKV=0 timeout 90 $P bench model -m "$f" --device cuda -p 512 -n 16 -r 3 2>&1 | tee "$out/bench-$dtype-three-qkv-gemms.log" | tail -n 5 | tee -a "$summary"
-  rm -f "$f"
-done
+  say "$dtype (layers: ${layers/#0/all}): $(du -h "$f" | cut -f1), generated in $((SECONDS - t0)) s" >&2
+  echo "$f"
+}
+headline() {  # file dtype: the bench, then where a pass's time goes (graphs off, so its total against the bench's shows what graphs save)
+  timeout 150 $P bench model -m "$1" --device cuda -p 512 -n 128 -r 3 2>&1 | tee "$out/bench-$2.log" | tail -n 8 | tee -a "$summary"
+  PROMPTLY_CUDA_PROFILE=1 timeout 120 $P bench model -m "$1" --device cuda -p 512 -n 32 -r 1 2>&1 | tee "$out/profile-$2.log" |
+    sed -n '/^GPU profile/,$p' | tee -a "$summary"
+}
+row() {  # file name label setting bench-flags...: one ratio row, under the setting (NAME=VALUE), while time is left
+  local f=$1 name=$2 label=$3 setting=$4; shift 4
+  if [ "$SECONDS" -gt 390 ]; then say "skipped $label: ${SECONDS}s gone, keeping under 8 minutes"; return; fi
+  say "$label:"
+  env "$setting" timeout 90 $P bench model -m "$f" --device cuda "$@" 2>&1 | tee "$out/bench-$name.log" | tail -n 5 | tee -a "$summary"
+}
+q4=$(gen Q4_K_M 0 300)
+[ -n "$q4" ] && headline "$q4" Q4_K_M
+if [ "$SECONDS" -le 330 ] && f16=$(gen F16 "$slice" 120) && [ -n "$f16" ]; then
+  headline "$f16" F16
+  # The F16 file's own bytes take the joined GEMM (the Q4_K_M file's kept halves too, below).
+  row "$f16" F16-three-qkv-gemms "F16 with PROMPTLY_CUDA_JOINED_QKV=0 (prefill's q, k and v products as three GEMMs instead of one)" \
+    PROMPTLY_CUDA_JOINED_QKV=0 -p 512 -n 16 -r 3
+  rm -f "$f16"
+else
+  say "skipped F16: ${SECONDS}s gone, keeping under 8 minutes"
+fi
+if [ -n "$q4" ]; then
+  row "$q4" Q4_K_M-float-gemv "Q4_K_M with PROMPTLY_CUDA_GEMV=float (decode's products on the float kernel instead of the integer one)" \
+    PROMPTLY_CUDA_GEMV=float -p 0 -n 128 -r 3
+  row "$q4" Q4_K_M-sampled "Q4_K_M decode drawing as a default request does (--sample: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), against greedy above" \
+    PROMPTLY_CHECK_ROW=sampled -p 0 -n 128 -r 3 --sample
+  if [ "$SECONDS" -le 390 ]; then
+    say "the sampler's stretch of such a step (graphs off):"
+    PROMPTLY_CUDA_PROFILE=1 timeout 90 $P bench model -m "$q4" --device cuda -p 0 -n 32 -r 1 --sample 2>&1 | tee "$out/profile-Q4_K_M-sampled.log" |
+      grep -E '^GPU profile|sampling' | tee -a "$summary"
+  fi
+  row "$q4" Q4_K_M-no-pdl "Q4_K_M with PROMPTLY_CUDA_PDL=0 (ordinary launches instead of programmatic dependent ones)" \
+    PROMPTLY_CUDA_PDL=0 -p 512 -n 128 -r 2
+  row "$q4" Q4_K_M-no-fuse "Q4_K_M with PROMPTLY_CUDA_FUSE=0 (rope/KV write, the attention merge, the gated activation and a lone stream's norms in launches of their own)" \
+    PROMPTLY_CUDA_FUSE=0 -p 512 -n 128 -r 2
+  row "$q4" Q4_K_M-three-qkv-gemms "Q4_K_M with PROMPTLY_CUDA_JOINED_QKV=0 (prefill's q, k and v products as three GEMMs instead of one)" \
+    PROMPTLY_CUDA_JOINED_QKV=0 -p 512 -n 16 -r 3
+  row "$q4" Q4_K_M-no-mma "Q4_K_M with PROMPTLY_CUDA_ATTENTION_MMA=0 (the tiles' products in float on the CUDA cores instead of the tensor cores)" \
+    PROMPTLY_CUDA_ATTENTION_MMA=0 -p 512 -n 16 -r 2
+  row "$q4" Q4_K_M-no-tiles "Q4_K_M with PROMPTLY_CUDA_ATTENTION_TILES=0 (prefill's attention a block per token instead of tiles of 8-16 tokens sharing the keys they load)" \
+    PROMPTLY_CUDA_ATTENTION_TILES=0 -p 512 -n 16 -r 2
+  row "$q4" Q4_K_M-no-halves "Q4_K_M with PROMPTLY_CUDA_PREFILL_HALVES=0 (quantized weights decoded to halves on every prefill instead of once at load)" \
+    PROMPTLY_CUDA_PREFILL_HALVES=0 -p 512 -n 16 -r 2
+  rm -f "$q4"
+fi
 
 # A mixture of experts (Qwen3-30B-A3B's shape, a 4-layer slice, Q4_K_M): decode routed on the device
 # (graphs), then on the host (PROMPTLY_CUDA_MOE=host: a wait for the router each layer, no graphs),
