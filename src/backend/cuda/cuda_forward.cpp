@@ -361,7 +361,7 @@ class CudaForward final : public DeviceForward {
     weight_bytes_ += bytes;
   }
   // wq, wk and wv of F16 files in one allocation, so that prefill multiplies by them in one GEMM
-  // (joined_qkv_gemm); otherwise each on its own.
+  // (qkv_with_post); otherwise each on its own.
   void upload_qkv(const LayerWeights& L, DeviceLayer& d, const std::string& blk) {
     const kernels::WeightMatrix* parts[] = {&L.wq, &L.wk, &L.wv};
     DeviceMatrix* outs[] = {&d.wq, &d.wk, &d.wv};
@@ -474,7 +474,7 @@ class CudaForward final : public DeviceForward {
       m.view.halves = to;
     };
     for (DeviceLayer& L : layers_) {
-      // wq, wk and wv one under the other, for prefill's one GEMM of the three (joined_qkv_gemm).
+      // wq, wk and wv one under the other, for prefill's one GEMM of the three (qkv_with_post).
       DeviceMatrix* qkv[] = {&L.wq, &L.wk, &L.wv};
       if (std::all_of(std::begin(qkv), std::end(qkv), [](const DeviceMatrix* m) { return m->view.bytes && !is_float_format(m->view.format); })) {
         const int rows = L.wq.view.rows + L.wk.view.rows + L.wv.view.rows;
