@@ -39,6 +39,17 @@ summary="$out/gpu-summary.txt"
 say() { echo "$*" | tee -a "$summary"; }
 test -x .gpu/bin/promptly || { echo "no .gpu/: run tools/gpu-check.sh --prepare first and carry .gpu"; exit 1; }
 export LD_LIBRARY_PATH="$PWD/.gpu/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# cuBLAS is opened at run time (cublas_loader.cpp) and too large to carry: the toolkit's, else the
+# one PyTorch's wheels bring (nvidia-cublas), found where python3 keeps its packages.
+cublas_wheel=$(python3 - 2>/dev/null <<'PY'
+import glob, os, site
+for d in site.getsitepackages():
+    for f in sorted(glob.glob(os.path.join(d, "nvidia", "**", "libcublas.so.1[23]"), recursive=True), reverse=True):
+        print(os.path.dirname(f))
+        raise SystemExit
+PY
+)
+[ -n "$cublas_wheel" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cublas_wheel"
 P=.gpu/bin/promptly
 threads=$(nproc)
 
