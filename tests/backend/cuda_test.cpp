@@ -926,6 +926,16 @@ Greedy run_greedy(const Model& model, const std::vector<std::int32_t>& prompt, i
   return g;
 }
 
+// Two runs of the same prompt: the same tokens, and each step's logits within `bound` of want's.
+void expect_same_run(const Greedy& got, const Greedy& want, double bound, const std::string& what) {
+  EXPECT_EQ(got.tokens, want.tokens) << what;
+  for (std::size_t step = 0; step < want.logits.size() && step < got.logits.size(); ++step) {
+    ASSERT_EQ(got.logits[step].size(), want.logits[step].size()) << what;
+    EXPECT_LT(relative_error(got.logits[step], std::vector<double>(want.logits[step].begin(), want.logits[step].end())), bound)
+        << what << " step " << step;
+  }
+}
+
 void expect_same_greedy(const std::string& path, int prompt_len, int steps = 24) {
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is missing";
   const auto file = gguf::File::open(path);
@@ -1062,13 +1072,7 @@ TEST(CudaModel, TensorParallelRanksOnTheGpuComputeWhatTheWholeModelDoes) {
     for (const std::size_t prompt_len : {std::size_t{5}, std::size_t{20}}) {
       const std::vector<std::int32_t> prompt = random_prompt(rng, prompt_len);
       const Greedy want = run_greedy(*whole, prompt, 8, pool), got = run_greedy(split.model(), prompt, 8, pool);
-      EXPECT_EQ(got.tokens, want.tokens) << path << " prompt " << prompt_len;
-      for (std::size_t step = 0; step < want.logits.size(); ++step) {
-        ASSERT_EQ(got.logits[step].size(), want.logits[step].size()) << path;
-        EXPECT_LT(relative_error(got.logits[step], std::vector<double>(want.logits[step].begin(), want.logits[step].end())),
-                  type == DType::F32 ? 1e-4 : 2e-2)
-            << path << " prompt " << prompt_len << " step " << step;
-      }
+      expect_same_run(got, want, type == DType::F32 ? 1e-4 : 2e-2, path + " prompt " + std::to_string(prompt_len));
     }
     if (preset == "tiny") {
       EXPECT_EQ(test::answers_with_shared_prefixes(split.model()), test::answers_with_shared_prefixes(*whole));
@@ -1181,11 +1185,7 @@ TEST(CudaModel, DependentLaunchesComputeWhatOrdinaryOnesDo) {
   for (const std::size_t prompt_len : {std::size_t{5}, std::size_t{40}}) {
     const std::vector<std::int32_t> prompt = random_prompt(rng, prompt_len);
     const Greedy want = run_greedy(*ordinary, prompt, 12, pool), got = run_greedy(*dependent, prompt, 12, pool);
-    EXPECT_EQ(got.tokens, want.tokens) << "prompt " << prompt_len;
-    for (std::size_t step = 0; step < want.logits.size(); ++step) {  // the same kernels in the same order
-      EXPECT_LT(relative_error(got.logits[step], std::vector<double>(want.logits[step].begin(), want.logits[step].end())), 1e-6)
-          << "prompt " << prompt_len << " step " << step;
-    }
+    expect_same_run(got, want, 1e-6, "prompt " + std::to_string(prompt_len));  // the same kernels in the same order
   }
 }
 
@@ -1253,11 +1253,7 @@ TEST(CudaModel, AttentionTilesComputeWhatThePerTokenKernelDoes) {
     for (const std::size_t prompt_len : {std::size_t{40}, std::size_t{13}}) {
       const std::vector<std::int32_t> prompt = random_prompt(rng, prompt_len);
       const Greedy want = run_greedy(*per_token, prompt, 4, pool), got = run_greedy(*tiled, prompt, 4, pool);
-      EXPECT_EQ(got.tokens, want.tokens) << preset << " prompt " << prompt_len;
-      for (std::size_t step = 0; step < want.logits.size(); ++step) {
-        EXPECT_LT(relative_error(got.logits[step], std::vector<double>(want.logits[step].begin(), want.logits[step].end())), 1e-5)
-            << preset << " prompt " << prompt_len << " step " << step;
-      }
+      expect_same_run(got, want, 1e-5, preset + " prompt " + std::to_string(prompt_len));
     }
   }
 }
@@ -1309,10 +1305,7 @@ TEST(CudaModel, KeptHalvesPrefillAsDecodingThemOnEveryPassDoes) {
   std::mt19937 rng(7);
   const std::vector<std::int32_t> prompt = random_prompt(rng, 40);
   const Greedy want = run_greedy(*decoding, prompt, 6, pool), got = run_greedy(*kept, prompt, 6, pool);
-  EXPECT_EQ(got.tokens, want.tokens);
-  for (std::size_t step = 0; step < want.logits.size(); ++step) {
-    EXPECT_LT(relative_error(got.logits[step], std::vector<double>(want.logits[step].begin(), want.logits[step].end())), 1e-5) << "step " << step;
-  }
+  expect_same_run(got, want, 1e-5, "kept halves");
   const std::string decoded = decoding->device()->profile_report(), read = kept->device()->profile_report();
   EXPECT_NE(decoded.find("prefill: weights decoded to halves"), std::string::npos) << decoded;
   EXPECT_EQ(read.find("prefill: weights decoded to halves"), std::string::npos) << read;
@@ -1339,11 +1332,7 @@ TEST(CudaModel, JoinedQkvGemmComputesWhatThreeGemmsDo) {
     std::mt19937 rng(21);
     const std::vector<std::int32_t> prompt = random_prompt(rng, 37);
     const Greedy want = run_greedy(*three, prompt, 4, pool), got = run_greedy(*joined, prompt, 4, pool);
-    EXPECT_EQ(got.tokens, want.tokens) << what;
-    for (std::size_t step = 0; step < want.logits.size(); ++step) {
-      EXPECT_LT(relative_error(got.logits[step], std::vector<double>(want.logits[step].begin(), want.logits[step].end())), 1e-5)
-          << what << " step " << step;
-    }
+    expect_same_run(got, want, 1e-5, what);
   }
 }
 

@@ -274,10 +274,7 @@ class CudaForward final : public DeviceForward {
     const std::vector<BlockPool::RowCopy> copies = cache.pool().take_copies();
     if (kv.saves_in_flight()) kv.order_writes_after_saves(blocks_written(batch, cache, copies), compute_);  // the KV spool's copies back
     profile_.mark("kv copy-on-write replays");
-    for (const BlockPool::RowCopy& copy : copies) {  // prefix sharing's copy-on-write, in order
-      copy_kv_rows(kv.desc(), copy.from, static_cast<int>(copy.from_slot), copy.to, static_cast<int>(copy.to_slot),
-                   static_cast<int>(copy.n_rows), compute_);
-    }
+    kv.replay(copies, compute_);
     const int longest = attention_span(batch);
     const AttentionShape shape = attention_shape(T, static_cast<int>(c_.n_head), longest, multiprocessors_, kMaxSplits);
     profile_.mark("step upload (waited for)");
@@ -353,11 +350,15 @@ class CudaForward final : public DeviceForward {
   }
   void upload(const kernels::WeightMatrix& m, DeviceMatrix& out, const std::string& what) {
     if (!m.data) return;
+    out.bytes = DeviceBuffer<std::uint8_t>(m.rows * m.row_stride());
+    upload_to(m, out, what, out.bytes.get());
+  }
+  // m's bytes to `at` (room for them), out's view of them there.
+  void upload_to(const kernels::WeightMatrix& m, DeviceMatrix& out, const std::string& what, std::uint8_t* at) {
     out.view = describe(m, what);
     const std::size_t bytes = m.rows * m.row_stride();
-    out.bytes = DeviceBuffer<std::uint8_t>(bytes);
-    PROMPTLY_CUDA_CHECK(cudaMemcpy(out.bytes.get(), m.data, bytes, cudaMemcpyHostToDevice));
-    out.view.bytes = out.bytes.get();
+    PROMPTLY_CUDA_CHECK(cudaMemcpy(at, m.data, bytes, cudaMemcpyHostToDevice));
+    out.view.bytes = at;
     weight_bytes_ += bytes;
   }
   // wq, wk and wv of F16 files in one allocation, so that prefill multiplies by them in one GEMM
@@ -379,13 +380,9 @@ class CudaForward final : public DeviceForward {
     d.qkv_bytes = DeviceBuffer<std::uint8_t>(total);
     std::size_t offset = 0;
     for (int i = 0; i < 3; ++i) {
-      const std::size_t bytes = parts[i]->rows * parts[i]->row_stride();
-      outs[i]->view = describe(*parts[i], blk + names[i]);
-      PROMPTLY_CUDA_CHECK(cudaMemcpy(d.qkv_bytes.get() + offset, parts[i]->data, bytes, cudaMemcpyHostToDevice));
-      outs[i]->view.bytes = d.qkv_bytes.get() + offset;
-      offset += bytes;
+      upload_to(*parts[i], *outs[i], blk + names[i], d.qkv_bytes.get() + offset);
+      offset += parts[i]->rows * parts[i]->row_stride();
     }
-    weight_bytes_ += total;
     d.qkv = {d.qkv_bytes.get(), WeightFormat::F16, d.wq.view.rows + d.wk.view.rows + d.wv.view.rows, d.wq.view.cols, nullptr};
   }
   void upload(const std::vector<kernels::WeightMatrix>& experts, DeviceExperts& out, const std::string& what) {

@@ -32,7 +32,8 @@ thread_local bool t_dependent_launches = false;
 
 template <typename... Params, typename... Args>
 void launch_as(bool dependent, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t stream, Args... args) {
-  // No blocks is nothing to do, where a GPU would fail the launch (an invalid configuration).
+  // No blocks is nothing to do, where a GPU would fail the launch (an invalid configuration): the
+  // one check for every launcher here.
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   if (!dependent) {
     kernel<<<grid, block, shared, stream>>>(args...);
@@ -1234,7 +1235,7 @@ void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const 
 
 void quantize_q8(const float* x, int T, int cols, std::int8_t* q, float2* scale_sum, cudaStream_t stream) {
   const std::size_t n_blocks = static_cast<std::size_t>(T) * (cols / 32);
-  if (n_blocks > 0) launch(quantize_q8_kernel, blocks_for(n_blocks, 8), 8 * kWarp, 0, stream, x, n_blocks, Q8Out{q, scale_sum});
+  launch(quantize_q8_kernel, blocks_for(n_blocks, 8), 8 * kWarp, 0, stream, x, n_blocks, Q8Out{q, scale_sum});
 }
 
 bool gemv_q8_takes(WeightFormat format, int cols) {
@@ -1262,7 +1263,6 @@ void gemv_q8(const GemvParts& parts, const std::int8_t* q, const float2* scale_s
     if (!gemv_q8_takes(parts.part[p].format, parts.cols)) return;
     blocks += blocks_for(static_cast<std::size_t>(parts.part[p].rows), kGemvWarps);
   }
-  if (blocks == 0) return;
   if (parts.norm.arrivals) {
     launch(gemv_q8_parts_kernel<true>, blocks, kGemvWarps * kWarp, 0, stream, parts, q, scale_sum, T);
   } else {
@@ -1272,7 +1272,7 @@ void gemv_q8(const GemvParts& parts, const std::int8_t* q, const float2* scale_s
 
 void route_experts(const float* logits, int T, int n_expert, int k, bool softmax_over_all, const ExpertRoutes& routes, cudaStream_t stream) {
   const std::size_t shared = static_cast<std::size_t>(n_expert) * (sizeof(float) + 1);
-  if (T > 0) launch(route_experts_kernel, T, kWarp, shared, stream, logits, n_expert, k, softmax_over_all, routes);
+  launch(route_experts_kernel, T, kWarp, shared, stream, logits, n_expert, k, softmax_over_all, routes);
 }
 
 bool gemv_experts_takes(WeightFormat format, int cols) { return cols % 32 == 0 && (is_float_format(format) || gemv_q8_takes(format, cols)); }
@@ -1305,7 +1305,7 @@ void gemv_experts(const ExpertGemv& g, const std::int32_t* experts, int n_pairs,
 }
 
 void moe_combine(const float* y, const ExpertRoutes& routes, int T, int k, int d, float* out, cudaStream_t stream) {
-  if (T > 0) launch(moe_combine_kernel, T, 256, 0, stream, y, routes, k, d, out);
+  launch(moe_combine_kernel, T, 256, 0, stream, y, routes, k, d, out);
 }
 
 void dequantize_to_half(const std::uint8_t* w, WeightFormat format, int rows, int cols, __half* out, cudaStream_t stream) {
@@ -1324,7 +1324,7 @@ void float_to_half(const float* x, std::size_t n, __half* out, cudaStream_t stre
 
 void qkv_post(const QkvPost& p, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream) {
   const std::size_t pairs = static_cast<std::size_t>(T) * (p.n_head + p.n_head_kv);
-  if (pairs > 0) launch(qkv_post_kernel, blocks_for(pairs, kPostWarps), kPostWarps * kWarp, 0, stream, p, meta, kv, T);
+  launch(qkv_post_kernel, blocks_for(pairs, kPostWarps), kPostWarps * kWarp, 0, stream, p, meta, kv, T);
 }
 
 bool gemv_q8_qkv_takes(const GemvParts& parts, const QkvPost& post) {
@@ -1376,15 +1376,15 @@ void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cu
 }
 
 void gather_rows(const float* src, const std::int32_t* rows, int n, int d, float* dst, cudaStream_t stream) {
-  if (n > 0) launch(gather_rows_kernel, n, 256, 0, stream, src, rows, d, dst);
+  launch(gather_rows_kernel, n, 256, 0, stream, src, rows, d, dst);
 }
 
 void add_weighted_rows(const float* src, const std::int32_t* rows, const float* weights, int n, int d, float* dst, cudaStream_t stream) {
-  if (n > 0) launch(add_weighted_rows_kernel, n, 256, 0, stream, src, rows, weights, d, dst);
+  launch(add_weighted_rows_kernel, n, 256, 0, stream, src, rows, weights, d, dst);
 }
 
 void softcap(float* x, std::size_t n, float cap, cudaStream_t stream) {
-  if (n > 0) launch(softcap_kernel, blocks_for(n, 256), 256, 0, stream, x, n, cap);
+  launch(softcap_kernel, blocks_for(n, 256), 256, 0, stream, x, n, cap);
 }
 
 void copy_kv_rows(const DeviceKv& kv, int from, int from_slot, int to, int to_slot, int n_rows, cudaStream_t stream) {

@@ -105,13 +105,12 @@ DeviceKvStore::DeviceKvStore(int device, int n_layer, int n_head_kv, int head_di
   desc_.n_head_kv = n_head_kv;
   desc_.head_dim = head_dim;
   desc_.block_tokens = static_cast<int>(cache.block_tokens());
-  const BlockPool& pool = pool_;
   block_bytes_ = static_cast<std::size_t>(n_layer) * 2 * desc_.part_elems() * sizeof(__half);
-  spoolable_ = pool.type() == KvType::F16 && pool.segment_dim() == static_cast<std::size_t>(head_dim) && !pool.has_separate_local_layers() &&
-               BlockPool::block_bytes(pool.n_layers(), pool.kv_dim(), pool.block_tokens(), pool.type()) == block_bytes_;
+  spoolable_ = pool_.type() == KvType::F16 && pool_.segment_dim() == static_cast<std::size_t>(head_dim) && !pool_.has_separate_local_layers() &&
+               BlockPool::block_bytes(pool_.n_layers(), pool_.kv_dim(), pool_.block_tokens(), pool_.type()) == block_bytes_;
   PROMPTLY_CUDA_CHECK(cudaSetDevice(device_));
   try {
-    data_ = DeviceBuffer<__half>(pool.n_blocks() * block_bytes_ / sizeof(__half));
+    data_ = DeviceBuffer<__half>(pool_.n_blocks() * block_bytes_ / sizeof(__half));
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + ", for the KV cache; lower --kv-memory or --ctx-size");
   }
@@ -137,16 +136,20 @@ void DeviceKvStore::forget_finished_saves() {
   if (!saving_.empty() && cudaEventQuery(saves_done_) == cudaSuccess) saving_.clear(), replayed_ = false;
 }
 
+void DeviceKvStore::replay(std::span<const BlockPool::RowCopy> copies, cudaStream_t stream) const {
+  for (const BlockPool::RowCopy& copy : copies) {
+    copy_kv_rows(desc_, copy.from, static_cast<int>(copy.from_slot), copy.to, static_cast<int>(copy.to_slot), static_cast<int>(copy.n_rows),
+                 stream);
+  }
+}
+
 void DeviceKvStore::replay_logged_copies() {
   const std::vector<BlockPool::RowCopy> copies = pool_.take_copies();
   if (copies.empty()) return;
   // The passes that logged them have finished (CudaForward::forward waits for its compute stream
   // before it returns); the next pass waits for these (order_writes_after_saves).
-  for (const BlockPool::RowCopy& copy : copies) {
-    copy_kv_rows(desc_, copy.from, static_cast<int>(copy.from_slot), copy.to, static_cast<int>(copy.to_slot), static_cast<int>(copy.n_rows),
-                 saves_);
-    saving_.insert(copy.from), saving_.insert(copy.to);
-  }
+  replay(copies, saves_);
+  for (const BlockPool::RowCopy& copy : copies) saving_.insert(copy.from), saving_.insert(copy.to);
   PROMPTLY_CUDA_CHECK(cudaGetLastError());
   PROMPTLY_CUDA_CHECK(cudaEventRecord(saves_done_, saves_));
   replayed_ = true;

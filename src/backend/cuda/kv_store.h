@@ -37,6 +37,8 @@ class DeviceKvStore final : public KvCache::DeviceState {
   const DeviceKv& desc() const { return desc_; }
 
   std::shared_ptr<PendingBlock> save_block(int block) override;
+  // The pool's logged row copies (copy-on-write, a tree's accepted path), in order, on `stream`.
+  void replay(std::span<const BlockPool::RowCopy> copies, cudaStream_t stream) const;
   BlockSink load_block(int block) override;
 
   // Whether any copy back or replayed row copy may still be running (a pass then asks
