@@ -135,16 +135,20 @@ int bench_model(const BenchModelOptions& o) {
   // With a depth, the context is prefilled once (in chunks, as the engine would) and every
   // measurement starts from it: the cache is cut back to `depth` positions, and what a measurement
   // writes past them is overwritten by the next.
+  // With streams, each sequence has its own context of `depth` (the prompt measurement uses the first).
   const std::size_t depth = static_cast<std::size_t>(o.depth);
-  KvCache cache = model.make_cache(depth + static_cast<std::size_t>(std::max(o.n_prompt, o.n_gen)) + 8);
+  const int streams = std::max(1, o.streams);
+  KvCache cache = model.make_cache(depth + static_cast<std::size_t>(std::max(o.n_prompt, o.n_gen)) + 8, KvType::F16, static_cast<std::size_t>(streams));
   constexpr std::size_t kDepthChunk = 512;
-  for (std::size_t p0 = 0; p0 < depth; p0 += kDepthChunk) {
-    Batch batch;
-    for (std::size_t p = p0; p < std::min(depth, p0 + kDepthChunk); ++p) batch.add(tok(rng), static_cast<std::int32_t>(p), 0, false);
-    model.forward(batch, cache, pool, logits);
+  for (int seq = 0; seq < streams; ++seq) {
+    for (std::size_t p0 = 0; p0 < depth; p0 += kDepthChunk) {
+      Batch batch;
+      for (std::size_t p = p0; p < std::min(depth, p0 + kDepthChunk); ++p) batch.add(tok(rng), static_cast<std::int32_t>(p), seq, false);
+      model.forward(batch, cache, pool, logits);
+    }
   }
-  const auto restart = [&] {
-    if (cache.n_sequences() > 0) cache.set_length(0, depth);
+  const auto restart = [&] {  // the sequences so far are 0 .. n - 1
+    for (int seq = 0; seq < static_cast<int>(cache.n_sequences()); ++seq) cache.set_length(seq, depth);
   };
   const auto at = [&](int i) { return static_cast<std::int32_t>(depth) + i; };
   // The read bandwidth is measured after every repetition and the floor takes the best: on a shared
@@ -182,14 +186,19 @@ int bench_model(const BenchModelOptions& o) {
       backend::DeviceSampling draw;
       for (int i = 0; i < o.n_gen; ++i) {
         batch.clear();
-        batch.add(tok(rng), at(i), 0, true);
-        draw.draws.assign(1, {0, params.temperature, params.top_k, params.top_p, params.min_p, o.sample ? sampler.next_uniform() : 0.0});
-        if (o.sample) sampler.skip_uniform();
+        draw.draws.clear();
+        for (int seq = 0; seq < streams; ++seq) {
+          batch.add(tok(rng), at(i), seq, true);
+          draw.draws.push_back({seq, params.temperature, params.top_k, params.top_p, params.min_p, o.sample ? sampler.next_uniform() : 0.0});
+          if (o.sample) sampler.skip_uniform();
+        }
         model.forward(batch, cache, pool, logits, {}, model.samples_on_device() ? &draw : nullptr);
-        if (o.sample && !model.samples_on_device()) sampler.sample(logits.data(), c.n_vocab, {});
+        if (o.sample && !model.samples_on_device()) {
+          for (int seq = 0; seq < streams; ++seq) sampler.sample(logits.data() + static_cast<std::size_t>(seq) * c.n_vocab, c.n_vocab, {});
+        }
       }
       const double seconds = seconds_since(t0);
-      tg_tps.push_back(o.n_gen / seconds);
+      tg_tps.push_back(static_cast<double>(o.n_gen) * streams / seconds);
       if (tp) {  // this rank's time in collectives (sending and waiting), per generated token
         const parallel::Communicator::Totals after = tp->totals();
         tg_tp_collectives = static_cast<double>(after.collectives - tp_before.collectives) / o.n_gen;
@@ -200,7 +209,9 @@ int bench_model(const BenchModelOptions& o) {
   }
   const double int8_measured_tops = on_device ? 0.0 : measure_int8_tops(pool);
   const Stats pp = stats(pp_tps), tg = stats(tg_tps);
-  const double tg_floor = bandwidth * 1e9 / static_cast<double>(weight_bytes);
+  // A step reads the weights once for all its streams' tokens: the memory floor counts them all
+  // (where the arithmetic, not the reads, bounds a step of many streams, no kernel reaches it).
+  const double tg_floor = bandwidth * 1e9 / static_cast<double>(weight_bytes) * streams;
   // Multiply-adds count twice; attention's own products (a few percent at 512 tokens) are left out.
   // (Until 2026-12-06 this counted 2 x every parameter x tokens: the embedding table and the output
   // matrix for every token too, which overstated small models' prefill, 125m's by 1.6x.)
@@ -212,9 +223,10 @@ int bench_model(const BenchModelOptions& o) {
       {"model", o.model}, {"type", type}, {"file_mb", file_mb}, {"params_m", static_cast<double>(params) / 1e6},
       {"active_params_m", static_cast<double>(active_params) / 1e6},
       {"threads", threads}, {"tp", o.tp}, {"device", backend::to_string(device)}, {"tg_tp_collectives_per_token", tg_tp_collectives},
-      {"tg_tp_collective_share", tg_tp_share.empty() ? 0.0 : stats(tg_tp_share).median}, {"isa", kernels::isa_name(kernels::active_isa())}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"sampled", o.sample}, {"depth", o.depth},
+      {"tg_tp_collective_share", tg_tp_share.empty() ? 0.0 : stats(tg_tp_share).median}, {"isa", kernels::isa_name(kernels::active_isa())}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"streams", streams}, {"sampled", o.sample}, {"depth", o.depth},
       {"repetitions", o.repetitions}, {"pp_tps", {{"mean", pp.mean}, {"stddev", pp.stddev}, {"median", pp.median}}},
       {"tg_tps", {{"mean", tg.mean}, {"stddev", tg.stddev}, {"median", tg.median}}},
+      {"tg_step_ms", tg.median > 0 ? 1e3 * streams / tg.median : 0.0},
       {"read_bandwidth_gbs", bandwidth}, {"weight_bytes_per_token", weight_bytes}, {"tg_floor_tps", tg_floor},
       {"tg_fraction_of_floor", tg.median / tg_floor}, {"pp_ops_per_s", pp_ops}, {"int8_peak_tops", o.int8_peak_tops},
       {"pp_fraction_of_int8_peak", pp_ops / int8_peak}, {"int8_measured_tops", int8_measured_tops},
@@ -230,12 +242,18 @@ int bench_model(const BenchModelOptions& o) {
     return 0;
   }
   const std::string at_depth = o.depth > 0 ? " @ d" + std::to_string(o.depth) : "";
-  std::printf("| model | type | size MB | threads | isa | pp%d%s t/s | tg%d%s%s t/s | read GB/s | tg floor t/s | tg / floor | pp / int8 peak | peak RSS MB |\n",
-              o.n_prompt, at_depth.c_str(), o.n_gen, at_depth.c_str(), o.sample ? " sampled" : "");
+  const std::string in_streams = streams > 1 ? " x" + std::to_string(streams) + " streams" : "";
+  std::printf("| model | type | size MB | threads | isa | pp%d%s t/s | tg%d%s%s%s t/s | read GB/s | tg floor t/s | tg / floor | pp / int8 peak | peak RSS MB |\n",
+              o.n_prompt, at_depth.c_str(), o.n_gen, in_streams.c_str(), at_depth.c_str(), o.sample ? " sampled" : "");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::printf("| %s | %s | %.0f | %d | %s | %.1f ± %.1f | %.1f ± %.1f | %.1f | %.1f | %.0f%% | %.1f%% | %.0f |\n", o.model.c_str(),
               type.c_str(), file_mb, threads, kernels::isa_name(kernels::active_isa()), pp.mean, pp.stddev, tg.mean, tg.stddev, bandwidth,
               tg_floor, 100.0 * tg.median / tg_floor, 100.0 * pp_ops / int8_peak, rss);
+  if (streams > 1) {
+    std::printf("\n%d streams: a generation step is %d tokens, %.2f ms (median); tg counts every stream's tokens, and its floor is "
+                "the weights read once a step\n",
+                streams, streams, tg.median > 0 ? 1e3 * streams / tg.median : 0.0);
+  }
   if (tp) {
     std::printf("\ntensor parallel: %d ranks of %d threads each; decode: %.0f collectives a token, %.0f%% of rank 0's time in them "
                 "(sending and waiting for the slowest rank)\n",

@@ -159,6 +159,7 @@ struct BenchModelOptions {
   std::string model;
   int n_prompt = 512;
   int n_gen = 128;
+  int streams = 1;  // sequences decoding at once: each generation step a token of each
   int depth = 0;  // context already cached before each measurement (llama-bench's -d)
   int repetitions = 5;
   int threads = 0;

@@ -172,6 +172,11 @@ int main(int argc, char** argv) {
   bmod_cmd->add_option("-m,--model", bmod.model, "GGUF model file, or promptly-code-23m for the built-in one")->required();
   bmod_cmd->add_option("-p,--n-prompt", bmod.n_prompt, "Prompt tokens (one batch)")->capture_default_str();
   bmod_cmd->add_option("-n,--n-gen", bmod.n_gen, "Generated tokens (one at a time)")->capture_default_str();
+  bmod_cmd->add_option("-s,--streams", bmod.streams,
+                       "Sequences generating at once, as continuous batching runs them: each step is a token of each, and the "
+                       "generation speed counts them all")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
   bmod_cmd->add_option("-d,--depth", bmod.depth, "Tokens already in the KV cache when prompt processing and generation start")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

@@ -94,6 +94,25 @@ TEST(Cli, BenchModelMeasuresAtADepth) {
   EXPECT_NE(promptly("bench model -m " + stories() + " -d -5").status, 0);
 }
 
+// Continuous batching's decode steps: each step a token of each stream, each stream at its own depth.
+TEST(Cli, BenchModelGeneratesManyStreamsAtOnce) {
+  const Result r = promptly("bench model -m " + stories() + " -p 8 -n 4 -s 3 -d 20 -r 2 -t 2 --sample --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["streams"].get<int>(), 3);
+  const double tg = j["tg_tps"]["median"].get<double>();
+  ASSERT_GT(tg, 0.0);
+  EXPECT_NEAR(j["tg_step_ms"].get<double>(), 1e3 * 3 / tg, 1e-9);
+  // The weights are read once a step for all three streams' tokens.
+  EXPECT_NEAR(j["tg_floor_tps"].get<double>() / (3 * j["read_bandwidth_gbs"].get<double>() * 1e9 / j["weight_bytes_per_token"].get<double>()), 1.0,
+              1e-9);
+  const Result table = promptly("bench model -m " + stories() + " -p 8 -n 4 -s 2 -r 1 -t 1");
+  ASSERT_EQ(table.status, 0) << table.out;
+  EXPECT_NE(table.out.find("| tg4 x2 streams t/s |"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("2 streams: a generation step is 2 tokens"), std::string::npos) << table.out;
+  EXPECT_NE(promptly("bench model -m " + stories() + " -s 0").status, 0);
+}
+
 TEST(Cli, GenModelQuantizeRunRoundTrip) {
   test::TempDir dir;
   ASSERT_EQ(promptly("gen-model --preset tiny --dtype Q4_0 -o " + dir.file("t.gguf")).status, 0);
