@@ -146,9 +146,9 @@ INSTANTIATE_TEST_SUITE_P(Formats, GemvTest,
                                            FormatCase{DType::F32, WeightFormat::F32, 172}, FormatCase{DType::F16, WeightFormat::F16, 37}),
                          [](const auto& info) { return std::string(dtype_name(info.param.dtype)) + "_" + std::to_string(info.param.cols); });
 
-// The integer GEMV (decode's Q4_K, Q6_K, Q8_0 and Q4_0 products): exact against the product with x quantized the same
-// way on the host (blocks of 32, scale max|x| / 127, round to nearest even), and within int8's
-// rounding of the float product.
+// The integer GEMV (decode's Q4_K, Q6_K, Q8_0 and Q4_0 products, and batches past decode's in
+// rounds): exact against the product with x quantized the same way on the host (blocks of 32,
+// scale max|x| / 127, round to nearest even), and within int8's rounding of the float product.
 TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
   REQUIRE_GPU();
   EXPECT_FALSE(gemv_q8_takes(WeightFormat::F16, 256));
@@ -175,7 +175,8 @@ TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
     std::vector<float> dequantized(w.size());
     for (int r = 0; r < rows; ++r) dequantize_row(dtype, &packed[rb * r], &dequantized[static_cast<std::size_t>(r) * cols], cols);
     Device<std::uint8_t> dw(packed);
-    for (int T = 1; T <= kGemvMaxTokens; ++T) {
+    // Every decode batch size, then batches past it (rounds of kGemvMaxTokens, the last one short).
+    for (const int T : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 21}) {
       std::vector<float> x(static_cast<std::size_t>(T) * cols);
       for (float& v : x) v = normal(rng) * (1.0f + static_cast<float>(rng() % 100));  // blocks of unlike scales
       std::fill(x.begin() + 32, x.begin() + 64, 0.0f);                              // and a block of zeros
@@ -1312,27 +1313,81 @@ TEST(CudaModel, KeptHalvesPrefillAsDecodingThemOnEveryPassDoes) {
   EXPECT_NE(read.find("prefill: cuBLAS GEMMs"), std::string::npos) << read;
 }
 
-// Prefill's q/k/v products in one GEMM over wq, wk and wv one under the other (F16 files' bytes, kept
-// halves of quantized ones) give what three GEMMs give (PROMPTLY_CUDA_JOINED_QKV=0): biases (Qwen2),
-// head norms (Qwen3) and rope read from the joined rows. F32 files keep three GEMMs in FP32.
-TEST(CudaModel, JoinedQkvGemmComputesWhatThreeGemmsDo) {
+// Prefill's q/k/v products in one GEMM over wq, wk and wv one under the other, and its gate/up
+// products in one over gate and up (F16 files' bytes, kept halves of quantized ones), give what
+// separate GEMMs give (PROMPTLY_CUDA_JOINED_QKV=0, PROMPTLY_CUDA_JOINED_GATE_UP=0): biases
+// (Qwen2), head norms (Qwen3) and rope read from the joined rows, and the activation from both
+// halves of each. F32 files keep separate GEMMs in FP32. The batches past decode's all go to
+// cuBLAS here (PROMPTLY_CUDA_GEMV_BATCH=8), whatever the integer GEMV's default reach.
+TEST(CudaModel, JoinedGemmsComputeWhatSeparateOnesDo) {
   REQUIRE_GPU();
   test::TempDir tmp;
   ThreadPool pool(2);
   const std::pair<const char*, DType> models[] = {{"tiny", DType::F16}, {"tiny-qwen2", DType::F16}, {"tiny-qwen3", DType::F16},
-                                                  {"tiny", DType::Q4_K}, {"tiny-qwen2", DType::Q8_0}, {"tiny", DType::F32}};
+                                                  {"tiny-gemma2", DType::F16}, {"tiny-phi3", DType::F16}, {"tiny", DType::Q4_K}, {"tiny-qwen2", DType::Q8_0},
+                                                  {"tiny", DType::F32}};
   for (const auto& [preset, type] : models) {
     const std::string what = std::string(preset) + " " + std::string(dtype_name(type));
     const auto file = gguf::File::open(write_preset(tmp, preset, type, pool));
-    const std::unique_ptr<Model> three = gpu_model_with(file, {{"PROMPTLY_CUDA_JOINED_QKV", "0"}});
-    const std::unique_ptr<Model> joined = gpu_model_with(file, {});
-    EXPECT_EQ(three->device()->name().find("q/k/v in one GEMM"), std::string::npos) << three->device()->name();
+    const std::unique_ptr<Model> separate =
+        gpu_model_with(file, {{"PROMPTLY_CUDA_JOINED_QKV", "0"}, {"PROMPTLY_CUDA_JOINED_GATE_UP", "0"}, {"PROMPTLY_CUDA_GEMV_BATCH", "8"}});
+    const std::unique_ptr<Model> joined = gpu_model_with(file, {{"PROMPTLY_CUDA_GEMV_BATCH", "8"}});
+    EXPECT_EQ(separate->device()->name().find("in one GEMM"), std::string::npos) << separate->device()->name();
     EXPECT_EQ(joined->device()->name().find("prefill q/k/v in one GEMM") != std::string::npos, type != DType::F32)
+        << what << ": " << joined->device()->name();
+    EXPECT_EQ(joined->device()->name().find("prefill gate/up in one GEMM") != std::string::npos, type != DType::F32)
         << what << ": " << joined->device()->name();
     std::mt19937 rng(21);
     const std::vector<std::int32_t> prompt = random_prompt(rng, 37);
-    const Greedy want = run_greedy(*three, prompt, 4, pool), got = run_greedy(*joined, prompt, 4, pool);
+    const Greedy want = run_greedy(*separate, prompt, 4, pool), got = run_greedy(*joined, prompt, 4, pool);
     expect_same_run(got, want, 1e-5, what);
+  }
+}
+
+// Batches past a decode step's (many streams decoding at once, token trees, short prompts) go
+// through the integer GEMV in rounds of kGemvMaxTokens tokens, up to PROMPTLY_CUDA_GEMV_BATCH: a
+// 20-token prompt in one pass gives the logits of the same prompt fed 8, 8 and 4 tokens a pass
+// (each token's int8 sums are the same either way), and no cuBLAS GEMM runs for it; with the batch
+// at 8, the layers' products go through cuBLAS on halves as before, within int8's rounding of those.
+// (The fused launches and the attention tiles are off in both: they are compared elsewhere, and a
+// pass of 8 tokens would take the one and a pass of 20 the other.)
+TEST(CudaModel, BatchesPastDecodeStepsTakeTheIntegerGemvInRounds) {
+  REQUIRE_GPU();
+  test::TempDir tmp;
+  ThreadPool pool(2);
+  const std::pair<const char*, DType> models[] = {{"tiny", DType::Q4_K}, {"tiny-qwen2", DType::Q8_0}, {"tiny-qwen3moe", DType::Q8_0}};
+  for (const auto& [preset, type] : models) {
+    const std::string what = std::string(preset) + " " + std::string(dtype_name(type));
+    const auto file = gguf::File::open(write_preset(tmp, preset, type, pool));
+    const std::unique_ptr<Model> rounds =
+        gpu_model_with(file, {{"PROMPTLY_CUDA_FUSE", "0"}, {"PROMPTLY_CUDA_ATTENTION_TILES", "0"}, {"PROMPTLY_CUDA_PROFILE", "1"}});
+    const std::unique_ptr<Model> cublas = gpu_model_with(
+        file, {{"PROMPTLY_CUDA_GEMV_BATCH", "8"}, {"PROMPTLY_CUDA_FUSE", "0"}, {"PROMPTLY_CUDA_ATTENTION_TILES", "0"}, {"PROMPTLY_CUDA_PROFILE", "1"}});
+    EXPECT_NE(rounds->device()->name().find("integer GEMV up to 32 tokens"), std::string::npos) << rounds->device()->name();
+    EXPECT_NE(cublas->device()->name().find("integer GEMV up to 8 tokens"), std::string::npos) << cublas->device()->name();
+    std::mt19937 rng(23);
+    const std::vector<std::int32_t> prompt = random_prompt(rng, 20);
+    // The prompt's last logits, the prompt fed `chunk` tokens a pass.
+    const auto last_logits = [&](const Model& model, std::size_t chunk) {
+      KvCache cache = model.make_cache(64, KvType::F16);
+      std::vector<float> logits;
+      for (std::size_t p0 = 0; p0 < prompt.size(); p0 += chunk) {
+        Batch batch;
+        const std::size_t end = std::min(prompt.size(), p0 + chunk);
+        for (std::size_t p = p0; p < end; ++p) batch.add(prompt[p], static_cast<std::int32_t>(p), 0, p + 1 == prompt.size());
+        model.forward(batch, cache, pool, logits);
+      }
+      return logits;
+    };
+    const std::vector<float> whole = last_logits(*rounds, prompt.size());
+    const std::string report = rounds->device()->profile_report();
+    EXPECT_EQ(report.find("prefill: cuBLAS GEMMs"), std::string::npos) << what << ": " << report;
+    const std::vector<float> in_eights = last_logits(*rounds, kGemvMaxTokens);
+    EXPECT_LT(relative_error(whole, std::vector<double>(in_eights.begin(), in_eights.end())), 1e-5) << what;
+    const std::vector<float> through_cublas = last_logits(*cublas, prompt.size());
+    const std::string cublas_report = cublas->device()->profile_report();
+    EXPECT_NE(cublas_report.find("prefill: cuBLAS GEMMs"), std::string::npos) << what << ": " << cublas_report;
+    EXPECT_LT(relative_error(whole, std::vector<double>(through_cublas.begin(), through_cublas.end())), 2e-2) << what;
   }
 }
 

@@ -9,7 +9,8 @@
 // Decode-sized batches (at most kGemvMaxTokens tokens) run as a CUDA graph captured once per shape
 // (tokens, logit rows, attention chunk), since their hundreds of small launches would otherwise
 // cost more than the work.
-// Larger batches (prefill) run their matmuls through cuBLAS: on halves (F32 weights in FP32).
+// Larger batches run their matmuls through cuBLAS: on halves (F32 weights in FP32); those up to
+// gemv_batch_ tokens through the integer GEMV where it takes the weights' format.
 #include "backend/cuda/cuda_forward.h"
 
 #include <algorithm>
@@ -59,6 +60,24 @@ bool env_is(const char* name, const char* value) {
   return set && std::strcmp(set, value) == 0;
 }
 
+// The most tokens a pass sends through the integer GEMV by default (rounds of kGemvMaxTokens), an
+// estimate until measured (docs/cuda-backend.md): the GEMV reads 4.5-bit Q4_K rows once where the
+// GEMM reads 16-bit halves, but its dp4a work grows with the tokens; at Llama-3-8B's shape the two
+// should cross between 25 and 50 tokens against kept halves (later where every pass decodes them).
+constexpr int kGemvBatchDefault = 32;
+
+int gemv_batch_from_env() {
+  const char* set = std::getenv("PROMPTLY_CUDA_GEMV_BATCH");
+  if (!set) return kGemvBatchDefault;
+  char* end = nullptr;
+  const long n = std::strtol(set, &end, 10);
+  if (end == set || *end != '\0' || n < 1 || n > 1 << 20) {
+    throw Error(std::string("PROMPTLY_CUDA_GEMV_BATCH=") + set + ": expected the most tokens a pass sends through the integer GEMV, a whole number (under " +
+                std::to_string(kGemvMaxTokens) + " counts as " + std::to_string(kGemvMaxTokens) + ": cuBLAS for every batch past a decode step's)");
+  }
+  return std::max(static_cast<int>(n), kGemvMaxTokens);
+}
+
 // A matrix in device memory, as the file stores it.
 struct MatrixView {
   const std::uint8_t* bytes = nullptr;
@@ -85,13 +104,18 @@ struct DeviceExperts {
   ExpertMatrices indexed(float* y) const { return {each.front().bytes, stride, each.front().format, y}; }
 };
 
+// Matrices of one width one under the other, as halves (F16 files' bytes, or the kept halves), for
+// prefill's one GEMM of them all; view.rows 0 where they are not.
+struct JoinedMatrices {
+  MatrixView view;
+  DeviceBuffer<std::uint8_t> bytes;  // F16 parts uploaded together (their own views point here)
+  DeviceBuffer<__half> halves;       // their kept halves (keep_prefill_halves)
+};
+
 struct DeviceLayer {
   DeviceMatrix wq, wk, wv, wo, gate, up, down;
-  // wq, wk and wv one under the other, as halves (F16 files' bytes, or the kept halves), for
-  // prefill's one GEMM of the three; rows 0 where they are not.
-  MatrixView qkv;
-  DeviceBuffer<std::uint8_t> qkv_bytes;  // F16 wq, wk and wv uploaded together (their views point here)
-  DeviceBuffer<__half> qkv_halves;       // their kept halves (keep_prefill_halves)
+  // wq, wk and wv (qkv_with_post); gate and up (gate_up_activation).
+  JoinedMatrices qkv, gate_up;
   DeviceMatrix router;                                // mixture of experts: n_expert rows
   DeviceExperts exp_gate, exp_up, exp_down;
   DeviceBuffer<float> attn_norm, ffn_norm, post_attn_norm, post_ffn_norm, q_norm, k_norm, bq, bk, bv;
@@ -136,6 +160,11 @@ class CudaForward final : public DeviceForward {
     // PROMPTLY_CUDA_GEMV=float keeps decode's products on the float kernel (x as floats), for
     // comparing it with the integer one (tools/gpu-check.sh times both).
     integer_gemv_ = !env_is("PROMPTLY_CUDA_GEMV", "float");
+    // Batches past decode's (continuous batching's many streams, speculation's token trees, short
+    // prompts) through the integer GEMV too, in rounds of kGemvMaxTokens tokens, up to this many
+    // tokens; cuBLAS past them. PROMPTLY_CUDA_GEMV_BATCH=N sets it (at least kGemvMaxTokens: 8 is
+    // cuBLAS for every batch past decode's), for finding the crossover (tools/gpu-check.sh).
+    gemv_batch_ = gemv_batch_from_env();
     // Rope and the KV write in the q/k/v launch, the attention merge in the attention launch, the
     // gated activation in the gate/up launch (each finished by the last block to be done: three
     // launches fewer a decode layer); PROMPTLY_CUDA_FUSE=0 launches them on their own, for
@@ -151,6 +180,10 @@ class CudaForward final : public DeviceForward {
     // too few output tiles alone to fill the GPU; PROMPTLY_CUDA_JOINED_QKV=0 runs three GEMMs, for
     // comparing the two (tools/gpu-check.sh).
     joined_qkv_ = !env_is("PROMPTLY_CUDA_JOINED_QKV", "0");
+    // Prefill's gate and up products in one GEMM likewise (twice the outputs: fewer partial waves of
+    // output tiles; gated_activation reads the two halves of each row); PROMPTLY_CUDA_JOINED_GATE_UP=0
+    // runs two GEMMs, for comparing the two (tools/gpu-check.sh).
+    joined_gate_up_ = !env_is("PROMPTLY_CUDA_JOINED_GATE_UP", "0");
     // PROMPTLY_CUDA_PROFILE=1: each pass's time by stretch of kernels (step_profile.h), graphs off.
     if (env_is("PROMPTLY_CUDA_PROFILE", "1")) {
       profile_.enable();
@@ -189,7 +222,9 @@ class CudaForward final : public DeviceForward {
     name_ += std::string(" (") + props.name + "; " + (use_graphs_ ? "graphs" : "no graphs") +
              (dependent_launches_ ? ", dependent launches" : "") + (halves_kept ? "; prefill from kept halves" : "") +
              (attention_mma_ ? "; prefill attention on tensor cores" : "") +
-             (joined_qkv_ && !layers_.empty() && layers_.front().qkv.rows > 0 ? "; prefill q/k/v in one GEMM" : "") + ")";
+             (joined_qkv_ && !layers_.empty() && layers_.front().qkv.view.rows > 0 ? "; prefill q/k/v in one GEMM" : "") +
+             (joined_gate_up_ && !layers_.empty() && layers_.front().gate_up.view.rows > 0 ? "; prefill gate/up in one GEMM" : "") +
+             (integer_gemv_ ? "; integer GEMV up to " + std::to_string(gemv_batch_) + " tokens" : "") + ")";
   }
 
   ~CudaForward() override {
@@ -361,29 +396,34 @@ class CudaForward final : public DeviceForward {
     out.view.bytes = at;
     weight_bytes_ += bytes;
   }
-  // wq, wk and wv of F16 files in one allocation, so that prefill multiplies by them in one GEMM
-  // (qkv_with_post); otherwise each on its own.
-  void upload_qkv(const LayerWeights& L, DeviceLayer& d, const std::string& blk) {
-    const kernels::WeightMatrix* parts[] = {&L.wq, &L.wk, &L.wv};
-    DeviceMatrix* outs[] = {&d.wq, &d.wk, &d.wv};
-    const char* names[] = {"attn_q", "attn_k", "attn_v"};
-    bool joined = true;
+  // Matrices of an F16 file that prefill multiplies by the same x (wq, wk, wv; gate, up) in one
+  // allocation, one under the other, so that one GEMM takes them all (joined.view); otherwise
+  // each on its own.
+  void upload_joined(std::initializer_list<const kernels::WeightMatrix*> parts, std::initializer_list<DeviceMatrix*> outs,
+                     std::initializer_list<std::string> names, JoinedMatrices& joined) {
+    const kernels::WeightMatrix& first = **parts.begin();
+    bool together = true;
     std::size_t total = 0;
     for (const kernels::WeightMatrix* m : parts) {
-      joined = joined && m->data && m->type == DType::F16 && m->layout == kernels::Layout::Plain && m->cols == L.wq.cols;
+      together = together && m->data && m->type == DType::F16 && m->layout == kernels::Layout::Plain && m->cols == first.cols;
       total += m->rows * m->row_stride();
     }
-    if (!joined) {
-      for (int i = 0; i < 3; ++i) upload(*parts[i], *outs[i], blk + names[i]);
-      return;
-    }
-    d.qkv_bytes = DeviceBuffer<std::uint8_t>(total);
+    if (together) joined.bytes = DeviceBuffer<std::uint8_t>(total);
     std::size_t offset = 0;
-    for (int i = 0; i < 3; ++i) {
-      upload_to(*parts[i], *outs[i], blk + names[i], d.qkv_bytes.get() + offset);
-      offset += parts[i]->rows * parts[i]->row_stride();
+    int rows = 0;
+    auto out = outs.begin();
+    auto name = names.begin();
+    for (const kernels::WeightMatrix* m : parts) {
+      if (together) {
+        upload_to(*m, **out, *name, joined.bytes.get() + offset);
+      } else {
+        upload(*m, **out, *name);
+      }
+      offset += m->rows * m->row_stride();
+      rows += static_cast<int>(m->rows);
+      ++out, ++name;
     }
-    d.qkv = {d.qkv_bytes.get(), WeightFormat::F16, d.wq.view.rows + d.wk.view.rows + d.wv.view.rows, d.wq.view.cols, nullptr};
+    if (together) joined.view = {joined.bytes.get(), WeightFormat::F16, rows, static_cast<int>(first.cols), nullptr};
   }
   void upload(const std::vector<kernels::WeightMatrix>& experts, DeviceExperts& out, const std::string& what) {
     if (experts.empty()) return;
@@ -421,9 +461,10 @@ class CudaForward final : public DeviceForward {
       const LayerWeights& L = model_.layers()[il];
       DeviceLayer& d = layers_[il];
       const std::string blk = "blk." + std::to_string(il) + ".";
-      upload_qkv(L, d, blk);
+      upload_joined({&L.wq, &L.wk, &L.wv}, {&d.wq, &d.wk, &d.wv}, {blk + "attn_q", blk + "attn_k", blk + "attn_v"}, d.qkv);
       upload(L.wo, d.wo, blk + "attn_output");
-      upload(L.w_gate, d.gate, blk + "ffn_gate"), upload(L.w_up, d.up, blk + "ffn_up"), upload(L.w_down, d.down, blk + "ffn_down");
+      upload_joined({&L.w_gate, &L.w_up}, {&d.gate, &d.up}, {blk + "ffn_gate", blk + "ffn_up"}, d.gate_up);
+      upload(L.w_down, d.down, blk + "ffn_down");
       upload(L.router, d.router, blk + "ffn_gate_inp");
       upload(L.exp_gate, d.exp_gate, blk + "ffn_gate_exps"), upload(L.exp_up, d.exp_up, blk + "ffn_up_exps");
       upload(L.exp_down, d.exp_down, blk + "ffn_down_exps");
@@ -470,19 +511,26 @@ class CudaForward final : public DeviceForward {
       dequantize_to_half(m.view.bytes, m.view.format, m.view.rows, m.view.cols, to, compute_);
       m.view.halves = to;
     };
-    for (DeviceLayer& L : layers_) {
-      // wq, wk and wv one under the other, for prefill's one GEMM of the three (qkv_with_post).
-      DeviceMatrix* qkv[] = {&L.wq, &L.wk, &L.wv};
-      if (std::all_of(std::begin(qkv), std::end(qkv), [](const DeviceMatrix* m) { return m->view.bytes && !is_float_format(m->view.format); })) {
-        const int rows = L.wq.view.rows + L.wk.view.rows + L.wv.view.rows;
-        L.qkv_halves = DeviceBuffer<__half>(static_cast<std::size_t>(rows) * L.wq.view.cols);
-        std::size_t offset = 0;
-        for (DeviceMatrix* m : qkv) {
-          decode(*m, L.qkv_halves.get() + offset);
-          offset += static_cast<std::size_t>(m->view.rows) * m->view.cols;
-        }
-        L.qkv = {L.wq.view.bytes, L.wq.view.format, rows, L.wq.view.cols, L.qkv_halves.get()};
+    // wq, wk and wv, and gate and up, one under the other, for prefill's one GEMM of each group
+    // (qkv_with_post, gate_up_activation).
+    const auto decode_joined = [&](std::initializer_list<DeviceMatrix*> parts, JoinedMatrices& joined) {
+      const MatrixView& first = (*parts.begin())->view;
+      int rows = 0;
+      for (const DeviceMatrix* m : parts) {
+        if (!m->view.bytes || is_float_format(m->view.format) || m->view.cols != first.cols) return;
+        rows += m->view.rows;
       }
+      joined.halves = DeviceBuffer<__half>(static_cast<std::size_t>(rows) * first.cols);
+      std::size_t offset = 0;
+      for (DeviceMatrix* m : parts) {
+        decode(*m, joined.halves.get() + offset);
+        offset += static_cast<std::size_t>(m->view.rows) * m->view.cols;
+      }
+      joined.view = {first.bytes, first.format, rows, first.cols, joined.halves.get()};
+    };
+    for (DeviceLayer& L : layers_) {
+      decode_joined({&L.wq, &L.wk, &L.wv}, L.qkv);
+      decode_joined({&L.gate, &L.up}, L.gate_up);
     }
     for (DeviceMatrix* m : quantized) {
       if (m->view.halves) continue;  // joined above
@@ -584,7 +632,7 @@ class CudaForward final : public DeviceForward {
     moved |= k_.reserve(t * c_.kv_dim());
     moved |= v_.reserve(t * c_.kv_dim());
     // Prefill's joined q/k/v products (never a graph's: prefill runs without).
-    if (joined_qkv_ && T > kGemvMaxTokens) moved |= qkv_.reserve(t * (c_.q_dim() + 2 * c_.kv_dim()));
+    if ((joined_qkv_ || joined_gate_up_) && T > kGemvMaxTokens) moved |= joined_.reserve(t * std::max<std::size_t>(c_.q_dim() + 2 * c_.kv_dim(), 2 * std::size_t{c_.n_ff}));
     const std::size_t ffn_width = std::max<std::size_t>(c_.n_ff, c_.n_ff_expert);
     // moe_ffn_on_device's (token, expert) pairs: their FFN rows in gate_/up_, outputs in expert_y_.
     const std::size_t pairs = moe_on_device_ && T <= kGemvMaxTokens ? t * c_.n_expert_used : 0;
@@ -668,7 +716,7 @@ class CudaForward final : public DeviceForward {
     bool x_in_half = false;
     GemvParts integer{};  // the products the integer GEMV takes: one launch for them all
     for (const Product& p : products) {
-      if (T <= kGemvMaxTokens && integer_gemv_ && gemv_q8_takes(p.w.format, p.w.cols)) {
+      if (integer_gemv_takes(p.w, T)) {
         integer.cols = p.w.cols;
         integer.part[integer.n++] = {p.w.data(), p.w.format, p.w.rows, p.y};
       } else if (T <= kGemvMaxTokens) {
@@ -690,11 +738,12 @@ class CudaForward final : public DeviceForward {
   }
 
   // What a pass of T tokens streams of these matrices through the matrix-vector kernels (the
-  // profile's GB/s); 0 past their batch size (the GEMMs read halves).
-  static double streamed(int T, std::initializer_list<MatrixView> matrices) {
-    if (T > kGemvMaxTokens) return 0.0;
+  // profile's GB/s); the matrices cuBLAS takes count nothing (the GEMMs read halves).
+  double streamed(int T, std::initializer_list<MatrixView> matrices) const {
     double bytes = 0.0;
-    for (const MatrixView& m : matrices) bytes += static_cast<double>(m.rows) * static_cast<double>(format_row_bytes(m.format, m.cols));
+    for (const MatrixView& m : matrices) {
+      if (T <= kGemvMaxTokens || integer_gemv_takes(m, T)) bytes += static_cast<double>(m.rows) * static_cast<double>(format_row_bytes(m.format, m.cols));
+    }
     return bytes;
   }
 
@@ -713,16 +762,17 @@ class CudaForward final : public DeviceForward {
       return;
     }
     profile_.mark("q/k/v matmuls", streamed(T, {L.wq, L.wk, L.wv}));
-    if (joined_qkv_ && T > kGemvMaxTokens && L.qkv.rows > 0) {
+    if (joined_qkv_ && T > kGemvMaxTokens && L.qkv.view.rows > 0 && !integer_gemv_takes(L.wq, T) && !integer_gemv_takes(L.wk, T) &&
+        !integer_gemv_takes(L.wv, T)) {
       // One GEMM into qkv_, a token's q, k and v in one row; qkv_post reads them there and writes
       // the rotated queries to q_.
       bool x_in_half = false;
-      gemm(L.qkv, xn_.get(), T, qkv_.get(), x_in_half);
+      gemm(L.qkv.view, xn_.get(), T, joined_.get(), x_in_half);
       QkvPost joined = post;
-      joined.q_in = qkv_.get();
-      joined.k = qkv_.get() + L.wq.view.rows;
+      joined.q_in = joined_.get();
+      joined.k = joined_.get() + L.wq.view.rows;
       joined.v = joined.k + L.wk.view.rows;
-      joined.in_stride = L.qkv.rows;
+      joined.in_stride = L.qkv.view.rows;
       profile_.mark("q/k/v post (rope, kv write)");
       qkv_post(joined, meta_, T, kv.desc(), compute_);
       return;
@@ -735,7 +785,8 @@ class CudaForward final : public DeviceForward {
   // The dense FFN's gate and up products and gate_ = act(gate) * up; returns where gate_'s int8
   // form is (for the down projection's integer GEMV), if anywhere. Where both products go through
   // the integer GEMV, the activation is that launch's end (GatedTail) and the int8 goes to
-  // act_q8_ (x_q8_ is the launch's own input); else a launch of its own after them.
+  // act_q8_ (x_q8_ is the launch's own input); else a launch of its own after them (after one
+  // GEMM of gate and up joined, where both go to cuBLAS and lie one under the other).
   Q8Out gate_up_activation(const DeviceLayer& L, int T, Q8Out xn_q8) {
     const int F = static_cast<int>(c_.n_ff);
     const auto integer = [&](const MatrixView& m) { return integer_gemv_ && gemv_q8_takes(m.format, m.cols); };
@@ -753,6 +804,15 @@ class CudaForward final : public DeviceForward {
       return q8_down;
     }
     profile_.mark("gate/up matmuls", streamed(T, {L.gate, L.up}));
+    if (joined_gate_up_ && T > kGemvMaxTokens && L.gate_up.view.rows > 0 && !integer_gemv_takes(L.gate, T) && !integer_gemv_takes(L.up, T)) {
+      // One GEMM into joined_, a token's gate then up products in one row of 2F; the activation
+      // reads both halves and writes gate_ as the down projection reads it.
+      bool x_in_half = false;
+      gemm(L.gate_up.view, xn_.get(), T, joined_.get(), x_in_half);
+      profile_.mark("gated activation");
+      gated_activation_joined(joined_.get(), T, F, gelu(), gate_.get(), compute_);
+      return {};  // past decode's batches: no int8 form (q8_for)
+    }
     matmul({{L.gate, gate_.get()}, {L.up, up_.get()}}, xn_.get(), T, xn_q8);
     profile_.mark("gated activation");
     const Q8Out q8_down = q8_for(T, {L.down});
@@ -1033,7 +1093,12 @@ class CudaForward final : public DeviceForward {
   int multiprocessors_ = 0;
   bool use_graphs_ = true;
   bool joined_qkv_ = true;
+  bool joined_gate_up_ = true;
   bool integer_gemv_ = true;
+  int gemv_batch_ = kGemvBatchDefault;  // the most tokens the integer GEMV takes (see the constructor)
+  // Whether T tokens' products with w go through the integer GEMV (else the float GEMV up to
+  // kGemvMaxTokens, cuBLAS past it).
+  bool integer_gemv_takes(const MatrixView& w, int T) const { return integer_gemv_ && T <= gemv_batch_ && gemv_q8_takes(w.format, w.cols); }
   bool fuse_ = true;
   bool attention_tiles_ = true;
   bool attention_mma_ = false;  // the tiles on the tensor cores
@@ -1067,7 +1132,8 @@ class CudaForward final : public DeviceForward {
   std::vector<int> written_;     // blocks_written's
   DeviceBuffer<float> x_, xn_, tmp_, q_, attn_, k_, v_, gate_, up_, out_x_, logits_, partials_;
   DeviceBuffer<__half> x_half_, w_half_;
-  DeviceBuffer<float> qkv_;  // prefill's q, k and v products from one GEMM (joined_qkv_)
+  // Prefill's products from one GEMM of joined matrices (q/k/v, then gate/up; a token's in one row).
+  DeviceBuffer<float> joined_;
   // Mixture of experts (moe_ffn): router logits, each expert's gathered input and output, the
   // routes (rows and weights, expert after expert) on the device and the host.
   DeviceBuffer<float> router_logits_, expert_x_, expert_y_;

@@ -413,9 +413,13 @@ __device__ void gated_tail(const GatedTail& tail, int* counter, float* gate, con
 // One warp per row of the parts' rows taken in turn (q, k and v, or gate and up, in one launch: a
 // decode step is many small kernels, and each launch costs a few microseconds on its own); a
 // block's warps all in one part. Returns the block's part and its block index within it.
+// kRounds: T may pass kGemvMaxTokens, taken in rounds of that many (an instance of its own: the
+// loop in the decode launches cost them registers by ptxas, 64 -> 72 for the plain one, and spills
+// in the q/k/v one).
 struct GemvBlock {
   int part, block_in_part;
 };
+template <bool kRounds = false>
 __device__ __forceinline__ GemvBlock gemv_q8_block(const GemvParts& parts, const std::int8_t* xq, const float2* xds, int T) {
   // Selected by branches, not an index: a dynamic index would copy the parameters to local memory.
   const int b = static_cast<int>(blockIdx.x);
@@ -431,14 +435,26 @@ __device__ __forceinline__ GemvBlock gemv_q8_block(const GemvParts& parts, const
   const bool active = row < part.rows;  // no early return (see gemv_kernel)
   const int cols = parts.cols;
   const std::uint8_t* wr = part.w + format_row_bytes(part.format, cols) * static_cast<std::size_t>(active ? row : 0);
-  float acc[kGemvMaxTokens] = {};
-  switch (part.format) {  // the same for the whole warp: no divergence
-    case WeightFormat::Q4_K: q4k_row_q8(wr, active, cols, xq, xds, T, acc); break;
-    case WeightFormat::Q6_K: q6k_row_q8(wr, active, cols, xq, xds, T, acc); break;
-    case WeightFormat::Q8_0: q8_0_or_q4_0_row_q8<WeightFormat::Q8_0>(wr, active, cols, xq, xds, T, acc); break;
-    default: q8_0_or_q4_0_row_q8<WeightFormat::Q4_0>(wr, active, cols, xq, xds, T, acc); break;
+  const auto row_sums = [&](const std::int8_t* xq_at, const float2* xds_at, int n, float* y) {
+    float acc[kGemvMaxTokens] = {};
+    switch (part.format) {  // the same for the whole warp: no divergence
+      case WeightFormat::Q4_K: q4k_row_q8(wr, active, cols, xq_at, xds_at, n, acc); break;
+      case WeightFormat::Q6_K: q6k_row_q8(wr, active, cols, xq_at, xds_at, n, acc); break;
+      case WeightFormat::Q8_0: q8_0_or_q4_0_row_q8<WeightFormat::Q8_0>(wr, active, cols, xq_at, xds_at, n, acc); break;
+      default: q8_0_or_q4_0_row_q8<WeightFormat::Q4_0>(wr, active, cols, xq_at, xds_at, n, acc); break;
+    }
+    write_row_sums(acc, n, active, y, part.rows, row);
+  };
+  if constexpr (kRounds) {
+    // The row comes from HBM in the first round and from L1/L2 in the others (a warp's row is a
+    // few KB), where a launch a round would stream every matrix from HBM again.
+    for (int t0 = 0; t0 < T; t0 += kGemvMaxTokens) {
+      row_sums(xq + static_cast<std::size_t>(t0) * cols, xds + static_cast<std::size_t>(t0) * (cols / 32), min(kGemvMaxTokens, T - t0),
+               part.y + static_cast<std::size_t>(t0) * part.rows);
+    }
+  } else {
+    row_sums(xq, xds, T, part.y);
   }
-  write_row_sums(acc, T, active, part.y, part.rows, row);
   return which;
 }
 
@@ -456,6 +472,14 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_parts_kernel(GemvP
   if (kNormTail && last_to_arrive(norm.arrivals, static_cast<int>(gridDim.x))) {
     add_rmsnorm_row(0, norm.x, parts.part[0].y, norm.delta_norm, norm.weight, norm.d, norm.eps, norm.out, norm.q8);
   }
+}
+
+// Batches past kGemvMaxTokens tokens (no tails: those are decode steps' launches). Six blocks an SM:
+// ptxas gives the loop 128 registers unbounded (four blocks, 16 warps to hide HBM's latency), 80 with
+// no spills at six, and spills at eight.
+__global__ void __launch_bounds__(kGemvWarps * kWarp, 6) gemv_q8_rounds_kernel(GemvParts parts, const std::int8_t* xq, const float2* xds, int T) {
+  dependent_launch_prologue();
+  gemv_q8_block<true>(parts, xq, xds, T);
 }
 
 // ---- mixtures of experts, routed on the device -----------------------------------------------
@@ -1171,6 +1195,16 @@ __global__ void gated_activation_kernel(float* gate, const float* up, std::size_
   if (q8.q) warp_quantize_q8(v, i / kWarp, in, q8);
 }
 
+// gated_activation_kernel's work from one GEMM of gate and up joined (rows of 2F: gate, then up).
+__global__ void gated_activation_joined_kernel(const float* joined, std::size_t n, int F, bool gelu, float* out) {
+  dependent_launch_prologue();
+  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const std::size_t t = i / static_cast<std::size_t>(F), c = i - t * F;
+  const float* row = joined + t * 2 * F;
+  out[i] = gated_value(row[c], row[F + c], gelu);
+}
+
 __global__ void add_weighted_rows_kernel(const float* src, const std::int32_t* rows, const float* weights, int d, float* dst) {
   dependent_launch_prologue();
   const float w = weights[blockIdx.x];
@@ -1263,7 +1297,10 @@ void gemv_q8(const GemvParts& parts, const std::int8_t* q, const float2* scale_s
     if (!gemv_q8_takes(parts.part[p].format, parts.cols)) return;
     blocks += blocks_for(static_cast<std::size_t>(parts.part[p].rows), kGemvWarps);
   }
-  if (parts.norm.arrivals) {
+  if (T > kGemvMaxTokens) {
+    if (parts.gated.arrivals || parts.norm.arrivals) throw Error("internal: gemv_q8's tails take at most kGemvMaxTokens tokens");
+    launch(gemv_q8_rounds_kernel, blocks, kGemvWarps * kWarp, 0, stream, parts, q, scale_sum, T);
+  } else if (parts.norm.arrivals) {
     launch(gemv_q8_parts_kernel<true>, blocks, kGemvWarps * kWarp, 0, stream, parts, q, scale_sum, T);
   } else {
     launch(gemv_q8_parts_kernel<false>, blocks, kGemvWarps * kWarp, 0, stream, parts, q, scale_sum, T);
@@ -1373,6 +1410,11 @@ void attention_tiles(const AttentionArgs& a, const StepMeta& meta, int n_tiles, 
 
 void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cudaStream_t stream, const Q8Out& q8) {
   launch(gated_activation_kernel, blocks_for(n, 256), 256, 0, stream, gate, up, n, gelu, n % kWarp == 0 ? q8 : Q8Out{});
+}
+
+void gated_activation_joined(const float* joined, int T, int F, bool gelu, float* out, cudaStream_t stream) {
+  const std::size_t n = static_cast<std::size_t>(T) * F;
+  launch(gated_activation_joined_kernel, blocks_for(n, 256), 256, 0, stream, joined, n, F, gelu, out);
 }
 
 void gather_rows(const float* src, const std::int32_t* rows, int n, int d, float* dst, cudaStream_t stream) {

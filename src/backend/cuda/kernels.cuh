@@ -84,11 +84,12 @@ void add_rmsnorm(float* x, const float* delta, const float* delta_norm, const fl
 // the float formats' rows may have any length, the block formats' are whole blocks).
 void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const float* x, int T, float* y, cudaStream_t stream);
 
-// The integer GEMV (decode batches over Q4_K and Q6_K weights): x's T rows of cols floats (cols a multiple of
+// The integer GEMV (decode batches over Q4_K, Q6_K, Q8_0 and Q4_0 weights): x's T rows of cols floats (cols a multiple of
 // 32) as int8 blocks of 32, q[t * cols + k], with each block's scale d = max|x| / 127 and d times
 // the sum of its q in scale_sum[t * cols / 32 + block]; then y[t][r] = W[r] . x[t] by dp4a on the
 // weights' own integers, scaled per block. What gemv_q8 takes: gemv_q8_takes (for a part it does
-// not take, it does nothing).
+// not take, it does nothing). Past kGemvMaxTokens tokens (no tails then) each warp takes its row's
+// tokens in rounds of that many, reading the row from HBM once.
 void quantize_q8(const float* x, int T, int cols, std::int8_t* q, float2* scale_sum, cudaStream_t stream);
 bool gemv_q8_takes(WeightFormat format, int cols);
 // Up to three matrices of the same width against the same x, in one launch (q/k/v, gate/up).
@@ -209,6 +210,9 @@ void attention_tiles(const AttentionArgs& a, const StepMeta& meta, int n_tiles, 
 // gate = act(gate) * up over n values (SwiGLU, or GeGLU with tanh when gelu); with q8 (rows of a
 // multiple of 32) the result as int8 too.
 void gated_activation(float* gate, const float* up, std::size_t n, bool gelu, cudaStream_t stream, const Q8Out& q8 = {});
+// The same from one GEMM of gate and up joined: out[t][c] = act(joined[t][c]) * joined[t][F + c]
+// for T rows of 2F.
+void gated_activation_joined(const float* joined, int T, int F, bool gelu, float* out, cudaStream_t stream);
 
 // dst[i] = src[rows[i]] (d floats each): the rows that want logits, an expert's tokens.
 void gather_rows(const float* src, const std::int32_t* rows, int n, int d, float* dst, cudaStream_t stream);
