@@ -134,6 +134,8 @@ if [ "$SECONDS" -le 330 ] && f16=$(gen F16 "$slice" 120) && [ -n "$f16" ]; then
   # The F16 file's own bytes take the joined GEMM (the Q4_K_M file's kept halves too, below).
   row "$f16" F16-three-qkv-gemms "F16 with PROMPTLY_CUDA_JOINED_QKV=0 (prefill's q, k and v products as three GEMMs instead of one)" \
     PROMPTLY_CUDA_JOINED_QKV=0 -p 512 -n 16 -r 3
+  row "$f16" F16-two-gate-up-gemms "F16 with PROMPTLY_CUDA_JOINED_GATE_UP=0 (prefill's gate and up products as two GEMMs instead of one)" \
+    PROMPTLY_CUDA_JOINED_GATE_UP=0 -p 512 -n 16 -r 3
   rm -f "$f16"
 else
   say "skipped F16: ${SECONDS}s gone, keeping under 8 minutes"
@@ -141,6 +143,15 @@ fi
 if [ -n "$q4" ]; then
   row "$q4" Q4_K_M-float-gemv "Q4_K_M with PROMPTLY_CUDA_GEMV=float (decode's products on the float kernel instead of the integer one)" \
     PROMPTLY_CUDA_GEMV=float -p 0 -n 128 -r 3
+  # Many streams decoding at once (continuous batching): their steps past 8 tokens go through the
+  # integer GEMV in rounds up to 32 tokens by default, through cuBLAS on the kept halves with
+  # PROMPTLY_CUDA_GEMV_BATCH=8; the estimate says the GEMV wins at 16 and about ties at 32.
+  for n in 16 32; do
+    row "$q4" Q4_K_M-streams-$n "Q4_K_M, $n streams decoding at once (the integer GEMV in rounds, the default up to 32 tokens)" \
+      PROMPTLY_CHECK_ROW=streams-$n -p 0 -n 32 -r 2 -s $n
+    row "$q4" Q4_K_M-streams-$n-cublas "Q4_K_M, $n streams with PROMPTLY_CUDA_GEMV_BATCH=8 (cuBLAS on the kept halves past 8 tokens)" \
+      PROMPTLY_CUDA_GEMV_BATCH=8 -p 0 -n 32 -r 2 -s $n
+  done
   row "$q4" Q4_K_M-sampled "Q4_K_M decode drawing as a default request does (--sample: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), against greedy above" \
     PROMPTLY_CHECK_ROW=sampled -p 0 -n 128 -r 3 --sample
   if [ "$SECONDS" -le 390 ]; then
