@@ -890,10 +890,14 @@ std::unique_ptr<Model> gpu_model(std::shared_ptr<const gguf::File> file, std::sh
 
 // The same with environment variables set while it loads (the backend reads its switches then).
 std::unique_ptr<Model> gpu_model_with(std::shared_ptr<const gguf::File> file, std::initializer_list<std::pair<const char*, const char*>> variables) {
+  struct Unset {  // also where the load throws
+    std::initializer_list<std::pair<const char*, const char*>> variables;
+    ~Unset() {
+      for (const auto& [name, value] : variables) unsetenv(name);
+    }
+  } unset{variables};
   for (const auto& [name, value] : variables) setenv(name, value, 1);
-  std::unique_ptr<Model> model = gpu_model(std::move(file));
-  for (const auto& [name, value] : variables) unsetenv(name);
-  return model;
+  return gpu_model(std::move(file));
 }
 
 // A prompt of n tokens: BOS, then random ordinary ones.
@@ -1365,6 +1369,7 @@ TEST(CudaModel, BatchesPastDecodeStepsTakeTheIntegerGemvInRounds) {
         file, {{"PROMPTLY_CUDA_GEMV_BATCH", "8"}, {"PROMPTLY_CUDA_FUSE", "0"}, {"PROMPTLY_CUDA_ATTENTION_TILES", "0"}, {"PROMPTLY_CUDA_PROFILE", "1"}});
     EXPECT_NE(rounds->device()->name().find("integer GEMV up to 32 tokens"), std::string::npos) << rounds->device()->name();
     EXPECT_NE(cublas->device()->name().find("integer GEMV up to 8 tokens"), std::string::npos) << cublas->device()->name();
+    EXPECT_THROW(gpu_model_with(file, {{"PROMPTLY_CUDA_GEMV_BATCH", "lots"}}), Error);
     std::mt19937 rng(23);
     const std::vector<std::int32_t> prompt = random_prompt(rng, 20);
     // The prompt's last logits, the prompt fed `chunk` tokens a pass.
