@@ -125,7 +125,7 @@ row() {  # file name label setting bench-flags...: one ratio row, under the sett
   local f=$1 name=$2 label=$3 setting=$4; shift 4
   if [ "$SECONDS" -gt 390 ]; then say "skipped $label: ${SECONDS}s gone, keeping under 8 minutes"; return; fi
   say "$label:"
-  env "$setting" timeout 90 $P bench model -m "$f" --device cuda "$@" 2>&1 | tee "$out/bench-$name.log" | tail -n 5 | tee -a "$summary"
+  env "$setting" timeout 90 $P bench model -m "$f" --device cuda "$@" 2>&1 | tee "$out/bench-$name.log" | tail -n 7 | tee -a "$summary"
 }
 q4=$(gen Q4_K_M 0 300)
 [ -n "$q4" ] && headline "$q4" Q4_K_M
