@@ -1396,6 +1396,145 @@ TEST(CudaModel, BatchesPastDecodeStepsTakeTheIntegerGemvInRounds) {
   }
 }
 
+// Streams decoding together: each prompt prefilled on its own (as a solo run has it: a prefill of
+// all of them at once would take cuBLAS on halves where the solo ones take the integer GEMV, another
+// rounding of the cache), then `steps` greedy steps of a token a stream.
+struct StreamsRun {
+  std::vector<std::vector<std::int32_t>> tokens;  // each stream's
+  std::vector<std::vector<float>> logits;         // each step's, all streams
+};
+StreamsRun decode_streams(const Model& model, const std::vector<std::vector<std::int32_t>>& prompts, int steps, ThreadPool& pool) {
+  const int streams = static_cast<int>(prompts.size());
+  std::size_t longest = 0;
+  for (const auto& p : prompts) longest = std::max(longest, p.size());
+  KvCache cache = model.make_cache(longest + static_cast<std::size_t>(steps) + 2, KvType::F16, static_cast<std::size_t>(streams));
+  StreamsRun r;
+  r.tokens.resize(static_cast<std::size_t>(streams));
+  const std::size_t V = model.config().n_vocab;
+  std::vector<float> logits, prompt_logits;
+  for (int s = 0; s < streams; ++s) {
+    Batch prompt;
+    const auto& p = prompts[static_cast<std::size_t>(s)];
+    for (std::size_t i = 0; i < p.size(); ++i) prompt.add(p[i], static_cast<std::int32_t>(i), s, i + 1 == p.size());
+    model.forward(prompt, cache, pool, prompt_logits);
+    logits.insert(logits.end(), prompt_logits.begin(), prompt_logits.end());
+  }
+  Batch batch;
+  for (int step = 0; step <= steps; ++step) {
+    if (step > 0) model.forward(batch, cache, pool, logits);
+    r.logits.push_back(logits);
+    batch.clear();
+    for (int s = 0; s < streams; ++s) {
+      const auto row = logits.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(s) * V);
+      const auto next = static_cast<std::int32_t>(std::max_element(row, row + static_cast<std::ptrdiff_t>(V)) - row);
+      auto& tokens = r.tokens[static_cast<std::size_t>(s)];
+      tokens.push_back(next);
+      batch.add(next, static_cast<std::int32_t>(prompts[static_cast<std::size_t>(s)].size() + tokens.size() - 1), s, true);
+    }
+  }
+  return r;
+}
+
+// The same steps with graphs (got) and without (want): the same tokens and logits, bit for bit, and
+// no step's capture refused.
+void expect_graphs_change_nothing(const Model& graphed, const Model& plain, const std::vector<std::vector<std::int32_t>>& prompts, int steps,
+                                  ThreadPool& pool) {
+  testing::internal::CaptureStderr();
+  const StreamsRun got = decode_streams(graphed, prompts, steps, pool);
+  const std::string warnings = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(warnings.find("could not be captured"), std::string::npos) << warnings;
+  const StreamsRun want = decode_streams(plain, prompts, steps, pool);
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  for (std::size_t step = 0; step < want.logits.size(); ++step) EXPECT_EQ(got.logits[step], want.logits[step]) << "step " << step;
+}
+
+// Many streams decoding at once (continuous batching: 12 tokens a step, one a sequence) run as CUDA
+// graphs too, their products through the integer GEMV in rounds: the logits are those of the same
+// steps with graphs off (PROMPTLY_CUDA_GRAPHS=0) bit for bit, no step fell back to running without
+// a graph, and each stream's tokens are its solo run's. The later steps replay the graph the first
+// captured (the same shape).
+TEST(CudaModel, ManyStreamsDecodeInGraphsAsTheirSoloRuns) {
+  REQUIRE_GPU();
+  test::TempDir tmp;
+  ThreadPool pool(2);
+  const auto file = gguf::File::open(write_preset(tmp, "tiny", DType::Q4_K, pool));
+  const std::unique_ptr<Model> graphed = gpu_model_with(file, {});
+  const std::unique_ptr<Model> plain = gpu_model_with(file, {{"PROMPTLY_CUDA_GRAPHS", "0"}});
+  constexpr int kStreams = 12, kSteps = 6;
+  std::mt19937 rng(29);
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int s = 0; s < kStreams; ++s) prompts.push_back(random_prompt(rng, 3 + s % 4));
+  expect_graphs_change_nothing(*graphed, *plain, prompts, kSteps, pool);
+  const StreamsRun together = decode_streams(*graphed, prompts, kSteps, pool);
+  for (int s = 0; s < kStreams; ++s) {
+    EXPECT_EQ(together.tokens[static_cast<std::size_t>(s)], run_greedy(*graphed, prompts[static_cast<std::size_t>(s)], kSteps + 1, pool).tokens)
+        << "stream " << s;
+  }
+}
+
+// Decode graphs across the attention's chunk boundaries: 8 streams of heads that split their
+// contexts in two on a 132-SM GPU (8 tokens x 32 heads a split; one split on fewer SMs), so the
+// chunk doubles as the contexts pass 128 positions, and the graph captured before must not be
+// replayed after (the chunk is in the key). Graphs change nothing, bit for bit.
+TEST(CudaModel, DecodeGraphsFollowTheAttentionChunkAsContextsGrow) {
+  REQUIRE_GPU();
+  test::TempDir tmp;
+  ThreadPool pool(2);
+  SyntheticModelSpec spec;
+  spec.preset = "many-heads";
+  spec.n_layer = 1, spec.n_embd = 256, spec.n_head = 32, spec.n_head_kv = 8, spec.n_ff = 256, spec.n_vocab = 512;
+  const std::string path = tmp.file("many-heads.gguf");
+  write_synthetic_model(spec, DType::F16, 5, path, pool);
+  const auto file = gguf::File::open(path);
+  const std::unique_ptr<Model> graphed = gpu_model_with(file, {});
+  const std::unique_ptr<Model> plain = gpu_model_with(file, {{"PROMPTLY_CUDA_GRAPHS", "0"}});
+  std::mt19937 rng(31);
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int s = 0; s < 8; ++s) prompts.push_back(random_prompt(rng, 100));
+  expect_graphs_change_nothing(*graphed, *plain, prompts, 60, pool);
+}
+
+// Two steps of one graph key (20 tokens, 9 rows of logits, one chunk) whose attention differs: a
+// 20-token prompt whose last 9 tokens' logits are wanted (two tiles) and a 12-token prompt beside 8
+// decoding streams (a tile and 8 lone tokens). Steps with tiles are never graphs (the tiles' count is no
+// part of the key), so the second is not the first's replay: the logits are those without graphs.
+TEST(CudaModel, StepsWithAttentionTilesAreNotReplayedAsOthers) {
+  REQUIRE_GPU();
+  test::TempDir tmp;
+  ThreadPool pool(2);
+  const auto file = gguf::File::open(write_preset(tmp, "tiny", DType::Q4_K, pool));
+  const std::unique_ptr<Model> graphed = gpu_model_with(file, {});
+  const std::unique_ptr<Model> plain = gpu_model_with(file, {{"PROMPTLY_CUDA_GRAPHS", "0"}});
+  std::mt19937 rng(37);
+  const std::vector<std::int32_t> long_prompt = random_prompt(rng, 20), short_prompt = random_prompt(rng, 12);
+  std::vector<std::vector<std::int32_t>> contexts;
+  for (int s = 0; s < 8; ++s) contexts.push_back(random_prompt(rng, 5 + s));
+  const auto run = [&](const Model& model) {
+    KvCache cache = model.make_cache(64, KvType::F16, 10);
+    std::vector<float> logits;
+    for (int s = 0; s < 8; ++s) {  // the decoding streams' contexts, a pass each
+      Batch b;
+      for (std::size_t i = 0; i < contexts[s].size(); ++i) b.add(contexts[s][i], static_cast<std::int32_t>(i), 2 + s, false);
+      model.forward(b, cache, pool, logits);
+    }
+    std::vector<std::vector<float>> rows;
+    Batch first;
+    for (std::size_t i = 0; i < long_prompt.size(); ++i) first.add(long_prompt[i], static_cast<std::int32_t>(i), 0, i + 9 >= long_prompt.size());
+    model.forward(first, cache, pool, logits);
+    rows.push_back(logits);
+    Batch second;
+    for (std::size_t i = 0; i < short_prompt.size(); ++i) second.add(short_prompt[i], static_cast<std::int32_t>(i), 1, i + 1 == short_prompt.size());
+    for (int s = 0; s < 8; ++s) second.add(7 + s, static_cast<std::int32_t>(contexts[s].size()), 2 + s, true);
+    model.forward(second, cache, pool, logits);
+    rows.push_back(logits);
+    return rows;
+  };
+  const std::vector<std::vector<float>> got = run(*graphed), want = run(*plain);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i;
+}
+
 // A token tree after a prompt (two first-level nodes, branches of depth 2 and 3): each node's logits
 // as the CPU's, so each sees its context and its own ancestors, never a sibling's branch.
 std::vector<std::vector<float>> tree_logits(const Model& model, ThreadPool& pool) {

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -318,12 +319,8 @@ class CudaForward final : public DeviceForward {
     const bool long_rope = &model_.rope_speeds_for(cache.max_positions()) != &model_.rope_speeds_for(0);
     const float* inv_freq = long_rope ? inv_freq_long_.get() : inv_freq_.get();
     bool finished = true;
-    if (T <= kGemvMaxTokens && use_graphs_) {
-      // stop_before is not asked here: a graph runs whole, and a decode step is short on a GPU.
-      run_graph(T, n_out, shape, kv, inv_freq);
-    } else {
-      finished = run_layers(T, n_out, shape, kv, inv_freq, stop_before);
-    }
+    // stop_before is not asked in a graph: it runs whole, and a decode step is short on a GPU.
+    if (!graphed(T, n_out) || !run_graph(T, n_out, shape, kv, inv_freq)) finished = run_layers(T, n_out, shape, kv, inv_freq, stop_before);
     if (!finished) {
       PROMPTLY_CUDA_CHECK(cudaStreamSynchronize(compute_));
       profile_.end(false);
@@ -670,27 +667,61 @@ class CudaForward final : public DeviceForward {
     graphs_.clear();
   }
 
-  void run_graph(int T, int n_out, AttentionShape shape, DeviceKvStore& kv, const float* inv_freq) {
+  // Whether this step runs as a CUDA graph: decode-sized batches (up to kGemvMaxTokens tokens);
+  // past them, up to gemv_batch_ (many streams decoding at once, speculation's guesses), steps where
+  // every product goes through the integer GEMV (cuBLAS is never captured), attention has no tiles
+  // (every token takes the per-token kernel, whose shape is then the key's: n_lone_ = T), and a
+  // dense model's FFN (a mixture of experts routes such batches on the host, mid-pass). Their
+  // hundreds of small launches are what graphs save: at 8B's shape a 16-stream step is ~400 of them,
+  // ~1-2 ms of the host's launch time against ~1.5-2.5 ms of GPU time (estimates).
+  bool graphed(int T, int n_out) const {
+    if (!use_graphs_) return false;
+    if (T <= kGemvMaxTokens) return true;
+    if (!graphs_past_decode_ || T > gemv_batch_ || n_tiles_ > 0 || c_.is_moe() || !integer_gemv_) return false;
+    const auto integer = [&](const MatrixView& m) { return integer_gemv_takes(m, T); };
+    const MatrixView& output = output_tied_ ? token_embd_.view : output_.view;
+    if (n_out > kGemvMaxTokens && !integer_gemv_takes(output, n_out)) return false;
+    return std::all_of(layers_.begin(), layers_.end(), [&](const DeviceLayer& L) {
+      return integer(L.wq) && integer(L.wk) && integer(L.wv) && integer(L.wo) && integer(L.gate) && integer(L.up) && integer(L.down);
+    });
+  }
+
+  // Runs the step's layers as a graph, captured the first time its shape comes. Returns false
+  // where a step past decode's batches could not be captured: it then runs without (the caller),
+  // and so do all such steps after it, with a warning (a GPU may refuse what the CPU runs of this
+  // code could not show); a decode step's failure is an error, as it always was.
+  bool run_graph(int T, int n_out, AttentionShape shape, DeviceKvStore& kv, const float* inv_freq) {
     const auto key = std::make_tuple(T, n_out, shape.chunk, kv.desc().data, inv_freq);
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       cudaGraph_t graph = nullptr;
       PROMPTLY_CUDA_CHECK(cudaStreamBeginCapture(compute_, cudaStreamCaptureModeThreadLocal));
+      cudaGraphExec_t exec = nullptr;
       try {
         run_layers(T, n_out, shape, kv, inv_freq, {});
-      } catch (...) {
-        cudaStreamEndCapture(compute_, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        throw;
+        PROMPTLY_CUDA_CHECK(cudaStreamEndCapture(compute_, &graph));
+        const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+        cudaGraphDestroy(graph);
+        PROMPTLY_CUDA_CHECK(status);
+      } catch (const std::exception& e) {
+        cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+        cudaStreamIsCapturing(compute_, &capturing);
+        if (capturing != cudaStreamCaptureStatusNone) {
+          graph = nullptr;
+          cudaStreamEndCapture(compute_, &graph);
+          if (graph) cudaGraphDestroy(graph);
+        }
+        if (T <= kGemvMaxTokens) throw;
+        cudaGetLastError();
+        graphs_past_decode_ = false;
+        std::fprintf(stderr, "warning: %s: a step of %d tokens could not be captured as a CUDA graph (%s); steps past %d tokens run without\n",
+                     name_.c_str(), T, e.what(), kGemvMaxTokens);
+        return false;
       }
-      PROMPTLY_CUDA_CHECK(cudaStreamEndCapture(compute_, &graph));
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      PROMPTLY_CUDA_CHECK(status);
       it = graphs_.emplace(key, exec).first;
     }
     PROMPTLY_CUDA_CHECK(cudaGraphLaunch(it->second, compute_));
+    return true;
   }
 
   struct Product {
@@ -1092,6 +1123,7 @@ class CudaForward final : public DeviceForward {
   std::string name_;
   int multiprocessors_ = 0;
   bool use_graphs_ = true;
+  bool graphs_past_decode_ = true;  // graphed: until a capture of such a step fails
   bool joined_qkv_ = true;
   bool joined_gate_up_ = true;
   bool integer_gemv_ = true;
