@@ -1435,6 +1435,14 @@ StreamsRun decode_streams(const Model& model, const std::vector<std::vector<std:
   return r;
 }
 
+// A file's model on the GPU twice: with graphs (the default) and without (PROMPTLY_CUDA_GRAPHS=0).
+struct GraphedAndPlain {
+  std::unique_ptr<Model> graphed, plain;
+};
+GraphedAndPlain graphed_and_plain(const std::shared_ptr<const gguf::File>& file) {
+  return {gpu_model_with(file, {}), gpu_model_with(file, {{"PROMPTLY_CUDA_GRAPHS", "0"}})};
+}
+
 // The same steps with graphs (got) and without (want): the same tokens and logits, bit for bit, and
 // no step's capture refused.
 void expect_graphs_change_nothing(const Model& graphed, const Model& plain, const std::vector<std::vector<std::int32_t>>& prompts, int steps,
@@ -1459,8 +1467,7 @@ TEST(CudaModel, ManyStreamsDecodeInGraphsAsTheirSoloRuns) {
   test::TempDir tmp;
   ThreadPool pool(2);
   const auto file = gguf::File::open(write_preset(tmp, "tiny", DType::Q4_K, pool));
-  const std::unique_ptr<Model> graphed = gpu_model_with(file, {});
-  const std::unique_ptr<Model> plain = gpu_model_with(file, {{"PROMPTLY_CUDA_GRAPHS", "0"}});
+  const auto [graphed, plain] = graphed_and_plain(file);
   constexpr int kStreams = 12, kSteps = 6;
   std::mt19937 rng(29);
   std::vector<std::vector<std::int32_t>> prompts;
@@ -1487,8 +1494,7 @@ TEST(CudaModel, DecodeGraphsFollowTheAttentionChunkAsContextsGrow) {
   const std::string path = tmp.file("many-heads.gguf");
   write_synthetic_model(spec, DType::F16, 5, path, pool);
   const auto file = gguf::File::open(path);
-  const std::unique_ptr<Model> graphed = gpu_model_with(file, {});
-  const std::unique_ptr<Model> plain = gpu_model_with(file, {{"PROMPTLY_CUDA_GRAPHS", "0"}});
+  const auto [graphed, plain] = graphed_and_plain(file);
   std::mt19937 rng(31);
   std::vector<std::vector<std::int32_t>> prompts;
   for (int s = 0; s < 8; ++s) prompts.push_back(random_prompt(rng, 100));
@@ -1504,8 +1510,7 @@ TEST(CudaModel, StepsWithAttentionTilesAreNotReplayedAsOthers) {
   test::TempDir tmp;
   ThreadPool pool(2);
   const auto file = gguf::File::open(write_preset(tmp, "tiny", DType::Q4_K, pool));
-  const std::unique_ptr<Model> graphed = gpu_model_with(file, {});
-  const std::unique_ptr<Model> plain = gpu_model_with(file, {{"PROMPTLY_CUDA_GRAPHS", "0"}});
+  const auto [graphed, plain] = graphed_and_plain(file);
   std::mt19937 rng(37);
   const std::vector<std::int32_t> long_prompt = random_prompt(rng, 20), short_prompt = random_prompt(rng, 12);
   std::vector<std::vector<std::int32_t>> contexts;
