@@ -628,7 +628,7 @@ class CudaForward final : public DeviceForward {
     moved |= attn_.reserve(t * c_.q_dim());
     moved |= k_.reserve(t * c_.kv_dim());
     moved |= v_.reserve(t * c_.kv_dim());
-    // Prefill's joined q/k/v products (never a graph's: prefill runs without).
+    // Prefill's products of joined matrices (never a graph's: cuBLAS's, never captured).
     if ((joined_qkv_ || joined_gate_up_) && T > kGemvMaxTokens) moved |= joined_.reserve(t * std::max<std::size_t>(c_.q_dim() + 2 * c_.kv_dim(), 2 * std::size_t{c_.n_ff}));
     const std::size_t ffn_width = std::max<std::size_t>(c_.n_ff, c_.n_ff_expert);
     // moe_ffn_on_device's (token, expert) pairs: their FFN rows in gate_/up_, outputs in expert_y_.
@@ -795,7 +795,7 @@ class CudaForward final : public DeviceForward {
     profile_.mark("q/k/v matmuls", streamed(T, {L.wq, L.wk, L.wv}));
     if (joined_qkv_ && T > kGemvMaxTokens && L.qkv.view.rows > 0 && !integer_gemv_takes(L.wq, T) && !integer_gemv_takes(L.wk, T) &&
         !integer_gemv_takes(L.wv, T)) {
-      // One GEMM into qkv_, a token's q, k and v in one row; qkv_post reads them there and writes
+      // One GEMM into joined_, a token's q, k and v in one row; qkv_post reads them there and writes
       // the rotated queries to q_.
       bool x_in_half = false;
       gemm(L.qkv.view, xn_.get(), T, joined_.get(), x_in_half);
