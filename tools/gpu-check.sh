@@ -152,7 +152,7 @@ if [ -n "$q4" ]; then
     row "$q4" Q4_K_M-streams-$n-cublas "Q4_K_M, $n streams with PROMPTLY_CUDA_GEMV_BATCH=8 (cuBLAS on the kept halves past 8 tokens)" \
       PROMPTLY_CUDA_GEMV_BATCH=8 -p 0 -n 32 -r 2 -s $n
   done
-  row "$q4" Q4_K_M-sampled "Q4_K_M decode drawing as a default request does (--sample: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), against greedy above" \
+  row "$q4" Q4_K_M-sampled "Q4_K_M decode drawing as run does by default (--sample: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), against greedy above" \
     PROMPTLY_CHECK_ROW=sampled -p 0 -n 128 -r 3 --sample
   if [ "$SECONDS" -le 390 ]; then
     say "the sampler's stretch of such a step (graphs off):"

@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bmod_cmd->add_option("--tp", bmod.tp, "Tensor-parallel ranks: run under mpirun -n R (each rank gets --threads threads)")->capture_default_str();
   bmod_cmd->add_flag("--sample", bmod.sample,
-                     "Generate as a request with the default sampling does (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05) "
+                     "Generate as run samples by default (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05) "
                      "instead of greedily, so that the generation speed includes the sampler's time");
   add_device_flag(bmod_cmd, bmod.device);
   bmod_cmd->add_flag("--json", bmod.json, "Print JSON");

@@ -825,6 +825,7 @@ TEST(CudaSampling, DrawsFromTheSamplersDistribution) {
     int top_k;
     float top_p, min_p;
     float tie_step;  // > 0: logits rounded to multiples of it (ties at every cut)
+    bool close = false;  // logits around 4 (sd 0.5), not 0 (sd 3): nearly all of a warp's in one bucket of the first byte
   };
   const Case cases[] = {
       {"top-k", 1.0f, 40, 1.0f, 0.0f, 0},
@@ -838,11 +839,13 @@ TEST(CudaSampling, DrawsFromTheSamplersDistribution) {
       {"ties at top-p", 1.0f, 0, 0.5f, 0.0f, 1.0f},
       {"ties at top-k and top-p", 0.9f, 30, 0.6f, 0.0f, 0.5f},
       {"ties at min-p", 1.0f, 0, 0.98f, 0.1f, 0.25f},
+      {"top-p over a row of close logits", 1.0f, 0, 0.9f, 0.0f, 0, true},
+      {"top-k over a row of close logits", 1.0f, 50, 1.0f, 0.0f, 0, true},
   };
   std::mt19937 rng(11);
   for (const int n : {1000, 8229}) {
     for (const Case& c : cases) {
-      std::normal_distribution<float> normal(0.0f, 3.0f);
+      std::normal_distribution<float> normal(c.close ? 4.0f : 0.0f, c.close ? 0.5f : 3.0f);
       std::vector<float> logits(static_cast<std::size_t>(n));
       for (float& l : logits) l = c.tie_step > 0 ? std::round(normal(rng) / c.tie_step) * c.tie_step : normal(rng);
       SamplingParams p;

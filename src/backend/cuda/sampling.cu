@@ -123,6 +123,45 @@ __device__ void count_digits(const float* row, int n, Head within, unsigned pref
   }
 }
 
+// Top-p's weights of the same tokens, by the same byte, into `masses`. A warp whose tokens fall in
+// at most kGroupedBuckets buckets (the first byte's pass: a row's logits from -32 to 32 fall in
+// about a dozen, a warp's in fewer) sums each bucket's weights over the warp and adds them once, by
+// the bucket's first lane: a double's add to shared memory is a compare-and-swap loop, and the
+// lanes of one bucket would queue on its address, ~4 deep on average at 8 buckets a warp. A warp
+// spread over more buckets (the later bytes' passes) adds lane by lane, seldom to one address.
+// (Eight: each bucket's sum is six shuffles, 48 at most, against ~4 serialized compare-and-swap
+// rounds of a few dozen cycles each: an estimate, not measured.)
+constexpr int kGroupedBuckets = 8;
+__device__ void add_masses(const float* row, int n, Head within, unsigned prefix, unsigned mask, int shift, const ByMass& weight,
+                           double* masses) {
+  const int lane = threadIdx.x % kWarp;
+  // Every warp takes the same turns (the last may find no token), as CPU runtimes of this code need.
+  for (int base = 0; base < n; base += blockDim.x) {
+    const int i = base + static_cast<int>(threadIdx.x);
+    int digit = -1;  // none: past the row, or not in the head
+    double w = 0.0;
+    if (i < n) {
+      const float v = row[i];
+      const unsigned k = order_key(v);
+      if ((k & mask) == prefix && within.holds(k, i)) digit = static_cast<int>((k >> shift) & 0xff), w = weight(v);
+    }
+    const unsigned peers = __match_any_sync(kFullMask, digit);
+    unsigned firsts = __ballot_sync(kFullMask, digit >= 0 && lane == __ffs(peers) - 1);  // one lane a bucket
+    if (__popc(firsts) > kGroupedBuckets) {
+      if (digit >= 0) atomicAdd(&masses[digit], w);
+      continue;
+    }
+    while (firsts) {  // the same turns in every lane: firsts is the warp's
+      const int first = __ffs(firsts) - 1;
+      firsts &= firsts - 1;
+      const int d = __shfl_sync(kFullMask, digit, first);
+      double sum = digit == d ? w : 0.0;
+      for (int o = kWarp / 2; o > 0; o /= 2) sum += __shfl_xor_sync(kFullMask, sum, o);
+      if (lane == first) atomicAdd(&masses[d], sum);
+    }
+  }
+}
+
 // Walking down the keys of `within`'s tokens, largest first, adding each token's weight: the key
 // at which the running weight first reaches `target` (weight above it < target <= weight above it
 // and at it). Four passes, each fixing one more byte of the key.
@@ -137,12 +176,7 @@ __device__ Selected select_key(const float* row, int n, Head within, Weight weig
     if constexpr (Weight::kCounts) {
       count_digits(row, n, within, prefix, mask, shift, sh.counts[copy]);
     } else {
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = row[i];
-        const unsigned k = order_key(v);
-        if ((k & mask) != prefix || !within.holds(k, i)) continue;
-        atomicAdd(&sh.hist[copy][(k >> shift) & 0xff], weight(v));
-      }
+      add_masses(row, n, within, prefix, mask, shift, weight, sh.hist[copy]);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
