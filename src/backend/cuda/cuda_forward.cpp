@@ -204,6 +204,14 @@ class CudaForward final : public DeviceForward {
     // PROMPTLY_CUDA_PDL=0 launches the ordinary way, for comparing the two (tools/gpu-check.sh).
     dependent_launches_ = !env_is("PROMPTLY_CUDA_PDL", "0") && props.major >= 9 && dependent_launches_work(compute_);
     upload_weights();
+    // Whether every dense layer matrix is in a format the integer GEMV takes, for graphed (a fact
+    // of the file: once here, not each step).
+    layers_integer_ = !c_.is_moe();
+    for (const DeviceLayer& L : layers_) {
+      for (const DeviceMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) {
+        layers_integer_ = layers_integer_ && gemv_q8_takes(m->view.format, m->view.cols);
+      }
+    }
     // A mixture of experts routes decode-sized batches on the device (moe_ffn_on_device), so that
     // their steps are graphs too, where its experts allow; PROMPTLY_CUDA_MOE=host routes them all on
     // the host (moe_ffn), which waits for the router once a layer and runs without graphs, for
@@ -677,13 +685,9 @@ class CudaForward final : public DeviceForward {
   bool graphed(int T, int n_out) const {
     if (!use_graphs_) return false;
     if (T <= kGemvMaxTokens) return true;
-    if (!graphs_past_decode_ || T > gemv_batch_ || n_tiles_ > 0 || c_.is_moe() || !integer_gemv_) return false;
-    const auto integer = [&](const MatrixView& m) { return integer_gemv_takes(m, T); };
+    if (!graphs_past_decode_ || !layers_integer_ || !integer_gemv_ || T > gemv_batch_ || n_tiles_ > 0) return false;
     const MatrixView& output = output_tied_ ? token_embd_.view : output_.view;
-    if (n_out > kGemvMaxTokens && !integer_gemv_takes(output, n_out)) return false;
-    return std::all_of(layers_.begin(), layers_.end(), [&](const DeviceLayer& L) {
-      return integer(L.wq) && integer(L.wk) && integer(L.wv) && integer(L.wo) && integer(L.gate) && integer(L.up) && integer(L.down);
-    });
+    return n_out <= kGemvMaxTokens || integer_gemv_takes(output, n_out);
   }
 
   // Runs the step's layers as a graph, captured the first time its shape comes. Returns false
@@ -793,8 +797,7 @@ class CudaForward final : public DeviceForward {
       return;
     }
     profile_.mark("q/k/v matmuls", streamed(T, {L.wq, L.wk, L.wv}));
-    if (joined_qkv_ && T > kGemvMaxTokens && L.qkv.view.rows > 0 && !integer_gemv_takes(L.wq, T) && !integer_gemv_takes(L.wk, T) &&
-        !integer_gemv_takes(L.wv, T)) {
+    if (joined_qkv_ && T > kGemvMaxTokens && L.qkv.view.rows > 0 && !any_integer_gemv(T, {L.wq, L.wk, L.wv})) {
       // One GEMM into joined_, a token's q, k and v in one row; qkv_post reads them there and writes
       // the rotated queries to q_.
       bool x_in_half = false;
@@ -820,7 +823,7 @@ class CudaForward final : public DeviceForward {
   // GEMM of gate and up joined, where both go to cuBLAS and lie one under the other).
   Q8Out gate_up_activation(const DeviceLayer& L, int T, Q8Out xn_q8) {
     const int F = static_cast<int>(c_.n_ff);
-    const auto integer = [&](const MatrixView& m) { return integer_gemv_ && gemv_q8_takes(m.format, m.cols); };
+    const auto integer = [&](const MatrixView& m) { return integer_gemv_takes(m, T); };
     if (fuse_ && T <= kGemvMaxTokens && integer(L.gate.view) && integer(L.up.view) && L.gate.view.rows == L.up.view.rows) {
       profile_.mark("gate/up matmuls, gated activation", streamed(T, {L.gate, L.up}));
       if (!xn_q8.q) xn_q8 = quantized(xn_.get(), T, L.gate.view.cols);
@@ -835,7 +838,7 @@ class CudaForward final : public DeviceForward {
       return q8_down;
     }
     profile_.mark("gate/up matmuls", streamed(T, {L.gate, L.up}));
-    if (joined_gate_up_ && T > kGemvMaxTokens && L.gate_up.view.rows > 0 && !integer_gemv_takes(L.gate, T) && !integer_gemv_takes(L.up, T)) {
+    if (joined_gate_up_ && T > kGemvMaxTokens && L.gate_up.view.rows > 0 && !any_integer_gemv(T, {L.gate, L.up})) {
       // One GEMM into joined_, a token's gate then up products in one row of 2F; the activation
       // reads both halves and writes gate_ as the down projection reads it.
       bool x_in_half = false;
@@ -1131,6 +1134,10 @@ class CudaForward final : public DeviceForward {
   // Whether T tokens' products with w go through the integer GEMV (else the float GEMV up to
   // kGemvMaxTokens, cuBLAS past it).
   bool integer_gemv_takes(const MatrixView& w, int T) const { return integer_gemv_ && T <= gemv_batch_ && gemv_q8_takes(w.format, w.cols); }
+  bool any_integer_gemv(int T, std::initializer_list<MatrixView> matrices) const {
+    return std::any_of(matrices.begin(), matrices.end(), [&](const MatrixView& m) { return integer_gemv_takes(m, T); });
+  }
+  bool layers_integer_ = false;  // every dense layer matrix in a format the integer GEMV takes (a dense model)
   bool fuse_ = true;
   bool attention_tiles_ = true;
   bool attention_mma_ = false;  // the tiles on the tensor cores
