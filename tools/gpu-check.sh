@@ -154,11 +154,19 @@ if [ -n "$q4" ]; then
   done
   row "$q4" Q4_K_M-sampled "Q4_K_M decode drawing as run does by default (--sample: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), against greedy above" \
     PROMPTLY_CHECK_ROW=sampled -p 0 -n 128 -r 3 --sample
-  if [ "$SECONDS" -le 390 ]; then
-    say "the sampler's stretch of such a step (graphs off):"
-    PROMPTLY_CUDA_PROFILE=1 timeout 90 $P bench model -m "$q4" --device cuda -p 0 -n 32 -r 1 --sample 2>&1 | tee "$out/profile-Q4_K_M-sampled.log" |
-      grep -E '^GPU profile|sampling' | tee -a "$summary"
-  fi
+  # What the server's OpenAI requests draw: top_p alone over the whole row (the grouped adds of
+  # add_masses), and nothing filtered.
+  row "$q4" Q4_K_M-sampled-top-p "Q4_K_M decode drawing as an API request with top_p 0.95 alone (--sample=top-p: top-p over the whole vocabulary)" \
+    PROMPTLY_CHECK_ROW=sampled-top-p -p 0 -n 128 -r 3 --sample=top-p
+  row "$q4" Q4_K_M-sampled-api "Q4_K_M decode drawing as an API request that sets nothing (--sample=api: temperature 1, no filter)" \
+    PROMPTLY_CHECK_ROW=sampled-api -p 0 -n 128 -r 3 --sample=api
+  for draw in run top-p; do
+    if [ "$SECONDS" -le 390 ]; then
+      say "the sampler's stretch of a step drawing as --sample=$draw (graphs off):"
+      PROMPTLY_CUDA_PROFILE=1 timeout 90 $P bench model -m "$q4" --device cuda -p 0 -n 32 -r 1 --sample=$draw 2>&1 |
+        tee "$out/profile-Q4_K_M-sampled-$draw.log" | grep -E '^GPU profile|sampling' | tee -a "$summary"
+    fi
+  done
   row "$q4" Q4_K_M-no-pdl "Q4_K_M with PROMPTLY_CUDA_PDL=0 (ordinary launches instead of programmatic dependent ones)" \
     PROMPTLY_CUDA_PDL=0 -p 512 -n 128 -r 2
   row "$q4" Q4_K_M-no-fuse "Q4_K_M with PROMPTLY_CUDA_FUSE=0 (rope/KV write, the attention merge, the gated activation and a lone stream's norms in launches of their own)" \

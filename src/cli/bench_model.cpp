@@ -90,7 +90,28 @@ double measure_int8_tops(ThreadPool& pool) {
   return best;
 }
 
+const BenchDraw& draw_named(const std::string& name) {
+  for (const BenchDraw& d : bench_model_draws()) {
+    if (d.name == name) return d;
+  }
+  throw Error("bench model: no draw named '" + name + "' (--sample takes run, api or top-p)");
+}
+
 }  // namespace
+
+const std::vector<BenchDraw>& bench_model_draws() {
+  // The server follows the OpenAI API, whose requests filter nothing unless they ask; run and the
+  // library default to llama.cpp's filters. Each is a different path through a sampler (the GPU's
+  // radix selects run for top-k and top-p over the whole row, not for a plain draw).
+  static const std::vector<BenchDraw> draws = {
+      {"run", SamplingParams{}, "run's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05"},
+      {"api", SamplingParams{.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f},
+       "an API request that sets nothing: temperature 1 over the whole vocabulary"},
+      {"top-p", SamplingParams{.temperature = 1.0f, .top_k = 0, .top_p = 0.95f, .min_p = 0.0f},
+       "an API request that sets top_p 0.95 alone: top-p over the whole vocabulary"},
+  };
+  return draws;
+}
 
 int bench_model(const BenchModelOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_thread_count();
@@ -181,7 +202,8 @@ int bench_model(const BenchModelOptions& o) {
       // On a device the step's token is drawn there, as the engine has it drawn: its row of logits
       // never comes back. Greedy unless --sample; the CPU takes no time to pick the largest logit
       // (the engine's argmax is noise beside a step), but draws with the sampler the engine uses.
-      const SamplingParams params = o.sample ? SamplingParams{} : SamplingParams{.temperature = 0.0f};
+      const SamplingParams params = o.sample.empty() ? SamplingParams{.temperature = 0.0f} : draw_named(o.sample).params;
+      const bool sampled = !o.sample.empty();
       Sampler sampler(params);
       backend::DeviceSampling draw;
       for (int i = 0; i < o.n_gen; ++i) {
@@ -189,11 +211,11 @@ int bench_model(const BenchModelOptions& o) {
         draw.draws.clear();
         for (int seq = 0; seq < streams; ++seq) {
           batch.add(tok(rng), at(i), seq, true);
-          draw.draws.push_back({seq, params.temperature, params.top_k, params.top_p, params.min_p, o.sample ? sampler.next_uniform() : 0.0});
-          if (o.sample) sampler.skip_uniform();
+          draw.draws.push_back({seq, params.temperature, params.top_k, params.top_p, params.min_p, sampled ? sampler.next_uniform() : 0.0});
+          if (sampled) sampler.skip_uniform();
         }
         model.forward(batch, cache, pool, logits, {}, model.samples_on_device() ? &draw : nullptr);
-        if (o.sample && !model.samples_on_device()) {
+        if (sampled && !model.samples_on_device()) {
           for (int seq = 0; seq < streams; ++seq) sampler.sample(logits.data() + static_cast<std::size_t>(seq) * c.n_vocab, c.n_vocab, {});
         }
       }
@@ -223,7 +245,7 @@ int bench_model(const BenchModelOptions& o) {
       {"model", o.model}, {"type", type}, {"file_mb", file_mb}, {"params_m", static_cast<double>(params) / 1e6},
       {"active_params_m", static_cast<double>(active_params) / 1e6},
       {"threads", threads}, {"tp", o.tp}, {"device", backend::to_string(device)}, {"tg_tp_collectives_per_token", tg_tp_collectives},
-      {"tg_tp_collective_share", tg_tp_share.empty() ? 0.0 : stats(tg_tp_share).median}, {"isa", kernels::isa_name(kernels::active_isa())}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"streams", streams}, {"sampled", o.sample}, {"depth", o.depth},
+      {"tg_tp_collective_share", tg_tp_share.empty() ? 0.0 : stats(tg_tp_share).median}, {"isa", kernels::isa_name(kernels::active_isa())}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"streams", streams}, {"sampled", !o.sample.empty()}, {"draw", o.sample.empty() ? std::string("greedy") : o.sample}, {"depth", o.depth},
       {"repetitions", o.repetitions}, {"pp_tps", {{"mean", pp.mean}, {"stddev", pp.stddev}, {"median", pp.median}}},
       {"tg_tps", {{"mean", tg.mean}, {"stddev", tg.stddev}, {"median", tg.median}}},
       {"tg_step_ms", tg.median > 0 ? 1e3 * streams / tg.median : 0.0},
@@ -244,7 +266,7 @@ int bench_model(const BenchModelOptions& o) {
   const std::string at_depth = o.depth > 0 ? " @ d" + std::to_string(o.depth) : "";
   const std::string in_streams = streams > 1 ? " x" + std::to_string(streams) + " streams" : "";
   std::printf("| model | type | size MB | threads | isa | pp%d%s t/s | tg%d%s%s%s t/s | read GB/s | tg floor t/s | tg / floor | pp / int8 peak | peak RSS MB |\n",
-              o.n_prompt, at_depth.c_str(), o.n_gen, in_streams.c_str(), at_depth.c_str(), o.sample ? " sampled" : "");
+              o.n_prompt, at_depth.c_str(), o.n_gen, in_streams.c_str(), at_depth.c_str(), o.sample.empty() ? "" : (" sampled (" + o.sample + ")").c_str());
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::printf("| %s | %s | %.0f | %d | %s | %.1f ± %.1f | %.1f ± %.1f | %.1f | %.1f | %.0f%% | %.1f%% | %.0f |\n", o.model.c_str(),
               type.c_str(), file_mb, threads, kernels::isa_name(kernels::active_isa()), pp.mean, pp.stddev, tg.mean, tg.stddev, bandwidth,

@@ -4,10 +4,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backend/device.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
+#include "sampling/sampler.h"
 #include "spec/proposer.h"
 #include "tokenizer/vocab.h"
 
@@ -166,10 +168,17 @@ struct BenchModelOptions {
   double int8_peak_tops = 1.9;  // this machine's int8 VNNI peak (2 cores), the prefill reference
   double device_peak_tflops = 989;  // --device cuda: the GPU's dense FP16/BF16 tensor peak (H100/H200 SXM)
   int tp = 1;                   // tensor-parallel ranks (started by mpirun -n tp)
-  bool sample = false;          // decode draws its tokens as a default request does (SamplingParams), not greedily
+  std::string sample;           // decode draws its tokens as this named draw does (bench_model_draws), not greedily
   bool json = false;
   std::string device = "cpu";   // --device: cpu, cuda or cuda:N
 };
+// The ways `bench model --sample=NAME` can draw decode's tokens: the requests users send most.
+struct BenchDraw {
+  std::string name;
+  SamplingParams params;
+  std::string what;  // for --help
+};
+const std::vector<BenchDraw>& bench_model_draws();
 int bench_model(const BenchModelOptions& o);
 
 struct BenchSpecOptions {

@@ -187,9 +187,16 @@ int main(int argc, char** argv) {
                        "With --device cuda: the GPU's dense FP16/BF16 tensor peak, for the prefill fraction (H100/H200 SXM: 989)")
       ->capture_default_str();
   bmod_cmd->add_option("--tp", bmod.tp, "Tensor-parallel ranks: run under mpirun -n R (each rank gets --threads threads)")->capture_default_str();
-  bmod_cmd->add_flag("--sample", bmod.sample,
-                     "Generate as run samples by default (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05) "
-                     "instead of greedily, so that the generation speed includes the sampler's time");
+  std::string draws_help;
+  std::vector<std::string> draw_names;
+  for (const cli::BenchDraw& d : cli::bench_model_draws()) {
+    draws_help += "; " + d.name + ": " + d.what;
+    draw_names.push_back(d.name);
+  }
+  bmod_cmd->add_flag("--sample{run}", bmod.sample,
+                     "Generate drawing tokens as this request would instead of greedily, so that the generation speed includes the "
+                     "sampler's time (--sample alone: run)" + draws_help)
+      ->check(CLI::IsMember(draw_names));
   add_device_flag(bmod_cmd, bmod.device);
   bmod_cmd->add_flag("--json", bmod.json, "Print JSON");
 

@@ -100,6 +100,7 @@ TEST(Cli, BenchModelGeneratesManyStreamsAtOnce) {
   ASSERT_EQ(r.status, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["streams"].get<int>(), 3);
+  EXPECT_EQ(j["draw"], "run");
   const double tg = j["tg_tps"]["median"].get<double>();
   ASSERT_GT(tg, 0.0);
   EXPECT_NEAR(j["tg_step_ms"].get<double>(), 1e3 * 3 / tg, 1e-9);
@@ -111,6 +112,27 @@ TEST(Cli, BenchModelGeneratesManyStreamsAtOnce) {
   EXPECT_NE(table.out.find("| tg4 x2 streams t/s |"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("2 streams: a generation step is 2 tokens"), std::string::npos) << table.out;
   EXPECT_NE(promptly("bench model -m " + stories() + " -s 0").status, 0);
+}
+
+// The draws a server's requests make most, by name: each is its own path through the sampler.
+TEST(Cli, BenchModelSamplesAsNamedRequestsDo) {
+  for (const std::string name : {"api", "top-p"}) {
+    const Result r = promptly("bench model -m " + stories() + " -p 0 -n 4 -s 2 -r 1 -t 1 --json --sample=" + name);
+    ASSERT_EQ(r.status, 0) << r.out;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_TRUE(j["sampled"].get<bool>());
+    EXPECT_EQ(j["draw"], name);
+    EXPECT_GT(j["tg_tps"]["median"].get<double>(), 0.0);
+  }
+  const Result greedy = promptly("bench model -m " + stories() + " -p 0 -n 2 -r 1 -t 1 --json");
+  ASSERT_EQ(greedy.status, 0) << greedy.out;
+  EXPECT_EQ(nlohmann::json::parse(greedy.out)["draw"], "greedy");
+  const Result table = promptly("bench model -m " + stories() + " -p 0 -n 2 -r 1 -t 1 --sample=top-p");
+  ASSERT_EQ(table.status, 0) << table.out;
+  EXPECT_NE(table.out.find("| tg2 sampled (top-p) t/s |"), std::string::npos) << table.out;
+  const Result unknown = promptly("bench model -m " + stories() + " -p 0 -n 2 --sample=nucleus", /*with_stderr=*/true);
+  EXPECT_NE(unknown.status, 0);
+  EXPECT_NE(unknown.out.find("nucleus"), std::string::npos) << unknown.out;
 }
 
 TEST(Cli, GenModelQuantizeRunRoundTrip) {
