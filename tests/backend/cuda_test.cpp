@@ -630,7 +630,9 @@ TEST(CudaKernels, PagedAttentionMatchesTheReference) {
     std::vector<Tiling> tilings;
   };
   const std::vector<Tiling> mixed_tilings = {{{0, 3}, {3, 3}}, {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}}, {{0, 6}}, {{0, 4}, {4, 2}}};
-  for (const int hd : {80, 128, 256}) {
+  // Heads of 20 take the per-token kernel's 4-byte loads (not a multiple of 8 halves); of 80, 16-byte
+  // loads that do not divide evenly among a position's lanes.
+  for (const int hd : {20, 80, 128, 256}) {
     const std::vector<Set> sets = {
         {"mixed", mixed, mixed_tilings},
         {"prompt", prompt,
@@ -703,7 +705,7 @@ TEST(CudaKernels, PagedAttentionMatchesTheReference) {
               }
             }
           }
-          for (const int chunk : {64, 16}) {
+          for (const int chunk : {64, 16, 2}) {  // 2: 56 splits, more than a warp's lanes, for the merge
             const int n_splits = (112 + chunk - 1) / chunk;
             Device<float> partials(static_cast<std::size_t>(T) * n_head * n_splits * (hd + 2));
             AttentionArgs args{dq.p, out.p, partials.p, n_head, n_head_kv, hd, layer, window, scale, cap, chunk, n_splits};

@@ -320,7 +320,7 @@ class CudaForward final : public DeviceForward {
     profile_.mark("kv copy-on-write replays");
     kv.replay(copies, compute_);
     const int longest = attention_span(batch);
-    const AttentionShape shape = attention_shape(T, static_cast<int>(c_.n_head), longest, multiprocessors_, kMaxSplits);
+    const AttentionShape shape = attention_shape(T, static_cast<int>(c_.n_head), longest, multiprocessors_, kMaxAttentionSplits);
     profile_.mark("step upload (waited for)");
     const int n_out = upload_step(batch, cache, shape.n_splits, longest, sampling);
     const int n_draws = sampling ? static_cast<int>(sampling->draws.size()) : 0;
@@ -580,7 +580,7 @@ class CudaForward final : public DeviceForward {
     // The tokens in no attention tile (a decoding sequence's, beside a prompt) split their contexts
     // by their own count, as a decode step's would: one split over a long context would hold the
     // whole step up.
-    lone_shape_ = attention_shape(layout.n_lone, static_cast<int>(c_.n_head), longest, multiprocessors_, kMaxSplits);
+    lone_shape_ = attention_shape(layout.n_lone, static_cast<int>(c_.n_head), longest, multiprocessors_, kMaxAttentionSplits);
     const std::size_t split_queries = std::max(static_cast<std::size_t>(T) * n_splits,
                                                tiled_attention(T) ? static_cast<std::size_t>(layout.n_lone) * lone_shape_.n_splits : 0);
     ensure_capacity(T, layout.n_out, split_queries, step_host_.size());
@@ -1116,7 +1116,6 @@ class CudaForward final : public DeviceForward {
     PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(tmp_.get(), pinned_sums_.as<float>(), n * sizeof(float), cudaMemcpyHostToDevice, compute_));
   }
 
-  static constexpr int kMaxSplits = 256;
 
   const Model& model_;
   const ModelConfig& c_;  // this rank's share under tensor parallelism

@@ -62,18 +62,26 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-__device__ float block_sum(float v) {
+// A warp reduction (warp_sum, warp_max) over the block (blockDim.x a multiple of 32, at most 1024);
+// every thread gets the result. `none`: what a missing warp adds.
+template <float (*kWarpReduce)(float)>
+__device__ float block_reduce(float v, float none) {
   __shared__ float partial[32];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, n_warps = blockDim.x / kWarp;
-  v = warp_sum(v);
+  v = kWarpReduce(v);
   __syncthreads();  // partial may still be read by a previous call
   if (lane == 0) partial[warp] = v;
   __syncthreads();
-  v = lane < n_warps ? partial[lane] : 0.0f;
-  return warp_sum(v);
+  v = lane < n_warps ? partial[lane] : none;
+  return kWarpReduce(v);
 }
+__device__ float block_sum(float v) { return block_reduce<warp_sum>(v, 0.0f); }
+__device__ float block_max(float v) { return block_reduce<warp_max>(v, -FLT_MAX); }
 
 // Whether this block is the last of `expected` to arrive at *counter, each after writing its
 // results (a launch whose blocks finish in any order, and whose last one does the work that needs
@@ -761,27 +769,55 @@ __device__ int2 tile_span(const StepMeta& meta, int first_token, int n_tokens, i
   return make_int2(begin, end);
 }
 
-// One block (4 warps) per (token, head, split); each warp walks every 4th position of the split
-// with its own running softmax, and the warps' states merge at the end.
+// Decode's attention and prefill's lone tokens: one block (4 warps) per (token, head, split). A
+// warp takes 8 positions a turn (the block 32), 4 lanes a position for the key's dot product and
+// every lane a piece of each of the 8 values, and sends a turn's key and value loads out before it
+// uses the first, so that a turn waits on memory about once. (A position at a time, a warp waited
+// three times for each: on the block table, the key, then the value; the KV comes from HBM at
+// decode, the weights between two steps having gone through L2, so a 64-position chunk's 16
+// positions a warp were ~48 memory latencies, an estimated ~15 µs a layer.)
 constexpr int kAttentionWarps = 4;
-constexpr int kPerLane = kMaxHeadDim / kWarp;
+constexpr int kTurnPositions = 8;
+constexpr int kLanesPerPosition = kWarp / kTurnPositions;
+// The two halves packed in 32 bits (the lower address in the low bits), as floats.
+__device__ __forceinline__ float low_half(unsigned two) { return half_to_float(static_cast<std::uint16_t>(two & 0xffffu)); }
+__device__ __forceinline__ float high_half(unsigned two) { return half_to_float(static_cast<std::uint16_t>(two >> 16)); }
+// kHalves halves loaded at once, and their floats.
+template <int kHalves> struct HalvesWord;
+template <> struct HalvesWord<8> { using type = uint4; };
+template <> struct HalvesWord<4> { using type = uint2; };
+template <> struct HalvesWord<2> { using type = unsigned; };
+__device__ __forceinline__ void unpack_halves(unsigned w, float* f) { f[0] = low_half(w), f[1] = high_half(w); }
+__device__ __forceinline__ void unpack_halves(uint2 w, float* f) { unpack_halves(w.x, f), unpack_halves(w.y, f + 2); }
+__device__ __forceinline__ void unpack_halves(uint4 w, float* f) {
+  unpack_halves(w.x, f), unpack_halves(w.y, f + 2), unpack_halves(w.z, f + 4), unpack_halves(w.w, f + 6);
+}
 // (t, h)'s splits merged (their partial softmax states, partials' layout: attention_kernel's end;
 // `query`: t's place in the launch, by which its partials are found) into its output row, with q8
 // (head_dim a multiple of 32) as int8 too: each warp's 32 outputs are one int8 block of the o
 // projection's input. The partials are read past L1 (__ldcg): other blocks of the same launch may
-// have written them (attention with arrivals).
+// have written them (attention with arrivals). A thread a split reads the splits' largest scores
+// and sums all at once, and the outputs' sums over the splits have their loads unrolled ahead of
+// the adds: a split at a time, reading a split's sum and only then its largest score, had waited
+// on L2 ~6 times a split (an estimated 10-20 µs a layer at decode's 16 splits).
 __device__ void merge_splits(const AttentionArgs& a, int query, int t, int h, const Q8Out& q8) {
-  const int hd = a.head_dim;
-  const float* parts = a.partials + (static_cast<std::size_t>(query) * a.n_head + h) * a.n_splits * (hd + 2);
+  const int hd = a.head_dim, stride = hd + 2;
+  const float* parts = a.partials + (static_cast<std::size_t>(query) * a.n_head + h) * a.n_splits * stride;
+  __shared__ float split_top[kMaxAttentionSplits], split_weight[kMaxAttentionSplits];  // weight: of its partials, e^(its top - top)
   float top = -FLT_MAX;
-  for (int s = 0; s < a.n_splits; ++s) {
-    if (__ldcg(parts + s * (hd + 2) + hd + 1) > 0.0f) top = fmaxf(top, __ldcg(parts + s * (hd + 2) + hd));
+  for (int s = threadIdx.x; s < a.n_splits; s += blockDim.x) {
+    const float m = __ldcg(parts + s * stride + hd), l = __ldcg(parts + s * stride + hd + 1);
+    split_top[s] = m, split_weight[s] = l;
+    if (l > 0.0f) top = fmaxf(top, m);
   }
+  top = block_max(top);  // its barriers make every split's top and sum seen
   float total = 0.0f;
-  for (int s = 0; s < a.n_splits; ++s) {
-    const float l = __ldcg(parts + s * (hd + 2) + hd + 1);
-    if (l > 0.0f) total += l * __expf(__ldcg(parts + s * (hd + 2) + hd) - top);
+  for (int s = threadIdx.x; s < a.n_splits; s += blockDim.x) {
+    const float l = split_weight[s], weight = l > 0.0f ? __expf(split_top[s] - top) : 0.0f;
+    total += l * weight;
+    split_weight[s] = weight;
   }
+  total = block_sum(total);  // and every weight
   const std::size_t row = (static_cast<std::size_t>(t) * a.n_head + h) * hd;
   float* out = a.out + row;
   // Every thread takes the same turns (the shuffles line up across the block, as CPU runtimes of
@@ -791,8 +827,10 @@ __device__ void merge_splits(const AttentionArgs& a, int query, int t, int h, co
     const int d = base + static_cast<int>(threadIdx.x);
     const bool in = d < hd;
     float sum = 0.0f;
-    for (int s = 0; in && s < a.n_splits; ++s) {
-      if (__ldcg(parts + s * (hd + 2) + hd + 1) > 0.0f) sum += __ldcg(parts + s * (hd + 2) + d) * __expf(__ldcg(parts + s * (hd + 2) + hd) - top);
+    if (in) {
+      // A split with nothing seen wrote zeros, and its weight is 0.
+#pragma unroll 8
+      for (int s = 0; s < a.n_splits; ++s) sum += __ldcg(parts + s * stride + d) * split_weight[s];
     }
     const float v = total > 0.0f ? sum / total : 0.0f;
     if (in) out[d] = v;
@@ -801,60 +839,98 @@ __device__ void merge_splits(const AttentionArgs& a, int query, int t, int h, co
 }
 
 // kListed: the blocks' x indexes a.tokens (a template parameter, so that decode's kernel keeps its
-// registers).
-template <bool kListed>
+// registers). kMaxHd: the largest head the instance takes (its registers); kKeyHalves: the halves a
+// lane loads of a key at once, 8 where the head is a multiple of 8 (16-byte loads, a value's 8
+// bytes), else 2 (a key's and a value's 4 bytes).
+template <bool kListed, int kMaxHd, int kKeyHalves>
 __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(AttentionArgs a, StepMeta meta, DeviceKv kv, Q8Out q8) {
+  constexpr int kValueHalves = kKeyHalves == 8 ? 4 : 2;
+  constexpr int kKeyPieces = kMaxHd / kKeyHalves / kLanesPerPosition;  // a lane's pieces of a key, at most
+  constexpr int kValuePieces = kMaxHd / kValueHalves / kWarp;          // and of each value
+  using KeyWord = typename HalvesWord<kKeyHalves>::type;
+  using ValueWord = typename HalvesWord<kValueHalves>::type;
   dependent_launch_prologue();
   const int query = blockIdx.x, t = kListed ? a.tokens[query] : query, h = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, hd = a.head_dim;
-  const int kh = h / (a.n_head / a.n_head_kv);
+  const int kh = h / (a.n_head / a.n_head_kv), group = lane / kLanesPerPosition, in_group = lane % kLanesPerPosition;
   const QueryView view = query_view(meta, t, a.window);
   const int begin = max(view.first, split * a.chunk), stop = min(view.end, (split + 1) * a.chunk);
-  float q[kPerLane], acc[kPerLane];
+  alignas(16) __shared__ float q[kMaxHd];
   const float* qh = a.q + (static_cast<std::size_t>(t) * a.n_head + h) * hd;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int d = lane + j * kWarp;
-    q[j] = d < hd ? qh[d] : 0.0f;
-    acc[j] = 0.0f;
-  }
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) q[d] = qh[d];
+  __syncthreads();
+  const int key_pieces = hd / kKeyHalves, value_pieces = hd / kValueHalves;
+  float acc[kValuePieces][kValueHalves] = {};
   float m = -FLT_MAX, l = 0.0f;
   const std::int32_t* table = meta.tables + meta.table_start[t];
-  // Every warp takes the same number of turns (the last may find no position): the shuffles inside
-  // then line up across the block, as CPU runtimes of this code (HIP-CPU) need.
-  for (int base = begin; base < stop; base += kAttentionWarps) {
-    const int pos = base + warp;
-    const bool valid = pos < stop && view.sees_within(pos);  // begin >= first, stop <= end
-    const int block = valid ? table[pos / kv.block_tokens] : 0;
-    const std::size_t row = (static_cast<std::size_t>(kh) * kv.block_tokens + (valid ? pos : 0) % kv.block_tokens) * hd;
-    const __half* key = kv_part(kv, block, a.layer, 0) + row;
-    const __half* value = kv_part(kv, block, a.layer, 1) + row;
+  const std::size_t part = kv.part_elems();
+  // Every warp takes the same turns (the last may find no position): the shuffles inside then line
+  // up across the block, as CPU runtimes of this code (HIP-CPU) need.
+  const int turns = begin < stop ? (stop - begin + kAttentionWarps * kTurnPositions - 1) / (kAttentionWarps * kTurnPositions) : 0;
+  for (int turn = 0; turn < turns; ++turn) {
+    const int pos = begin + (turn * kAttentionWarps + warp) * kTurnPositions + group;
+    const int valid = pos < stop && view.sees_within(pos);  // begin >= first, stop <= end
+    // The group's key from the store's start (its value is a part further on).
+    const unsigned long long key_at =
+        valid ? (static_cast<unsigned long long>(table[pos / kv.block_tokens]) * kv.n_layer + a.layer) * 2 * part +
+                    (static_cast<unsigned long long>(kh) * kv.block_tokens + pos % kv.block_tokens) * hd
+              : 0ull;
+    KeyWord key[kKeyPieces];
+#pragma unroll
+    for (int i = 0; i < kKeyPieces; ++i) {
+      const int c = in_group + i * kLanesPerPosition;
+      key[i] = valid && c < key_pieces ? *reinterpret_cast<const KeyWord*>(kv.data + key_at + c * kKeyHalves) : KeyWord{};
+    }
+    ValueWord value[kTurnPositions][kValuePieces];
+#pragma unroll
+    for (int p = 0; p < kTurnPositions; ++p) {
+      const unsigned long long at = __shfl_sync(0xffffffffu, key_at, p * kLanesPerPosition) + part;
+      const int seen = __shfl_sync(0xffffffffu, valid, p * kLanesPerPosition);
+#pragma unroll
+      for (int i = 0; i < kValuePieces; ++i) {
+        const int c = lane + i * kWarp;
+        value[p][i] = seen && c < value_pieces ? *reinterpret_cast<const ValueWord*>(kv.data + at + c * kValueHalves) : ValueWord{};
+      }
+    }
     float dot = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int d = lane + j * kWarp;
-      if (valid && d < hd) dot += q[j] * __half2float(key[d]);
-    }
-    const float sum = warp_sum(dot);
-    if (!valid) continue;
-    const float score = attention_score(a, sum);
-    const float m_new = fmaxf(m, score);
-    const float correction = __expf(m - m_new), w = __expf(score - m_new);
-    l = l * correction + w;
+    for (int i = 0; i < kKeyPieces; ++i) {
+      const int c = in_group + i * kLanesPerPosition;
+      if (c < key_pieces) {
+        float k[kKeyHalves];
+        unpack_halves(key[i], k);
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int d = lane + j * kWarp;
-      acc[j] = acc[j] * correction + (d < hd ? w * __half2float(value[d]) : 0.0f);
+        for (int j = 0; j < kKeyHalves; ++j) dot += q[c * kKeyHalves + j] * k[j];
+      }
     }
+    for (int o = 1; o < kLanesPerPosition; o *= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);  // the group's lanes' sums
+    const float score = valid ? attention_score(a, dot) : -FLT_MAX;
+    const float m_new = fmaxf(m, warp_max(score));
+    const float w = valid ? __expf(score - m_new) : 0.0f, correction = __expf(m - m_new);
+    l = l * correction + warp_sum(in_group == 0 ? w : 0.0f);
     m = m_new;
+#pragma unroll
+    for (int p = 0; p < kTurnPositions; ++p) {
+      const float wp = __shfl_sync(0xffffffffu, w, p * kLanesPerPosition);
+#pragma unroll
+      for (int i = 0; i < kValuePieces; ++i) {
+        float v[kValueHalves];
+        unpack_halves(value[p][i], v);
+#pragma unroll
+        for (int j = 0; j < kValueHalves; ++j) acc[i][j] = (p == 0 ? acc[i][j] * correction : acc[i][j]) + wp * v[j];
+      }
+    }
   }
   __shared__ float warp_m[kAttentionWarps], warp_l[kAttentionWarps];
-  __shared__ float warp_acc[kAttentionWarps][kMaxHeadDim];
+  __shared__ float warp_acc[kAttentionWarps][kMaxHd];
   if (lane == 0) warp_m[warp] = m, warp_l[warp] = l;
 #pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int d = lane + j * kWarp;
-    if (d < hd) warp_acc[warp][d] = acc[j];
+  for (int i = 0; i < kValuePieces; ++i) {
+    const int c = lane + i * kWarp;
+#pragma unroll
+    for (int j = 0; j < kValueHalves; ++j) {
+      if (c < value_pieces) warp_acc[warp][c * kValueHalves + j] = acc[i][j];
+    }
   }
   __syncthreads();
   // The partials and counters by the query's place in the launch: a launch for listed
@@ -889,14 +965,6 @@ __global__ void attention_combine_kernel(AttentionArgs a, Q8Out q8) {
 // softmax for each. Scoring, a lane takes one key; summing values, a lane takes pairs of elements.
 constexpr int kTileWarps = 4;
 constexpr int kTileKeys = kWarp;
-
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-// The two halves packed in 32 bits (the lower address in the low bits), as floats.
-__device__ __forceinline__ float low_half(unsigned two) { return half_to_float(static_cast<std::uint16_t>(two & 0xffffu)); }
-__device__ __forceinline__ float high_half(unsigned two) { return half_to_float(static_cast<std::uint16_t>(two >> 16)); }
 
 template <int kTileTokens, int kTileHeadDim>
 __global__ void __launch_bounds__(kTileWarps * kWarp) attention_tiles_kernel(AttentionArgs a, StepMeta meta, DeviceKv kv, Q8Out q8) {
@@ -1381,9 +1449,16 @@ void gemv_q8_qkv(const GemvParts& parts, const std::int8_t* q, const float2* sca
 }
 
 void attention(const AttentionArgs& a, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream, const Q8Out& q8) {
+  if (a.n_splits < 1 || a.n_splits > kMaxAttentionSplits) throw Error("internal: attention split " + std::to_string(a.n_splits) + " ways");
   const Q8Out out_q8 = attention_writes_q8(a.head_dim) ? q8 : Q8Out{};
-  launch(a.tokens ? attention_kernel<true> : attention_kernel<false>, dim3(T, a.n_head, a.n_splits), kAttentionWarps * kWarp, 0, stream, a,
-         meta, kv, out_q8);
+  // The instance for these heads: 16-byte key loads where they are a multiple of 8 halves (every
+  // model's so far), with registers for 128 halves where that is enough.
+  static_assert(kMaxHeadDim == 256);
+  using Kernel = void (*)(AttentionArgs, StepMeta, DeviceKv, Q8Out);
+  const Kernel kernel = a.head_dim % 8 != 0 ? (a.tokens ? attention_kernel<true, 256, 2> : attention_kernel<false, 256, 2>)
+                        : a.head_dim <= 128 ? (a.tokens ? attention_kernel<true, 128, 8> : attention_kernel<false, 128, 8>)
+                                            : (a.tokens ? attention_kernel<true, 256, 8> : attention_kernel<false, 256, 8>);
+  launch(kernel, dim3(T, a.n_head, a.n_splits), kAttentionWarps * kWarp, 0, stream, a, meta, kv, out_q8);
   if (!a.arrivals) launch(attention_combine_kernel, dim3(T, a.n_head), kAttentionWarps * kWarp, 0, stream, a, out_q8);
 }
 

@@ -189,6 +189,8 @@ struct AttentionArgs {
 // With q8, and heads whose size attention_writes_q8 takes, the output as int8 too (for the o
 // projection's integer GEMV: one launch fewer a layer).
 void attention(const AttentionArgs& a, const StepMeta& meta, int T, const DeviceKv& kv, cudaStream_t stream, const Q8Out& q8 = {});
+// The most splits a query's context may have (the merge keeps each split's weight in shared memory).
+constexpr int kMaxAttentionSplits = 256;
 constexpr bool attention_writes_q8(int head_dim) { return head_dim % 32 == 0; }
 
 // Prefill's attention: a block per (tile, head), a tile being up to attention_tile_tokens(head_dim)
