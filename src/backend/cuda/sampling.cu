@@ -22,6 +22,31 @@ constexpr int kDigits = 256;
 // one of a few values, and a single copy would have every thread of the block add to one address.
 constexpr int kHistCopies = 4;
 
+// The passes over a row: each thread takes kRowAhead of its elements a turn, loading them all before
+// it looks at the first. A thread's elements one at a time waited on L2 for each (the logits just
+// written by the output GEMV: ~125 waits a pass over a 128K vocabulary with 1024 threads, an
+// estimated 20-40 µs a pass; greedy is one pass, run's default draw about a dozen); now ~16. Eight:
+// sample_kernel then holds 64 registers, the most 1024 threads a block may have, without spills.
+// f(v, i, in) sees a thread's elements in id order, and every thread of a warp calls it at the
+// same places (`in` false past the row), so f may hold warp-collective work.
+constexpr int kRowAhead = 8;
+template <class F>
+__device__ __forceinline__ void for_row_elements(const float* row, int n, F&& f) {
+  for (int base = 0; base < n; base += kRowAhead * static_cast<int>(blockDim.x)) {
+    float v[kRowAhead];
+#pragma unroll
+    for (int k = 0; k < kRowAhead; ++k) {
+      const int i = base + k * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
+      v[k] = i < n ? row[i] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kRowAhead; ++k) {
+      const int i = base + k * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
+      f(v[k], i, i < n);
+    }
+  }
+}
+
 // A float's bits as an unsigned number in the floats' order; NaN lowest of all (0), never kept.
 __device__ __forceinline__ unsigned order_key(float v) {
   if (v != v) return 0;
@@ -110,17 +135,15 @@ struct Selected {
 // compare-and-swap loop there).
 __device__ void count_digits(const float* row, int n, Head within, unsigned prefix, unsigned mask, int shift, unsigned* counts) {
   const int lane = threadIdx.x % kWarp;
-  // Every warp takes the same turns (the last may find no token), as CPU runtimes of this code need.
-  for (int base = 0; base < n; base += blockDim.x) {
-    const int i = base + static_cast<int>(threadIdx.x);
+  for_row_elements(row, n, [&](float v, int i, bool in) {
     int digit = -1;  // none: past the row, or not in the head
-    if (i < n) {
-      const unsigned k = order_key(row[i]);
+    if (in) {
+      const unsigned k = order_key(v);
       if ((k & mask) == prefix && within.holds(k, i)) digit = static_cast<int>((k >> shift) & 0xff);
     }
     const unsigned peers = __match_any_sync(kFullMask, digit);
     if (digit >= 0 && lane == __ffs(peers) - 1) atomicAdd(&counts[digit], static_cast<unsigned>(__popc(peers)));
-  }
+  });
 }
 
 // Top-p's weights of the same tokens, by the same byte, into `masses`. A warp whose tokens fall in
@@ -135,13 +158,10 @@ constexpr int kGroupedBuckets = 8;
 __device__ void add_masses(const float* row, int n, Head within, unsigned prefix, unsigned mask, int shift, const ByMass& weight,
                            double* masses) {
   const int lane = threadIdx.x % kWarp;
-  // Every warp takes the same turns (the last may find no token), as CPU runtimes of this code need.
-  for (int base = 0; base < n; base += blockDim.x) {
-    const int i = base + static_cast<int>(threadIdx.x);
+  for_row_elements(row, n, [&](float v, int i, bool in) {
     int digit = -1;  // none: past the row, or not in the head
     double w = 0.0;
-    if (i < n) {
-      const float v = row[i];
+    if (in) {
       const unsigned k = order_key(v);
       if ((k & mask) == prefix && within.holds(k, i)) digit = static_cast<int>((k >> shift) & 0xff), w = weight(v);
     }
@@ -149,7 +169,7 @@ __device__ void add_masses(const float* row, int n, Head within, unsigned prefix
     unsigned firsts = __ballot_sync(kFullMask, digit >= 0 && lane == __ffs(peers) - 1);  // one lane a bucket
     if (__popc(firsts) > kGroupedBuckets) {
       if (digit >= 0) atomicAdd(&masses[digit], w);
-      continue;
+      return;
     }
     while (firsts) {  // the same turns in every lane: firsts is the warp's
       const int first = __ffs(firsts) - 1;
@@ -159,7 +179,7 @@ __device__ void add_masses(const float* row, int n, Head within, unsigned prefix
       for (int o = kWarp / 2; o > 0; o /= 2) sum += __shfl_xor_sync(kFullMask, sum, o);
       if (lane == first) atomicAdd(&masses[d], sum);
     }
-  }
+  });
 }
 
 // Walking down the keys of `within`'s tokens, largest first, adding each token's weight: the key
@@ -271,9 +291,9 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const float* logits
   // The first largest logit (Sampler's argmax: NaN never wins; a row of -inf gives token 0).
   float best = -INFINITY;
   int best_id = INT_MAX;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    if (row[i] > best || (row[i] == best && i < best_id)) best = row[i], best_id = i;
-  }
+  for_row_elements(row, n, [&](float v, int i, bool in) {
+    if (in && (v > best || (v == best && i < best_id))) best = v, best_id = i;
+  });
   for (int o = kWarp / 2; o > 0; o /= 2) {
     const float other = __shfl_xor_sync(kFullMask, best, o);
     const int other_id = __shfl_xor_sync(kFullMask, best_id, o);
@@ -299,10 +319,9 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const float* logits
   }
   if (draw.top_p < 1.0f) {
     double mass = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const float v = row[i];
-      if (head.holds(order_key(v), i)) mass += expf(v - best);
-    }
+    for_row_elements(row, n, [&](float v, int i, bool in) {
+      if (in && head.holds(order_key(v), i)) mass += expf(v - best);
+    });
     const double target = static_cast<double>(draw.top_p) * block_sum(mass, sh);
     const Selected s = select_key(row, n, head, ByMass{best}, target, sh);
     if (s.found) {
