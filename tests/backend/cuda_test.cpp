@@ -1008,6 +1008,30 @@ std::string write_preset(const test::TempDir& tmp, const std::string& preset, DT
   return path;
 }
 
+// Every dense family the GPU runs, against the CPU (the other model tests hold one GPU path to
+// another, or are Llamas): Qwen2's biases, Qwen3's head norms, Gemma 2's post-sublayer norms, soft
+// caps and window, Gemma 3's local layers, Phi-3's joined tensors. And a Gemma 2 of 1056-wide
+// embeddings, whose norms take a thread's elements in a whole turn of add_rmsnorm_row's 8 and a
+// part of one (a block of 128 threads).
+TEST(CudaModel, EveryFamilyDecodesAsOnTheCpu) {
+  REQUIRE_GPU();
+  test::TempDir tmp;
+  ThreadPool pool(2);
+  std::vector<std::string> paths;
+  for (const auto& [preset, type] : {std::pair<std::string, DType>{"tiny-qwen2", DType::Q4_K}, {"tiny-qwen3", DType::Q8_0},
+                                     {"tiny-gemma2", DType::Q8_0}, {"tiny-gemma3", DType::Q8_0}, {"tiny-phi3", DType::F16}}) {
+    paths.push_back(write_preset(tmp, preset, type, pool));
+  }
+  SyntheticModelSpec wide = synthetic_preset("tiny-gemma2");
+  wide.n_embd = 1056;
+  paths.push_back(tmp.file("gemma2-wide.gguf"));
+  write_synthetic_model(wide, DType::Q8_0, 5, paths.back(), pool);
+  for (const std::string& path : paths) {
+    expect_same_greedy(path, 5, 12);
+    expect_same_greedy(path, 20, 12);
+  }
+}
+
 // The tiny mixtures of experts (Mixtral's and Qwen3-MoE's routers), in F32 and Q8_0: paths and types.
 std::vector<std::pair<std::string, DType>> write_moe_presets(const test::TempDir& tmp, ThreadPool& pool) {
   std::vector<std::pair<std::string, DType>> models;

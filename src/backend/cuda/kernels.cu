@@ -140,35 +140,74 @@ __device__ __forceinline__ void warp_quantize_q8(float v, std::size_t b, bool st
 // NormTail: the launch's last block). delta is read past L1 (__ldcg): other blocks of a GEMV launch
 // wrote it. The same sums in the same order for the same block size: add_rmsnorm launches
 // kGemvWarps warps a block, as the GEMV does, so that the two give the same bits.
+// Each thread loads kNormAhead of its elements (i = threadIdx.x + k x blockDim.x) before it uses
+// the first: an element at a time, with a store between two loads (which the compiler may not move
+// a load past), a thread waited once an element, ~32 waits a pass at 4096 elements and 4 warps and
+// three passes, the norm's weights coming from HBM (the layer's matrices went through L2 since the
+// last token): an estimated 10-20 µs a norm, on the critical path twice a layer at decode.
+constexpr int kNormAhead = 8;
 __device__ void add_rmsnorm_row(int t, float* x, const float* delta, const float* delta_norm, const float* weight, int d, float eps,
                                 float* out, const Q8Out& q8) {
   float* xt = x + static_cast<std::size_t>(t) * d;
+  const int step = static_cast<int>(blockDim.x), me = static_cast<int>(threadIdx.x);
+  float ss = 0.0f;  // of the sum's x, a thread's elements in order
   if (delta) {
     const float* dt = delta + static_cast<std::size_t>(t) * d;
     float delta_scale = 1.0f;
     if (delta_norm) {
-      float ss = 0.0f;
-      for (int i = threadIdx.x; i < d; i += blockDim.x) ss += __ldcg(dt + i) * __ldcg(dt + i);
-      delta_scale = rsqrtf(block_sum(ss) / d + eps);
+      float delta_ss = 0.0f;
+      for (int base = 0; base < d; base += kNormAhead * step) {
+        float dv[kNormAhead];
+#pragma unroll
+        for (int k = 0; k < kNormAhead; ++k) dv[k] = base + k * step + me < d ? __ldcg(dt + base + k * step + me) : 0.0f;
+#pragma unroll
+        for (int k = 0; k < kNormAhead; ++k) delta_ss += dv[k] * dv[k];  // zeros past the row add nothing
+      }
+      delta_scale = rsqrtf(block_sum(delta_ss) / d + eps);
     }
-    for (int i = threadIdx.x; i < d; i += blockDim.x) xt[i] += delta_norm ? __ldcg(dt + i) * delta_scale * delta_norm[i] : __ldcg(dt + i);
+    for (int base = 0; base < d; base += kNormAhead * step) {
+      float xv[kNormAhead], dv[kNormAhead], nv[kNormAhead];
+#pragma unroll
+      for (int k = 0; k < kNormAhead; ++k) {
+        const int i = base + k * step + me;
+        const bool in = i < d;
+        xv[k] = in ? xt[i] : 0.0f, dv[k] = in ? __ldcg(dt + i) : 0.0f, nv[k] = in && delta_norm ? delta_norm[i] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kNormAhead; ++k) {
+        const int i = base + k * step + me;
+        const float v = xv[k] + (delta_norm ? dv[k] * delta_scale * nv[k] : dv[k]);
+        if (i < d) xt[i] = v, ss += v * v;
+      }
+    }
+  } else {
+    for (int base = 0; base < d; base += kNormAhead * step) {
+      float xv[kNormAhead];
+#pragma unroll
+      for (int k = 0; k < kNormAhead; ++k) xv[k] = base + k * step + me < d ? xt[base + k * step + me] : 0.0f;
+#pragma unroll
+      for (int k = 0; k < kNormAhead; ++k) ss += xv[k] * xv[k];
+    }
   }
-  __syncthreads();
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xt[i] * xt[i];
   const float scale = rsqrtf(block_sum(ss) / d + eps);
   float* ot = out + static_cast<std::size_t>(t) * d;
-  if (!q8.q) {
-    for (int i = threadIdx.x; i < d; i += blockDim.x) ot[i] = xt[i] * scale * weight[i];
-    return;
-  }
-  // Also as int8 for the integer GEMV (d a multiple of 32: each warp's 32 elements are one block).
-  for (int base = 0; base < d; base += blockDim.x) {
-    const int i = base + static_cast<int>(threadIdx.x);
-    const bool in = i < d;
-    const float v = in ? xt[i] * scale * weight[i] : 0.0f;
-    if (in) ot[i] = v;
-    warp_quantize_q8(v, (static_cast<std::size_t>(t) * d + i) / kWarp, in, q8);
+  // With q8, also as int8 for the integer GEMV (d a multiple of 32: each warp's 32 elements are one
+  // block). Every thread takes the same turns, as warp_quantize_q8's shuffles need.
+  for (int base = 0; base < d; base += kNormAhead * step) {
+    float xv[kNormAhead], wv[kNormAhead];
+#pragma unroll
+    for (int k = 0; k < kNormAhead; ++k) {
+      const int i = base + k * step + me;
+      xv[k] = i < d ? xt[i] : 0.0f, wv[k] = i < d ? weight[i] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kNormAhead; ++k) {
+      const int i = base + k * step + me;
+      const bool in = i < d;
+      const float v = in ? xv[k] * scale * wv[k] : 0.0f;
+      if (in) ot[i] = v;
+      if (q8.q) warp_quantize_q8(v, (static_cast<std::size_t>(t) * d + i) / kWarp, in, q8);
+    }
   }
 }
 
