@@ -699,7 +699,26 @@ __device__ void post_head(const QkvPost& p, const StepMeta& meta, const DeviceKv
   const float* src = !active ? nullptr : is_q ? (p.q_in ? p.q_in : p.q) + t * q_stride + h * hd : p.k + t * kv_stride + kh * hd;
   const float* bias = is_q ? (p.bq ? p.bq + h * hd : nullptr) : (p.bk ? p.bk + kh * hd : nullptr);
   const float* norm = is_q ? p.q_norm : p.k_norm;
-  for (int i = lane; active && i < hd; i += kWarp) head[i] = __ldcg(src + i) + (bias ? bias[i] : 0.0f);
+  // A lane's elements all loaded before the first is used or stored (a store between two loads
+  // would keep the compiler from sending the second before the first returns), and a key head's
+  // values and KV slot with them: this runs in the q/k/v launch's last blocks, on decode's critical
+  // path, where one wait an element was ~12 waits a head.
+  constexpr int kPerLane = kMaxHeadDim / kWarp;
+  const float* v = is_q || !active ? nullptr : p.v + t * kv_stride + kh * hd;
+  float in[kPerLane];
+  __half value_in[kPerLane];  // as stored (fewer registers held across the rope's sincosf)
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = lane + j * kWarp;
+    in[j] = active && i < hd ? __ldcg(src + i) + (bias ? bias[i] : 0.0f) : 0.0f;
+    value_in[j] = __float2half(v && i < hd ? __ldcg(v + i) + (p.bv ? p.bv[kh * hd + i] : 0.0f) : 0.0f);
+  }
+  const int slot = v ? meta.slots[t] : 0;
+  const int block = v ? meta.tables[meta.table_start[t] + slot / kv.block_tokens] : 0;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    if (active && lane + j * kWarp < hd) head[lane + j * kWarp] = in[j];
+  }
   __syncwarp();
   if (p.q_norm || p.k_norm) {  // the same on every warp of the block
     float ss = 0.0f;
@@ -728,15 +747,13 @@ __device__ void post_head(const QkvPost& p, const StepMeta& meta, const DeviceKv
     for (int i = lane; i < hd; i += kWarp) dst[i] = head[i];
     return;
   }
-  const int slot = meta.slots[t];
-  const int block = meta.tables[meta.table_start[t] + slot / kv.block_tokens];
   const std::size_t row = (static_cast<std::size_t>(kh) * kv.block_tokens + slot % kv.block_tokens) * hd;
   __half* key = const_cast<__half*>(kv_part(kv, block, p.layer, 0)) + row;
   __half* value = const_cast<__half*>(kv_part(kv, block, p.layer, 1)) + row;
-  const float* v = p.v + t * kv_stride + kh * hd;
-  for (int i = lane; i < hd; i += kWarp) {
-    key[i] = __float2half(head[i]);
-    value[i] = __float2half(__ldcg(v + i) + (p.bv ? p.bv[kh * hd + i] : 0.0f));
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = lane + j * kWarp;
+    if (i < hd) key[i] = __float2half(head[i]), value[i] = value_in[j];
   }
 }
 
