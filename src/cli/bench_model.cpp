@@ -94,7 +94,9 @@ const BenchDraw& draw_named(const std::string& name) {
   for (const BenchDraw& d : bench_model_draws()) {
     if (d.name == name) return d;
   }
-  throw Error("bench model: no draw named '" + name + "' (--sample takes run, api or top-p)");
+  std::string names;
+  for (const BenchDraw& d : bench_model_draws()) names += (names.empty() ? "" : ", ") + d.name;
+  throw Error("bench model: no draw named '" + name + "' (--sample takes " + names + ")");
 }
 
 }  // namespace
@@ -202,8 +204,8 @@ int bench_model(const BenchModelOptions& o) {
       // On a device the step's token is drawn there, as the engine has it drawn: its row of logits
       // never comes back. Greedy unless --sample; the CPU takes no time to pick the largest logit
       // (the engine's argmax is noise beside a step), but draws with the sampler the engine uses.
-      const SamplingParams params = o.sample.empty() ? SamplingParams{.temperature = 0.0f} : draw_named(o.sample).params;
       const bool sampled = !o.sample.empty();
+      const SamplingParams params = sampled ? draw_named(o.sample).params : SamplingParams{.temperature = 0.0f};
       Sampler sampler(params);
       backend::DeviceSampling draw;
       for (int i = 0; i < o.n_gen; ++i) {

@@ -926,26 +926,27 @@ __global__ void __launch_bounds__(kAttentionWarps * kWarp) attention_kernel(Atte
   for (int turn = 0; turn < turns; ++turn) {
     const int pos = begin + (turn * kAttentionWarps + warp) * kTurnPositions + group;
     const int valid = pos < stop && view.sees_within(pos);  // begin >= first, stop <= end
-    // The group's key from the store's start (its value is a part further on).
-    const unsigned long long key_at =
-        valid ? (static_cast<unsigned long long>(table[pos / kv.block_tokens]) * kv.n_layer + a.layer) * 2 * part +
-                    (static_cast<unsigned long long>(kh) * kv.block_tokens + pos % kv.block_tokens) * hd
-              : 0ull;
+    // The group's key row (its value row is a part further on).
+    const __half* key_row =
+        valid ? kv_part(kv, table[pos / kv.block_tokens], a.layer, 0) + (static_cast<std::size_t>(kh) * kv.block_tokens + pos % kv.block_tokens) * hd
+              : kv.data;
     KeyWord key[kKeyPieces];
 #pragma unroll
     for (int i = 0; i < kKeyPieces; ++i) {
       const int c = in_group + i * kLanesPerPosition;
-      key[i] = valid && c < key_pieces ? *reinterpret_cast<const KeyWord*>(kv.data + key_at + c * kKeyHalves) : KeyWord{};
+      key[i] = valid && c < key_pieces ? *reinterpret_cast<const KeyWord*>(key_row + c * kKeyHalves) : KeyWord{};
     }
     ValueWord value[kTurnPositions][kValuePieces];
 #pragma unroll
     for (int p = 0; p < kTurnPositions; ++p) {
-      const unsigned long long at = __shfl_sync(0xffffffffu, key_at, p * kLanesPerPosition) + part;
+      const __half* value_row = reinterpret_cast<const __half*>(
+                                    __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(key_row), p * kLanesPerPosition)) +
+                                part;
       const int seen = __shfl_sync(0xffffffffu, valid, p * kLanesPerPosition);
 #pragma unroll
       for (int i = 0; i < kValuePieces; ++i) {
         const int c = lane + i * kWarp;
-        value[p][i] = seen && c < value_pieces ? *reinterpret_cast<const ValueWord*>(kv.data + at + c * kValueHalves) : ValueWord{};
+        value[p][i] = seen && c < value_pieces ? *reinterpret_cast<const ValueWord*>(value_row + c * kValueHalves) : ValueWord{};
       }
     }
     float dot = 0.0f;
