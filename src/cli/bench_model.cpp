@@ -18,6 +18,7 @@
 #include "kernels/matmul.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
+#include "server/api.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/process.h"
@@ -107,9 +108,8 @@ const std::vector<BenchDraw>& bench_model_draws() {
   // radix selects run for top-k and top-p over the whole row, not for a plain draw).
   static const std::vector<BenchDraw> draws = {
       {"run", SamplingParams{}, "run's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05"},
-      {"api", SamplingParams{.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f},
-       "an API request that sets nothing: temperature 1 over the whole vocabulary"},
-      {"top-p", SamplingParams{.temperature = 1.0f, .top_k = 0, .top_p = 0.95f, .min_p = 0.0f},
+      {"api", server::ApiRequest{}.sampling(), "an API request that sets nothing: temperature 1 over the whole vocabulary"},
+      {"top-p", [] { server::ApiRequest r; r.top_p = 0.95f; return r.sampling(); }(),
        "an API request that sets top_p 0.95 alone: top-p over the whole vocabulary"},
   };
   return draws;

@@ -211,6 +211,19 @@ std::vector<std::string> ApiRequest::tool_names() const {
   return names;
 }
 
+SamplingParams ApiRequest::sampling() const {
+  SamplingParams s;
+  s.temperature = temperature;
+  s.top_k = top_k;
+  s.top_p = top_p;
+  s.min_p = min_p;
+  s.repeat_penalty = 1.0f;  // not in the API
+  s.presence_penalty = presence_penalty;
+  s.frequency_penalty = frequency_penalty;
+  s.repeat_last_n = -1;  // OpenAI's penalties count the whole output
+  return s;
+}
+
 ApiRequest parse_api_request(std::string_view body, bool chat) {
   json j;
   try {
@@ -283,10 +296,11 @@ ApiRequest parse_api_request(std::string_view body, bool chat) {
   if (auto v = integer(j, "max_completion_tokens", 1, kIntMax)) r.max_tokens = static_cast<int>(*v);
   if (auto v = integer(j, "max_tokens", 1, kIntMax)) r.max_tokens = static_cast<int>(*v);
   if (!chat && !r.max_tokens) r.max_tokens = 16;  // the completions API's documented default
-  r.temperature = static_cast<float>(number(j, "temperature", 0.0, 2.0, 1.0));
-  r.top_p = static_cast<float>(number(j, "top_p", 0.0, 1.0, 1.0));
-  r.top_k = static_cast<int>(integer(j, "top_k", 0, kIntMax).value_or(0));
-  r.min_p = static_cast<float>(number(j, "min_p", 0.0, 1.0, 0.0));
+  // Absent fields keep ApiRequest's defaults.
+  r.temperature = static_cast<float>(number(j, "temperature", 0.0, 2.0, r.temperature));
+  r.top_p = static_cast<float>(number(j, "top_p", 0.0, 1.0, r.top_p));
+  r.top_k = static_cast<int>(integer(j, "top_k", 0, kIntMax).value_or(r.top_k));
+  r.min_p = static_cast<float>(number(j, "min_p", 0.0, 1.0, r.min_p));
   if (const json* s = field(j, "seed")) {
     if (!s->is_number_integer()) bad("seed", "'seed' must be an integer");
     r.seed = s->is_number_unsigned() ? s->get<std::uint64_t>() : static_cast<std::uint64_t>(s->get<std::int64_t>());
@@ -307,8 +321,8 @@ ApiRequest parse_api_request(std::string_view body, bool chat) {
       if (x.empty()) bad("stop", "stop sequences must not be empty");
     }
   }
-  r.presence_penalty = static_cast<float>(number(j, "presence_penalty", -2.0, 2.0, 0.0));
-  r.frequency_penalty = static_cast<float>(number(j, "frequency_penalty", -2.0, 2.0, 0.0));
+  r.presence_penalty = static_cast<float>(number(j, "presence_penalty", -2.0, 2.0, r.presence_penalty));
+  r.frequency_penalty = static_cast<float>(number(j, "frequency_penalty", -2.0, 2.0, r.frequency_penalty));
   if (const json* lb = field(j, "logit_bias")) {
     if (!lb->is_object()) bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
     for (const auto& [key, value] : lb->items()) {

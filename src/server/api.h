@@ -10,6 +10,7 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+#include "sampling/sampler.h"
 
 namespace promptly::server {
 
@@ -71,6 +72,10 @@ struct ApiRequest {
   std::string grammar_param;
 
   std::vector<std::string> tool_names() const;
+  // The sampler's settings this request asks for; the seed is left to the caller (each choice
+  // takes its own). A request that sets nothing samples at temperature 1 over the whole
+  // vocabulary, as the OpenAI API does, not with the library's llama.cpp-like filters.
+  SamplingParams sampling() const;
 };
 
 // Throws ApiError(400) naming the parameter for malformed JSON, wrong types, out-of-range values

@@ -610,13 +610,7 @@ class Session : public std::enable_shared_from_this<Session> {
       Request r;
       r.prompt = prompts[i];
       r.max_tokens = api_.max_tokens.value_or(-1);
-      r.sampling.temperature = api_.temperature;
-      r.sampling.top_p = api_.top_p;
-      r.sampling.top_k = api_.top_k;
-      r.sampling.min_p = api_.min_p;
-      r.sampling.presence_penalty = api_.presence_penalty;
-      r.sampling.frequency_penalty = api_.frequency_penalty;
-      r.sampling.repeat_last_n = -1;  // OpenAI's penalties count the whole output
+      r.sampling = api_.sampling();
       r.sampling.seed = base_seed + i % n;  // seed + choice index, as llama.cpp and vLLM do
       r.grammar = constraint;
       r.logit_bias = api_.logit_bias;

@@ -37,6 +37,25 @@ TEST(Api, ParsesAChatRequestWithEveryParameter) {
   EXPECT_TRUE(r.ignore_eos);
 }
 
+TEST(Api, SamplingIsWhatTheRequestAsksAndOpenAIsDefaultsElse) {
+  const SamplingParams asked = parse_api_request(R"({"messages": [{"role": "user", "content": "x"}], "temperature": 0.5,
+      "top_p": 0.9, "top_k": 20, "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5})", true).sampling();
+  EXPECT_FLOAT_EQ(asked.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(asked.top_p, 0.9f);
+  EXPECT_EQ(asked.top_k, 20);
+  EXPECT_FLOAT_EQ(asked.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(asked.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(asked.frequency_penalty, -0.5f);
+  EXPECT_EQ(asked.repeat_last_n, -1);  // the penalties count the whole output
+  // Nothing set: temperature 1 over the whole vocabulary, not the library's filters.
+  const SamplingParams plain = parse_api_request(R"({"prompt": "a"})", false).sampling();
+  EXPECT_FLOAT_EQ(plain.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(plain.top_p, 1.0f);
+  EXPECT_EQ(plain.top_k, 0);
+  EXPECT_FLOAT_EQ(plain.min_p, 0.0f);
+  EXPECT_FALSE(plain.penalizes());
+}
+
 TEST(Api, CompletionsTakeAStringOrAnArrayAndDefaultTo16Tokens) {
   EXPECT_EQ(parse_api_request(R"({"prompt": "a"})", false).prompts, std::vector<std::string>{"a"});
   const ApiRequest r = parse_api_request(R"({"prompt": ["a", "b"], "logprobs": 2})", false);
