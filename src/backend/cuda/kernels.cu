@@ -5,6 +5,7 @@
 
 #include <mma.h>
 
+#include "backend/cuda/block_loops.cuh"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/step_layout.h"
 #include "util/error.h"
@@ -146,69 +147,48 @@ __device__ __forceinline__ void warp_quantize_q8(float v, std::size_t b, bool st
 // three passes, the norm's weights coming from HBM (the layer's matrices went through L2 since the
 // last token): an estimated 10-20 µs a norm, on the critical path twice a layer at decode.
 constexpr int kNormAhead = 8;
+// The residual add's inputs for one element: x, the delta, and (Gemma 2's post-norm) its weight.
+struct AddInputs {
+  float x, delta, delta_norm;
+};
+// The output pass's: the summed x and the norm's weight.
+struct NormInputs {
+  float x, weight;
+};
 __device__ void add_rmsnorm_row(int t, float* x, const float* delta, const float* delta_norm, const float* weight, int d, float eps,
                                 float* out, const Q8Out& q8) {
   float* xt = x + static_cast<std::size_t>(t) * d;
-  const int step = static_cast<int>(blockDim.x), me = static_cast<int>(threadIdx.x);
   float ss = 0.0f;  // of the sum's x, a thread's elements in order
   if (delta) {
     const float* dt = delta + static_cast<std::size_t>(t) * d;
     float delta_scale = 1.0f;
     if (delta_norm) {
       float delta_ss = 0.0f;
-      for (int base = 0; base < d; base += kNormAhead * step) {
-        float dv[kNormAhead];
-#pragma unroll
-        for (int k = 0; k < kNormAhead; ++k) dv[k] = base + k * step + me < d ? __ldcg(dt + base + k * step + me) : 0.0f;
-#pragma unroll
-        for (int k = 0; k < kNormAhead; ++k) delta_ss += dv[k] * dv[k];  // zeros past the row add nothing
-      }
+      for_block_elements<kNormAhead>(
+          d, [&](int i) { return __ldcg(dt + i); },
+          [&](float v, int, bool) { delta_ss += v * v; });  // zeros past the row add nothing
       delta_scale = rsqrtf(block_sum(delta_ss) / d + eps);
     }
-    for (int base = 0; base < d; base += kNormAhead * step) {
-      float xv[kNormAhead], dv[kNormAhead], nv[kNormAhead];
-#pragma unroll
-      for (int k = 0; k < kNormAhead; ++k) {
-        const int i = base + k * step + me;
-        const bool in = i < d;
-        xv[k] = in ? xt[i] : 0.0f, dv[k] = in ? __ldcg(dt + i) : 0.0f, nv[k] = in && delta_norm ? delta_norm[i] : 0.0f;
-      }
-#pragma unroll
-      for (int k = 0; k < kNormAhead; ++k) {
-        const int i = base + k * step + me;
-        const float v = xv[k] + (delta_norm ? dv[k] * delta_scale * nv[k] : dv[k]);
-        if (i < d) xt[i] = v, ss += v * v;
-      }
-    }
+    for_block_elements<kNormAhead>(
+        d, [&](int i) { return AddInputs{xt[i], __ldcg(dt + i), delta_norm ? delta_norm[i] : 0.0f}; },
+        [&](const AddInputs& e, int i, bool in) {
+          const float v = e.x + (delta_norm ? e.delta * delta_scale * e.delta_norm : e.delta);
+          if (in) xt[i] = v, ss += v * v;
+        });
   } else {
-    for (int base = 0; base < d; base += kNormAhead * step) {
-      float xv[kNormAhead];
-#pragma unroll
-      for (int k = 0; k < kNormAhead; ++k) xv[k] = base + k * step + me < d ? xt[base + k * step + me] : 0.0f;
-#pragma unroll
-      for (int k = 0; k < kNormAhead; ++k) ss += xv[k] * xv[k];
-    }
+    for_block_elements<kNormAhead>(d, [&](int i) { return xt[i]; }, [&](float v, int, bool) { ss += v * v; });
   }
   const float scale = rsqrtf(block_sum(ss) / d + eps);
   float* ot = out + static_cast<std::size_t>(t) * d;
   // With q8, also as int8 for the integer GEMV (d a multiple of 32: each warp's 32 elements are one
   // block). Every thread takes the same turns, as warp_quantize_q8's shuffles need.
-  for (int base = 0; base < d; base += kNormAhead * step) {
-    float xv[kNormAhead], wv[kNormAhead];
-#pragma unroll
-    for (int k = 0; k < kNormAhead; ++k) {
-      const int i = base + k * step + me;
-      xv[k] = i < d ? xt[i] : 0.0f, wv[k] = i < d ? weight[i] : 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < kNormAhead; ++k) {
-      const int i = base + k * step + me;
-      const bool in = i < d;
-      const float v = in ? xv[k] * scale * wv[k] : 0.0f;
-      if (in) ot[i] = v;
-      if (q8.q) warp_quantize_q8(v, (static_cast<std::size_t>(t) * d + i) / kWarp, in, q8);
-    }
-  }
+  for_block_elements<kNormAhead>(
+      d, [&](int i) { return NormInputs{xt[i], weight[i]}; },
+      [&](const NormInputs& e, int i, bool in) {
+        const float v = in ? e.x * scale * e.weight : 0.0f;
+        if (in) ot[i] = v;
+        if (q8.q) warp_quantize_q8(v, (static_cast<std::size_t>(t) * d + i) / kWarp, in, q8);
+      });
 }
 
 __global__ void add_rmsnorm_kernel(float* x, const float* delta, const float* delta_norm, const float* weight, int d, float eps,

@@ -10,6 +10,8 @@
 #include <climits>
 #include <cmath>
 
+#include "backend/cuda/block_loops.cuh"
+
 namespace promptly::backend::cuda {
 namespace {
 
@@ -32,19 +34,7 @@ constexpr int kHistCopies = 4;
 constexpr int kRowAhead = 8;
 template <class F>
 __device__ __forceinline__ void for_row_elements(const float* row, int n, F&& f) {
-  for (int base = 0; base < n; base += kRowAhead * static_cast<int>(blockDim.x)) {
-    float v[kRowAhead];
-#pragma unroll
-    for (int k = 0; k < kRowAhead; ++k) {
-      const int i = base + k * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
-      v[k] = i < n ? row[i] : 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < kRowAhead; ++k) {
-      const int i = base + k * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
-      f(v[k], i, i < n);
-    }
-  }
+  for_block_elements<kRowAhead>(n, [row](int i) { return row[i]; }, f);
 }
 
 // A float's bits as an unsigned number in the floats' order; NaN lowest of all (0), never kept.
