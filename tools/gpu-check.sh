@@ -143,6 +143,19 @@ fi
 if [ -n "$q4" ]; then
   row "$q4" Q4_K_M-float-gemv "Q4_K_M with PROMPTLY_CUDA_GEMV=float (decode's products on the float kernel instead of the integer one)" \
     PROMPTLY_CUDA_GEMV=float -p 0 -n 128 -r 3
+  # Decode at a long context (a long chat's later turns): 8000 positions in the cache make attention
+  # read ~1 GB of KV a token (32 layers x 8 KV heads x 128 x 2 x 2 bytes x 8000), a fifth of the
+  # weights' bytes (the row's floor counts both); the profile's attention stretch against the KV
+  # bytes says whether a KV head's 4 query heads sharing one pass over its keys (each block reads
+  # them now) would pay.
+  depth=8000; [ "$preset" = llama3-8b ] || depth=128  # within the 8B shape's 8192 context, with the generated tokens
+  row "$q4" Q4_K_M-depth-$depth "Q4_K_M decode with $depth positions already in the cache (-d $depth)" \
+    PROMPTLY_CHECK_ROW=depth -p 0 -n 64 -r 2 -d $depth
+  if [ "$SECONDS" -le 390 ]; then
+    say "the attention stretch of a decode step at depth $depth (graphs off):"
+    PROMPTLY_CUDA_PROFILE=1 timeout 90 $P bench model -m "$q4" --device cuda -p 0 -n 32 -r 1 -d $depth 2>&1 |
+      tee "$out/profile-Q4_K_M-depth.log" | grep -E '^GPU profile|attention' | tee -a "$summary"
+  fi
   # Many streams decoding at once (continuous batching): their steps past 8 tokens go through the
   # integer GEMV in rounds up to 32 tokens by default, through cuBLAS on the kept halves with
   # PROMPTLY_CUDA_GEMV_BATCH=8; the estimate says the GEMV wins at 16 and about ties at 32.

@@ -235,7 +235,11 @@ int bench_model(const BenchModelOptions& o) {
   const Stats pp = stats(pp_tps), tg = stats(tg_tps);
   // A step reads the weights once for all its streams' tokens: the memory floor counts them all
   // (where the arithmetic, not the reads, bounds a step of many streams, no kernel reaches it).
-  const double tg_floor = bandwidth * 1e9 / static_cast<double>(weight_bytes) * streams;
+  // Each stream's token reads its own KV cache as well (F16 here), at the run's mean context (step
+  // i sees depth + i + 1 positions): 0.2% of the 8B shape's bytes at tg128, a fifth at depth 8000.
+  const double kv_bytes = o.n_gen > 0 ? c.kv_bytes_read(static_cast<double>(depth) + (o.n_gen + 1) / 2.0, 2.0) : 0.0;
+  const double step_bytes = static_cast<double>(weight_bytes) + streams * kv_bytes;
+  const double tg_floor = bandwidth * 1e9 / step_bytes * streams;
   // Multiply-adds count twice; attention's own products (a few percent at 512 tokens) are left out.
   // (Until 2026-12-06 this counted 2 x every parameter x tokens: the embedding table and the output
   // matrix for every token too, which overstated small models' prefill, 125m's by 1.6x.)
@@ -251,7 +255,8 @@ int bench_model(const BenchModelOptions& o) {
       {"repetitions", o.repetitions}, {"pp_tps", {{"mean", pp.mean}, {"stddev", pp.stddev}, {"median", pp.median}}},
       {"tg_tps", {{"mean", tg.mean}, {"stddev", tg.stddev}, {"median", tg.median}}},
       {"tg_step_ms", tg.median > 0 ? 1e3 * streams / tg.median : 0.0},
-      {"read_bandwidth_gbs", bandwidth}, {"weight_bytes_per_token", weight_bytes}, {"tg_floor_tps", tg_floor},
+      {"read_bandwidth_gbs", bandwidth}, {"weight_bytes_per_token", weight_bytes},
+      {"kv_bytes_per_token", kv_bytes}, {"tg_floor_tps", tg_floor},
       {"tg_fraction_of_floor", tg.median / tg_floor}, {"pp_ops_per_s", pp_ops}, {"int8_peak_tops", o.int8_peak_tops},
       {"pp_fraction_of_int8_peak", pp_ops / int8_peak}, {"int8_measured_tops", int8_measured_tops},
       {"pp_fraction_of_int8_measured", int8_measured_tops > 0 ? pp_ops / (int8_measured_tops * 1e12) : 0.0}, {"peak_rss_mb", rss}};
@@ -275,8 +280,15 @@ int bench_model(const BenchModelOptions& o) {
               tg_floor, 100.0 * tg.median / tg_floor, 100.0 * pp_ops / int8_peak, rss);
   if (streams > 1) {
     std::printf("\n%d streams: a generation step is %d tokens, %.2f ms (median); tg counts every stream's tokens, and its floor is "
-                "the weights read once a step\n",
+                "the weights read once a step and each stream's own KV cache\n",
                 streams, streams, tg.median > 0 ? 1e3 * streams / tg.median : 0.0);
+  }
+  if (streams * kv_bytes >= 0.01 * step_bytes) {
+    const bool in_mb = kv_bytes >= 1e6;
+    std::printf("\nthe floor counts the KV cache each stream's token reads besides the weights: %.1f %s at the run's mean context of "
+                "%.1f positions, %.0f%% of a step's bytes\n",
+                kv_bytes / (in_mb ? 1e6 : 1e3), in_mb ? "MB" : "KB", static_cast<double>(depth) + (o.n_gen + 1) / 2.0,
+                100.0 * streams * kv_bytes / step_bytes);
   }
   if (tp) {
     std::printf("\ntensor parallel: %d ranks of %d threads each; decode: %.0f collectives a token, %.0f%% of rank 0's time in them "

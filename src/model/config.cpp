@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <algorithm>
+
 #include "util/error.h"
 
 namespace promptly {
@@ -106,6 +108,12 @@ std::uint64_t ModelConfig::active_parameters() const {
   const std::uint64_t attention = D * (q_dim() + 2ull * kv_dim()) + static_cast<std::uint64_t>(q_dim()) * D;
   const std::uint64_t ffn = is_moe() ? D * n_expert + 3ull * D * n_ff_expert * n_expert_used : 3ull * D * n_ff;
   return n_layer * (attention + ffn) + D * n_vocab;  // the output projection; the embedding is one row read
+}
+
+double ModelConfig::kv_bytes_read(double positions, double element_bytes) const {
+  double seen = 0;
+  for (std::size_t il = 0; il < n_layer; ++il) seen += layer_is_local(il) ? std::min(positions, static_cast<double>(sliding_window)) : positions;
+  return seen * 2.0 * kv_dim() * element_bytes;  // keys and values
 }
 
 }  // namespace promptly

@@ -91,6 +91,11 @@ TEST(Cli, BenchModelMeasuresAtADepth) {
   const Result table = promptly("bench model -m " + stories() + " -p 16 -n 4 -d 40 -r 1 -t 1");
   ASSERT_EQ(table.status, 0) << table.out;
   EXPECT_NE(table.out.find("| pp16 @ d40 t/s | tg4 @ d40 t/s |"), std::string::npos) << table.out;
+  // stories260K's weights are 1 MB; its KV at a mean of 42.5 positions, 27 KB, is 2.6% of a step.
+  EXPECT_NE(table.out.find("the floor counts the KV cache each stream's token reads besides the weights: 27.2 KB at the run's mean context of "
+                           "42.5 positions, 3% of a step's bytes"),
+            std::string::npos)
+      << table.out;
   EXPECT_NE(promptly("bench model -m " + stories() + " -d -5").status, 0);
 }
 
@@ -104,9 +109,12 @@ TEST(Cli, BenchModelGeneratesManyStreamsAtOnce) {
   const double tg = j["tg_tps"]["median"].get<double>();
   ASSERT_GT(tg, 0.0);
   EXPECT_NEAR(j["tg_step_ms"].get<double>(), 1e3 * 3 / tg, 1e-9);
-  // The weights are read once a step for all three streams' tokens.
-  EXPECT_NEAR(j["tg_floor_tps"].get<double>() / (3 * j["read_bandwidth_gbs"].get<double>() * 1e9 / j["weight_bytes_per_token"].get<double>()), 1.0,
-              1e-9);
+  // The weights are read once a step for all three streams' tokens, and each stream reads its own
+  // KV cache: stories260K's 5 layers of 4 KV heads of 8, keys and values in F16, at the mean
+  // context of the 4 steps (depth 20, then 21..24 positions seen: 22.5).
+  EXPECT_DOUBLE_EQ(j["kv_bytes_per_token"].get<double>(), 22.5 * 5 * 2 * 32 * 2);
+  const double step_bytes = j["weight_bytes_per_token"].get<double>() + 3 * j["kv_bytes_per_token"].get<double>();
+  EXPECT_NEAR(j["tg_floor_tps"].get<double>() / (3 * j["read_bandwidth_gbs"].get<double>() * 1e9 / step_bytes), 1.0, 1e-9);
   const Result table = promptly("bench model -m " + stories() + " -p 8 -n 4 -s 2 -r 1 -t 1");
   ASSERT_EQ(table.status, 0) << table.out;
   EXPECT_NE(table.out.find("| tg4 x2 streams t/s |"), std::string::npos) << table.out;
