@@ -377,19 +377,31 @@ TEST(CudaKernels, QkvGemvEndsWithRopeAndTheKvWrite) {
 // same weights, for both routers, with ties (logits on a coarse grid: the lower index first),
 // -inf and NaN logits; then moe_combine's weighted sums.
 TEST(CudaKernels, RoutesExpertsAsTheCpuDoes) {
+  // A lane holds 8 experts: more, or k past a warp's lanes, is refused before any launch (the
+  // model routes those on the host: experts_routable_on_device).
+  EXPECT_THROW(route_experts(nullptr, 1, kMaxRoutedExperts + 1, 8, false, ExpertRoutes{}, nullptr), Error);
+  EXPECT_THROW(route_experts(nullptr, 1, 64, 33, false, ExpertRoutes{}, nullptr), Error);
+  EXPECT_THROW(route_experts(nullptr, 1, 4, 5, false, ExpertRoutes{}, nullptr), Error);
   REQUIRE_GPU();
   std::mt19937 rng(11);
   const int T = 5;
   struct Case {
     int n_expert, k;
   };
-  for (const Case c : {Case{4, 2}, Case{8, 1}, Case{37, 3}, Case{128, 8}, Case{40, 32}}) {
+  // 256: every lane's 8 experts; 200: some lanes' last past the row.
+  for (const Case c : {Case{4, 2}, Case{8, 1}, Case{37, 3}, Case{128, 8}, Case{40, 32}, Case{256, 8}, Case{200, 6}}) {
     for (const arch::Router router : {arch::Router::TopKThenSoftmax, arch::Router::SoftmaxThenTopK}) {
       for (const bool renormalize : {false, true}) {
         std::vector<float> logits(static_cast<std::size_t>(T) * c.n_expert);
         for (float& l : logits) l = static_cast<float>(static_cast<int>(rng() % 16)) * 0.25f - 2.0f;  // many ties
         logits[1] = -INFINITY;
         logits[static_cast<std::size_t>(c.n_expert) + 2] = NAN;
+        // The last token has one finite logit, at its last expert: the rest of its k are chosen
+        // among equals (-inf, and a NaN read as -inf) by the lower index.
+        float* last = logits.data() + static_cast<std::size_t>(T - 1) * c.n_expert;
+        std::fill(last, last + c.n_expert, -INFINITY);
+        last[0] = NAN;
+        last[c.n_expert - 1] = 1.0f;
         Device<float> dl(logits);
         Device<std::int32_t> experts(static_cast<std::size_t>(T) * c.k);
         Device<float> weights(static_cast<std::size_t>(T) * c.k);

@@ -1093,7 +1093,7 @@ class CudaForward final : public DeviceForward {
   // Whether every layer's experts suit moe_ffn_on_device: each kind at a fixed stride, in a format
   // gemv_experts reads, and at most 32 experts a token (route_experts' one warp).
   bool experts_routable_on_device() const {
-    if (c_.n_expert_used > 32) return false;
+    if (c_.n_expert_used > 32 || c_.n_expert > static_cast<std::uint32_t>(kMaxRoutedExperts)) return false;
     for (const DeviceLayer& L : layers_) {
       for (const DeviceExperts* m : {&L.exp_gate, &L.exp_up, &L.exp_down}) {
         if (m->each.empty() || m->stride == 0 || !gemv_experts_takes(m->each.front().format, m->each.front().cols)) return false;

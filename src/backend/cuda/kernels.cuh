@@ -224,9 +224,11 @@ void add_weighted_rows(const float* src, const std::int32_t* rows, const float* 
 // Mixtures of experts in decode-sized batches, routed on the device so that a step needs no trip
 // to the host (and can be a graph): route_experts, each (token, chosen expert) pair's matrices
 // (gemv_experts), then moe_combine.
-// Each token's k experts (k <= 32) as model/moe.h's route_experts chooses and weighs them
-// (softmax_over_all: SoftmaxThenTopK without renormalising, else a softmax over the chosen),
-// written in expert order: pair t * k + i.
+// Each token's k experts (k <= 32, n_expert <= kMaxRoutedExperts) as model/moe.h's route_experts
+// chooses and weighs them (softmax_over_all: SoftmaxThenTopK without renormalising, else a softmax
+// over the chosen), written in expert order: pair t * k + i.
+constexpr int kRouteExpertsPerLane = 8;
+constexpr int kMaxRoutedExperts = 32 * kRouteExpertsPerLane;  // a warp's lanes, 8 experts each
 struct ExpertRoutes {
   std::int32_t* experts;  // [T * k]
   float* weights;         // [T * k]
