@@ -1091,7 +1091,8 @@ class CudaForward final : public DeviceForward {
   }
 
   // Whether every layer's experts suit moe_ffn_on_device: each kind at a fixed stride, in a format
-  // gemv_experts reads, and at most 32 experts a token (route_experts' one warp).
+  // gemv_experts reads, at most 32 experts a token and 256 in all (route_experts' one warp, 8
+  // experts a lane in registers).
   bool experts_routable_on_device() const {
     if (c_.n_expert_used > 32 || c_.n_expert > static_cast<std::uint32_t>(kMaxRoutedExperts)) return false;
     for (const DeviceLayer& L : layers_) {
