@@ -161,7 +161,8 @@ int bench_model(const BenchModelOptions& o) {
   // With streams, each sequence has its own context of `depth` (the prompt measurement uses the first).
   const std::size_t depth = static_cast<std::size_t>(o.depth);
   const int streams = std::max(1, o.streams);
-  KvCache cache = model.make_cache(depth + static_cast<std::size_t>(std::max(o.n_prompt, o.n_gen)) + 8, KvType::F16, static_cast<std::size_t>(streams));
+  constexpr KvType kv_type = KvType::F16;  // the serving default
+  KvCache cache = model.make_cache(depth + static_cast<std::size_t>(std::max(o.n_prompt, o.n_gen)) + 8, kv_type, static_cast<std::size_t>(streams));
   constexpr std::size_t kDepthChunk = 512;
   for (int seq = 0; seq < streams; ++seq) {
     for (std::size_t p0 = 0; p0 < depth; p0 += kDepthChunk) {
@@ -235,9 +236,10 @@ int bench_model(const BenchModelOptions& o) {
   const Stats pp = stats(pp_tps), tg = stats(tg_tps);
   // A step reads the weights once for all its streams' tokens: the memory floor counts them all
   // (where the arithmetic, not the reads, bounds a step of many streams, no kernel reaches it).
-  // Each stream's token reads its own KV cache as well (F16 here), at the run's mean context (step
-  // i sees depth + i + 1 positions): 0.2% of the 8B shape's bytes at tg128, a fifth at depth 8000.
-  const double kv_bytes = o.n_gen > 0 ? c.kv_bytes_read(static_cast<double>(depth) + (o.n_gen + 1) / 2.0, 2.0) : 0.0;
+  // Each stream's token reads its own KV cache as well, at the run's mean context (step i sees
+  // depth + i + 1 positions): 0.2% of the 8B shape's bytes at tg128, a fifth at depth 8000.
+  const double mean_context = static_cast<double>(depth) + (o.n_gen + 1) / 2.0;
+  const double kv_bytes = o.n_gen > 0 ? c.kv_bytes_read(mean_context, kv_row_bytes(c.kv_dim(), kv_type)) : 0.0;
   const double step_bytes = static_cast<double>(weight_bytes) + streams * kv_bytes;
   const double tg_floor = bandwidth * 1e9 / step_bytes * streams;
   // Multiply-adds count twice; attention's own products (a few percent at 512 tokens) are left out.
@@ -287,8 +289,7 @@ int bench_model(const BenchModelOptions& o) {
     const bool in_mb = kv_bytes >= 1e6;
     std::printf("\nthe floor counts the KV cache each stream's token reads besides the weights: %.1f %s at the run's mean context of "
                 "%.1f positions, %.0f%% of a step's bytes\n",
-                kv_bytes / (in_mb ? 1e6 : 1e3), in_mb ? "MB" : "KB", static_cast<double>(depth) + (o.n_gen + 1) / 2.0,
-                100.0 * streams * kv_bytes / step_bytes);
+                kv_bytes / (in_mb ? 1e6 : 1e3), in_mb ? "MB" : "KB", mean_context, 100.0 * streams * kv_bytes / step_bytes);
   }
   if (tp) {
     std::printf("\ntensor parallel: %d ranks of %d threads each; decode: %.0f collectives a token, %.0f%% of rank 0's time in them "

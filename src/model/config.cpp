@@ -110,10 +110,10 @@ std::uint64_t ModelConfig::active_parameters() const {
   return n_layer * (attention + ffn) + D * n_vocab;  // the output projection; the embedding is one row read
 }
 
-double ModelConfig::kv_bytes_read(double positions, double element_bytes) const {
+double ModelConfig::kv_bytes_read(double positions, std::size_t row_bytes) const {
   double seen = 0;
   for (std::size_t il = 0; il < n_layer; ++il) seen += layer_is_local(il) ? std::min(positions, static_cast<double>(sliding_window)) : positions;
-  return seen * 2.0 * kv_dim() * element_bytes;  // keys and values
+  return seen * 2.0 * static_cast<double>(row_bytes);  // keys and values
 }
 
 }  // namespace promptly

@@ -54,9 +54,10 @@ struct ModelConfig {
   // Parameters a token's forward pass reads (MoE: the routed experts only), for bench/metrics.
   std::uint64_t active_parameters() const;
   // Bytes of KV cache a token's attention reads when it sees `positions` positions (itself
-  // included; fractional for a mean over steps) of `element_bytes` each: every layer's keys and
-  // values, a local layer's within its window. What a decode step reads besides the weights.
-  double kv_bytes_read(double positions, double element_bytes) const;
+  // included; fractional for a mean over steps): every layer's keys and values, a local layer's
+  // within its window. row_bytes: a position's keys (or values) in one layer, as the cache stores
+  // them (kv_row_bytes). What a decode step reads besides the weights.
+  double kv_bytes_read(double positions, std::size_t row_bytes) const;
 
   // Throws Error naming the missing or inconsistent key.
   static ModelConfig from_gguf(const gguf::File& file);

@@ -217,7 +217,6 @@ SamplingParams ApiRequest::sampling() const {
   s.top_k = top_k;
   s.top_p = top_p;
   s.min_p = min_p;
-  s.repeat_penalty = 1.0f;  // not in the API
   s.presence_penalty = presence_penalty;
   s.frequency_penalty = frequency_penalty;
   s.repeat_last_n = -1;  // OpenAI's penalties count the whole output

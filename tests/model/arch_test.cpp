@@ -162,10 +162,11 @@ TEST(Arch, DescriptionsMatchTheFiles) {
   EXPECT_FLOAT_EQ(g2.attn_softcap, 50.0f);
   EXPECT_FLOAT_EQ(g2.final_softcap, 30.0f);
   // Within the window every layer reads every position; past it the local layers (0, 2, ...) read 4.
+  const std::size_t f16_row = g2.kv_dim() * 2;
   const double row = 2.0 * g2.kv_dim() * 2.0;  // a position's key and value in F16
-  EXPECT_DOUBLE_EQ(g2.kv_bytes_read(3, 2), g2.n_layer * 3 * row);
+  EXPECT_DOUBLE_EQ(g2.kv_bytes_read(3, f16_row), g2.n_layer * 3 * row);
   const std::uint32_t local = (g2.n_layer + 1) / 2;
-  EXPECT_DOUBLE_EQ(g2.kv_bytes_read(100, 2), (local * 4.0 + (g2.n_layer - local) * 100.0) * row);
+  EXPECT_DOUBLE_EQ(g2.kv_bytes_read(100, f16_row), (local * 4.0 + (g2.n_layer - local) * 100.0) * row);
   const ModelConfig g3 = config("tiny-gemma3");
   for (std::size_t il = 0; il < 6; ++il) EXPECT_EQ(g3.layer_is_local(il), il != 5) << il;
   EXPECT_FLOAT_EQ(g3.swa_rope_base, 10000.0f);

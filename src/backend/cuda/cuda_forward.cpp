@@ -1117,7 +1117,6 @@ class CudaForward final : public DeviceForward {
     PROMPTLY_CUDA_CHECK(cudaMemcpyAsync(tmp_.get(), pinned_sums_.as<float>(), n * sizeof(float), cudaMemcpyHostToDevice, compute_));
   }
 
-
   const Model& model_;
   const ModelConfig& c_;  // this rank's share under tensor parallelism
   parallel::Communicator* tp_;
