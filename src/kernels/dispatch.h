@@ -103,9 +103,11 @@ struct KernelTable {
                     std::size_t n_tokens, float* y, std::size_t ldy);
   void (*gemm_q4_0)(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                     std::size_t n_tokens, float* y, std::size_t ldy);
-  // F16 / F32 weights against F32 activations (k values per token).
+  // F16 / BF16 / F32 weights against F32 activations (k values per token).
   void (*gemm_f16)(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
                    std::size_t n_tokens, float* y, std::size_t ldy);
+  void (*gemm_bf16)(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
+                    std::size_t n_tokens, float* y, std::size_t ldy);
   void (*gemm_f32)(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
                    std::size_t n_tokens, float* y, std::size_t ldy);
   float (*dot_f32)(const float* a, const float* b, std::size_t n);
@@ -128,9 +130,11 @@ struct KernelTable {
                         std::size_t n_tokens, float* y, std::size_t ldy);
   void (*gemm_q6_k_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                         std::size_t n_tokens, float* y, std::size_t ldy);
-  // F16x4 layout against F32 activations (cols values per token); r0 and r1 are multiples of 4.
+  // F16x4 / BF16x4 layouts against F32 activations (cols values per token); r0 and r1 are multiples of 4.
   void (*gemm_f16_x4)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x, std::size_t n_tokens,
                       float* y, std::size_t ldy);
+  void (*gemm_bf16_x4)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x, std::size_t n_tokens,
+                       float* y, std::size_t ldy);
   // Any other supported type: dequantize each row, then F32 dots.
   void (*gemm_dequant)(DType type, const std::uint8_t* w, std::size_t w_stride, std::size_t cols, std::size_t r0, std::size_t r1,
                        const float* x, std::size_t n_tokens, float* y, std::size_t ldy);
@@ -199,6 +203,8 @@ void gemm_q8_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
                              std::size_t n_tokens, float* y, std::size_t ldy);
 void gemm_f16_x4_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x,
                            std::size_t n_tokens, float* y, std::size_t ldy);
+void gemm_bf16_x4_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x,
+                            std::size_t n_tokens, float* y, std::size_t ldy);
 
 const KernelTable& kernel_table(Isa isa);
 const KernelTable& scalar_kernels();

@@ -112,25 +112,32 @@ void tile_q8_0(const std::uint8_t* w, std::size_t w_stride, std::size_t r, const
     for (int i = 0; i < R; ++i) y[(t + j) * ldy + r + i] = hsum(acc[i][j]);
 }
 
-template <bool F16>
+// Weights read in place as floats: W is F32, F16 or BF16 (a BF16 is a float's high half, so
+// widening it is a shift and exact).
+template <DType W>
 inline __m256 load_w8(const std::uint8_t* row, std::size_t i) {
-  if constexpr (F16) {
+  if constexpr (W == DType::F16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const std::uint16_t*>(row) + i)));
+  } else if constexpr (W == DType::BF16) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const std::uint16_t*>(row) + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   } else {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
   }
 }
 
-template <bool F16>
+template <DType W>
 inline float load_w1(const std::uint8_t* row, std::size_t i) {
-  if constexpr (F16) {
+  if constexpr (W == DType::F16) {
     return h2f(reinterpret_cast<const std::uint16_t*>(row)[i]);
+  } else if constexpr (W == DType::BF16) {
+    return bf16_to_fp32(reinterpret_cast<const std::uint16_t*>(row)[i]);
   } else {
     return reinterpret_cast<const float*>(row)[i];
   }
 }
 
-template <bool F16, int R, int C>
+template <DType W, int R, int C>
 void tile_float(const std::uint8_t* w, std::size_t w_stride, std::size_t r, const float* x, std::size_t k, std::size_t t, float* y,
                 std::size_t ldy) {
   __m256 acc[R][C];
@@ -140,9 +147,9 @@ void tile_float(const std::uint8_t* w, std::size_t w_stride, std::size_t r, cons
   for (int i = 0; i < R; ++i) wr[i] = w + (r + i) * w_stride;
   std::size_t e = 0;
   for (; e + 8 <= k; e += 8) {
-    prefetch_next_rows<R, 8 * (F16 ? 2 : 4)>(wr[0], w_stride, e / 8);
+    prefetch_next_rows<R, 8 * (W == DType::F32 ? 4 : 2)>(wr[0], w_stride, e / 8);
     __m256 wv[R];
-    for (int i = 0; i < R; ++i) wv[i] = load_w8<F16>(wr[i], e);
+    for (int i = 0; i < R; ++i) wv[i] = load_w8<W>(wr[i], e);
     for (int j = 0; j < C; ++j) {
       const __m256 xv = _mm256_loadu_ps(x + (t + j) * k + e);
       for (int i = 0; i < R; ++i) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
@@ -151,7 +158,7 @@ void tile_float(const std::uint8_t* w, std::size_t w_stride, std::size_t r, cons
   for (int j = 0; j < C; ++j) {
     for (int i = 0; i < R; ++i) {
       float s = hsum(acc[i][j]);
-      for (std::size_t q = e; q < k; ++q) s += load_w1<F16>(wr[i], q) * x[(t + j) * k + q];
+      for (std::size_t q = e; q < k; ++q) s += load_w1<W>(wr[i], q) * x[(t + j) * k + q];
       y[(t + j) * ldy + r + i] = s;
     }
   }
@@ -195,19 +202,15 @@ struct Q8Tile {
     tile_q8_0<R, C>(w, w_stride, r, x, t, y, ldy, scratch);
   }
 };
-template <int R, int C>
-struct F16Tile {
-  static void run(std::size_t r, std::size_t t, const std::uint8_t* w, std::size_t w_stride, const float* x, std::size_t k, float* y,
-                  std::size_t ldy) {
-    tile_float<true, R, C>(w, w_stride, r, x, k, t, y, ldy);
-  }
-};
-template <int R, int C>
-struct F32Tile {
-  static void run(std::size_t r, std::size_t t, const std::uint8_t* w, std::size_t w_stride, const float* x, std::size_t k, float* y,
-                  std::size_t ldy) {
-    tile_float<false, R, C>(w, w_stride, r, x, k, t, y, ldy);
-  }
+template <DType W>
+struct FloatTile {
+  template <int R, int C>
+  struct Of {
+    static void run(std::size_t r, std::size_t t, const std::uint8_t* w, std::size_t w_stride, const float* x, std::size_t k, float* y,
+                    std::size_t ldy) {
+      tile_float<W, R, C>(w, w_stride, r, x, k, t, y, ldy);
+    }
+  };
 };
 
 void gemm_q4_0(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const QuantizedRows& x,
@@ -222,15 +225,11 @@ void gemm_q8_0(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std:
   tiled<Q8Tile>(r0, r1, n_tokens, w, w_stride, x, y, ldy, static_cast<float*>(nullptr));
 }
 
-// (The AVX-512 table has its own, on 512-bit vectors.)
-[[maybe_unused]] void gemm_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
-                               std::size_t n_tokens, float* y, std::size_t ldy) {
-  tiled<F16Tile>(r0, r1, n_tokens, w, w_stride, x, k, y, ldy);
-}
-
-void gemm_f32(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
-              std::size_t n_tokens, float* y, std::size_t ldy) {
-  tiled<F32Tile>(r0, r1, n_tokens, w, w_stride, x, k, y, ldy);
+// (The AVX-512 table has its own F16 and BF16 ones, on 512-bit vectors.)
+template <DType W>
+void gemm_float(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
+                std::size_t n_tokens, float* y, std::size_t ldy) {
+  tiled<FloatTile<W>::template Of>(r0, r1, n_tokens, w, w_stride, x, k, y, ldy);
 }
 
 // exp(x) for x <= 0 (softmax arguments), 8 at a time: 2^(x log2 e) split into an integer power of
@@ -338,8 +337,8 @@ void attention(const float* q, const void* const* k_blocks, const void* const* v
   }
 }
 
-// Types without an integer kernel for this layout (K-quants whose rows are not a multiple of 16,
-// BF16): a row is dequantized, then dotted with every token. The K-quant reference code is compiled
+// Types without a kernel of their own for this layout (K-quants whose rows are not a multiple of
+// 16): a row is dequantized, then dotted with every token. The K-quant reference code is compiled
 // here with this TU's flags, which vectorizes it.
 void gemm_dequant(DType type, const std::uint8_t* w, std::size_t w_stride, std::size_t cols, std::size_t r0, std::size_t r1,
                   const float* x, std::size_t n_tokens, float* y, std::size_t ldy) {

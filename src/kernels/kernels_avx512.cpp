@@ -72,8 +72,18 @@ float Isa::dot_f32(const float* a, const float* b, std::size_t n) {
 // operations in the same order whatever R and C, so a token's result does not depend on its batch.
 // Interleaved4: the F16x4 layout (see repack_x16; R = 4, k a multiple of 16), one group at row r,
 // read as one sequential stream with the same arithmetic, so the same sums bit for bit.
-template <int R, int C, bool Interleaved4 = false>
-void tile_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r, const float* x, std::size_t k, std::size_t t, float* y,
+// W = BF16 (and BF16x4) takes the same tiles: a BF16 widens to its float exactly (a shift), so its
+// sums are those of the dequantized row in the same order.
+template <DType W>
+inline __m512 widen_half16(__m256i h) {
+  if constexpr (W == DType::BF16) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm512_cvtph_ps(h);
+  }
+}
+template <DType W, int R, int C, bool Interleaved4 = false>
+void tile_half(const std::uint8_t* w, std::size_t w_stride, std::size_t r, const float* x, std::size_t k, std::size_t t, float* y,
               std::size_t ldy) {
   static_assert(!Interleaved4 || R == 4);
   __m512 acc[R][C];
@@ -100,7 +110,7 @@ void tile_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r, const 
     }
     __m512 wv[R];
     for (int i = 0; i < R; ++i) {
-      wv[i] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + kElementStride * e)));
+      wv[i] = widen_half16<W>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + kElementStride * e)));
     }
     for (int j = 0; j < C; ++j) {
       const __m512 xv = _mm512_loadu_ps(x + (t + j) * k + e);
@@ -110,7 +120,7 @@ void tile_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r, const 
   if (!Interleaved4 && e < k) {
     const __mmask16 m = static_cast<__mmask16>((1u << (k - e)) - 1);
     __m512 wv[R];
-    for (int i = 0; i < R; ++i) wv[i] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, wr[i] + e));
+    for (int i = 0; i < R; ++i) wv[i] = widen_half16<W>(_mm256_maskz_loadu_epi16(m, wr[i] + e));
     for (int j = 0; j < C; ++j) {
       const __m512 xv = _mm512_maskz_loadu_ps(m, x + (t + j) * k + e);
       for (int i = 0; i < R; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
@@ -120,20 +130,26 @@ void tile_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r, const 
     for (int i = 0; i < R; ++i) y[(t + j) * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
   }
 }
-template <int R, int C>
-struct F16Tile512 {
-  static void run(std::size_t r, std::size_t t, const std::uint8_t* w, std::size_t w_stride, const float* x, std::size_t k, float* y,
-                  std::size_t ldy) {
-    tile_f16<R, C>(w, w_stride, r, x, k, t, y, ldy);
-  }
+template <DType W>
+struct HalfTile512 {
+  template <int R, int C>
+  struct Of {
+    static void run(std::size_t r, std::size_t t, const std::uint8_t* w, std::size_t w_stride, const float* x, std::size_t k, float* y,
+                    std::size_t ldy) {
+      tile_half<W, R, C>(w, w_stride, r, x, k, t, y, ldy);
+    }
+  };
 };
-void gemm_f16_512(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
-                  std::size_t n_tokens, float* y, std::size_t ldy) {
-  tiled<F16Tile512>(r0, r1, n_tokens, w, w_stride, x, k, y, ldy);
+template <DType W>
+void gemm_half_512(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
+                   std::size_t n_tokens, float* y, std::size_t ldy) {
+  tiled<HalfTile512<W>::template Of>(r0, r1, n_tokens, w, w_stride, x, k, y, ldy);
 }
 
-void gemm_f16_x4(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x, std::size_t n_tokens, float* y,
-                 std::size_t ldy) {
+// The F16x4 / BF16x4 layouts.
+template <DType W>
+void gemm_half_x4(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x, std::size_t n_tokens, float* y,
+                  std::size_t ldy) {
   // Up to 6 tokens a pass over a group (24 sums + 4 weight vectors + 1 activation: 29 of the 32
   // registers), the batch split evenly: 5 guesses of n-gram lookup verified in one pass rather than
   // 4 + 1 (code target, the target's pass 1.50-1.63 -> 1.41-1.46 ms; prefill unchanged, 64 tokens
@@ -144,12 +160,12 @@ void gemm_f16_x4(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::s
     for (std::size_t t = 0; t < n_tokens;) {
       const std::size_t left = n_tokens - t, passes = (left + kMaxTokens - 1) / kMaxTokens, c = (left + passes - 1) / passes;
       switch (c) {
-        case 6: tile_f16<4, 6, true>(w, stride, r, x, cols, t, y, ldy); break;
-        case 5: tile_f16<4, 5, true>(w, stride, r, x, cols, t, y, ldy); break;
-        case 4: tile_f16<4, 4, true>(w, stride, r, x, cols, t, y, ldy); break;
-        case 3: tile_f16<4, 3, true>(w, stride, r, x, cols, t, y, ldy); break;
-        case 2: tile_f16<4, 2, true>(w, stride, r, x, cols, t, y, ldy); break;
-        default: tile_f16<4, 1, true>(w, stride, r, x, cols, t, y, ldy); break;
+        case 6: tile_half<W, 4, 6, true>(w, stride, r, x, cols, t, y, ldy); break;
+        case 5: tile_half<W, 4, 5, true>(w, stride, r, x, cols, t, y, ldy); break;
+        case 4: tile_half<W, 4, 4, true>(w, stride, r, x, cols, t, y, ldy); break;
+        case 3: tile_half<W, 4, 3, true>(w, stride, r, x, cols, t, y, ldy); break;
+        case 2: tile_half<W, 4, 2, true>(w, stride, r, x, cols, t, y, ldy); break;
+        default: tile_half<W, 4, 1, true>(w, stride, r, x, cols, t, y, ldy); break;
       }
       t += c;
     }
@@ -1061,11 +1077,13 @@ std::int32_t int8_throughput_probe(std::size_t rounds) {
 
 const KernelTable& avx512_kernels() {
   static const KernelTable table{"avx512",         avx512::quantize_activations, avx512::gemm_q8_0, avx512::gemm_q4_0,
-                                 avx512::gemm_f16_512, avx512::gemm_f32,  avx512::Isa::dot_f32, avx512::attention,
+                                 avx512::gemm_half_512<DType::F16>, avx512::gemm_half_512<DType::BF16>, avx512::gemm_float<DType::F32>,
+                                 avx512::Isa::dot_f32, avx512::attention,
                                  avx512::x16_driver<kQ4_0GroupBytes, 32, 12, avx512::GroupTiles<false>::Single, 8, avx512::GroupTiles<false>::Pair>,
                                  avx512::x16_driver<kQ8_0GroupBytes, 32, 12, avx512::GroupTiles<true>::Single, 8, avx512::GroupTiles<true>::Pair>,
                                  avx512::x16_driver<kQ4KGroupBytes, kQK_K, 12, avx512::Q4_KTile>,
-                                 avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Q6_KTile>, avx512::gemm_f16_x4, avx512::gemm_dequant,
+                                 avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Q6_KTile>, avx512::gemm_half_x4<DType::F16>,
+                                 avx512::gemm_half_x4<DType::BF16>, avx512::gemm_dequant,
                                  avx512::attention_tile, false, true, avx512::silu_mul, avx512::gelu_tanh_mul,
                                  avx512::int8_throughput_probe};
   return table;

@@ -85,13 +85,28 @@ void gemm_f32(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::
   }
 }
 
-void gemm_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
-              std::size_t n_tokens, float* y, std::size_t ldy) {
+// F16 or BF16 weights (`widen` makes one a float).
+template <float (*widen)(std::uint16_t)>
+void gemm_half(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::size_t r1, const float* x, std::size_t k,
+               std::size_t n_tokens, float* y, std::size_t ldy) {
   std::vector<float> row(k);
   for (std::size_t r = r0; r < r1; ++r) {
     const auto* h = reinterpret_cast<const std::uint16_t*>(w + r * w_stride);
-    for (std::size_t i = 0; i < k; ++i) row[i] = fp16_to_fp32(h[i]);
+    for (std::size_t i = 0; i < k; ++i) row[i] = widen(h[i]);
     for (std::size_t t = 0; t < n_tokens; ++t) y[t * ldy + r] = dot_f32(row.data(), x + t * k, k);
+  }
+}
+
+// The F16x4 / BF16x4 layouts: row r's 16 elements of each step sit at (step * 4 + r % 4) * 16 of its group.
+template <float (*widen)(std::uint16_t)>
+void gemm_half_x4(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x, std::size_t n_tokens, float* y,
+                  std::size_t ldy) {
+  const auto* halves = reinterpret_cast<const std::uint16_t*>(w);
+  std::vector<float> row(cols);
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::uint16_t* group = halves + r / 4 * 4 * cols;
+    for (std::size_t c = 0; c < cols; ++c) row[c] = widen(group[(c / 16 * 4 + r % 4) * 16 + c % 16]);
+    for (std::size_t t = 0; t < n_tokens; ++t) y[t * ldy + r] = dot_f32(row.data(), x + t * cols, cols);
   }
 }
 
@@ -99,13 +114,12 @@ void gemm_f16(const std::uint8_t* w, std::size_t w_stride, std::size_t r0, std::
 
 void gemm_f16_x4_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x,
                            std::size_t n_tokens, float* y, std::size_t ldy) {
-  const auto* halves = reinterpret_cast<const std::uint16_t*>(w);
-  std::vector<float> row(cols);
-  for (std::size_t r = r0; r < r1; ++r) {
-    const std::uint16_t* group = halves + r / 4 * 4 * cols;
-    for (std::size_t c = 0; c < cols; ++c) row[c] = fp16_to_fp32(group[(c / 16 * 4 + r % 4) * 16 + c % 16]);
-    for (std::size_t t = 0; t < n_tokens; ++t) y[t * ldy + r] = dot_f32(row.data(), x + t * cols, cols);
-  }
+  gemm_half_x4<fp16_to_fp32>(w, cols, r0, r1, x, n_tokens, y, ldy);
+}
+
+void gemm_bf16_x4_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x,
+                            std::size_t n_tokens, float* y, std::size_t ldy) {
+  gemm_half_x4<bf16_to_fp32>(w, cols, r0, r1, x, n_tokens, y, ldy);
 }
 
 namespace {
@@ -300,9 +314,9 @@ void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
 }
 
 const KernelTable& scalar_kernels() {
-  static const KernelTable table{"scalar", quantize_activations, gemm_q8_0, gemm_q4_0, gemm_f16, gemm_f32, dot_f32, attention,
-                                 gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
-                                 gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, gemm_f16_x4_reference, gemm_dequant,
+  static const KernelTable table{"scalar", quantize_activations, gemm_q8_0, gemm_q4_0, gemm_half<fp16_to_fp32>, gemm_half<bf16_to_fp32>,
+                                 gemm_f32, dot_f32, attention, gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
+                                 gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, gemm_f16_x4_reference, gemm_bf16_x4_reference, gemm_dequant,
                                  attention_tile_each<attention>, false, false, silu_mul_reference,
                                  gelu_tanh_mul_reference, nullptr};
   return table;

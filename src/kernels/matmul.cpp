@@ -16,7 +16,8 @@ namespace {
 
 // Whether a matmul with w reads its input quantized rather than as floats.
 bool reads_quantized_input(const WeightMatrix& w) {
-  return (w.layout != Layout::Plain && w.layout != Layout::F16x4) || w.type == DType::Q8_0 || w.type == DType::Q4_0;
+  return (w.layout != Layout::Plain && w.layout != Layout::F16x4 && w.layout != Layout::BF16x4) || w.type == DType::Q8_0 ||
+         w.type == DType::Q4_0;
 }
 
 // Whether the ActivationBlocks alone serve every one of `readers` (on the active kernel path).
@@ -102,8 +103,8 @@ namespace {
 // if the matrix reads it so; for the x16 layouts b and e are multiples of 16.
 void matmul_rows(const KernelTable& kt, const WeightMatrix& w, const Activations& x, float* y, std::size_t b, std::size_t e) {
   const std::size_t n_tokens = x.n_tokens(), stride = w.row_stride(), ldy = w.rows;
-  if (w.layout == Layout::F16x4) {
-    kt.gemm_f16_x4(w.data, w.cols, b, e, x.data(), n_tokens, y, ldy);
+  if (w.layout == Layout::F16x4 || w.layout == Layout::BF16x4) {
+    (w.layout == Layout::F16x4 ? kt.gemm_f16_x4 : kt.gemm_bf16_x4)(w.data, w.cols, b, e, x.data(), n_tokens, y, ldy);
     return;
   }
   if (w.layout != Layout::Plain) {
@@ -120,8 +121,10 @@ void matmul_rows(const KernelTable& kt, const WeightMatrix& w, const Activations
       (w.type == DType::Q8_0 ? kt.gemm_q8_0 : kt.gemm_q4_0)(w.data, stride, b, e, x.rows(w.cols / kQK8_0), n_tokens, y, ldy);
       return;
     case DType::F16:
+    case DType::BF16:
     case DType::F32:
-      (w.type == DType::F16 ? kt.gemm_f16 : kt.gemm_f32)(w.data, stride, b, e, x.data(), w.cols, n_tokens, y, ldy);
+      (w.type == DType::F16 ? kt.gemm_f16 : w.type == DType::BF16 ? kt.gemm_bf16 : kt.gemm_f32)(w.data, stride, b, e, x.data(), w.cols,
+                                                                                                n_tokens, y, ldy);
       return;
     default:
       kt.gemm_dequant(w.type, w.data, stride, w.cols, b, e, x.data(), n_tokens, y, ldy);
@@ -175,7 +178,7 @@ void matmul_fused(std::span<const WeightMatrix* const> ws, Activations& x, std::
 
 bool can_repack_x16(const WeightMatrix& w) {
   if (w.layout != Layout::Plain || w.rows == 0) return false;
-  if (w.type == DType::F16) return w.rows % 4 == 0 && w.cols % 16 == 0 && w.cols > 0;
+  if (w.type == DType::F16 || w.type == DType::BF16) return w.rows % 4 == 0 && w.cols % 16 == 0 && w.cols > 0;
   return (w.type == DType::Q4_0 || w.type == DType::Q8_0 || w.type == DType::Q4_K || w.type == DType::Q6_K) && w.rows % 16 == 0;
 }
 
@@ -239,7 +242,7 @@ void repack_q6_k_x16(const WeightMatrix& w, std::uint8_t* out) {
 }  // namespace
 
 Layout repack_x16(const WeightMatrix& w, std::uint8_t* out) {
-  if (w.type == DType::F16) {
+  if (w.type == DType::F16 || w.type == DType::BF16) {  // the same 2-byte elements moved the same way
     constexpr std::size_t kStepBytes = 16 * 2;
     for (std::size_t g = 0; g < w.rows / 4; ++g) {
       for (std::size_t step = 0; step < w.cols / 16; ++step) {
@@ -248,7 +251,7 @@ Layout repack_x16(const WeightMatrix& w, std::uint8_t* out) {
         }
       }
     }
-    return Layout::F16x4;
+    return w.type == DType::F16 ? Layout::F16x4 : Layout::BF16x4;
   }
   if (w.type == DType::Q4_K) {
     repack_q4_k_x16(w, out);

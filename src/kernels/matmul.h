@@ -20,6 +20,7 @@ enum class Layout {
   Q4_Kx16,  // Q4_K likewise, scales unpacked (see repack_x16)
   Q6_Kx16,  // Q6_K likewise, quants unpacked to bytes
   F16x4,    // F16, 4 rows interleaved 16 columns at a time (see repack_x16)
+  BF16x4,   // BF16 likewise
 };
 
 struct WeightMatrix {

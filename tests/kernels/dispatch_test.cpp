@@ -276,7 +276,7 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
           matmul(inter, x.data(), tokens, got.data(), pool);
           for (std::size_t i = 0; i < ref.size(); ++i) {
             ASSERT_NEAR(got[i], ref[i], 1e-5f * (std::fabs(ref[i]) + std::sqrt(static_cast<float>(cols))))
-                << dtype_name(type) << " " << isa_name(isa) << " rows " << rows << " cols " << cols << " tokens " << tokens << " i " << i;
+                << dtype_name(type) << " " << dtype_name(type) << " " << isa_name(isa) << " rows " << rows << " cols " << cols << " tokens " << tokens << " i " << i;
           }
         }
       }
@@ -350,12 +350,12 @@ TEST(Dispatch, InterleavedResultsDoNotDependOnTheBatch) {
   }
 }
 
-// Weights read in place in F16 or F32: tiles of 4 rows x 4 tokens, and on AVX-512 a tail of k % 16
-// (200 and 2056 columns).
+// Weights read in place in F16, BF16 or F32: tiles of 4 rows x 4 tokens, and on AVX-512 a tail of
+// k % 16 (200 and 2056 columns).
 TEST(Dispatch, FloatWeightResultsDoNotDependOnTheBatch) {
   IsaGuard guard;
   std::mt19937 rng(13);
-  for (DType type : {DType::F16, DType::F32}) {
+  for (DType type : {DType::F16, DType::BF16, DType::F32}) {
     for (std::size_t cols : {200u, 2056u}) {
       const RandomMatrix m(type, 19, cols, rng);
       expect_batch_independent(m.plain, {2, 5, 9}, rng);
@@ -363,20 +363,24 @@ TEST(Dispatch, FloatWeightResultsDoNotDependOnTheBatch) {
   }
 }
 
-// F16 interleaved by 4 rows (what the model repacks F16 matrices into on AVX-512) gives the plain
+// F16 and BF16 interleaved by 4 rows (what the model repacks them into on AVX-512) give the plain
 // layout's sums: on AVX-512 bit for bit (the same tile arithmetic), on the other paths through the
 // scalar reference of the layout, to rounding. Awkward sizes: one group, odd group counts, one
 // 16-column step, rows of 2048 (the prefetch runs past a group's end), token counts that take one
 // pass of up to 6 tokens and several (7: 4 + 3; 23: 6 + 6 + 6 + 5); the rows split over two threads.
-TEST(Dispatch, F16InterleavedGivesThePlainLayoutsSums) {
+class HalfInterleaved : public ::testing::TestWithParam<DType> {};
+INSTANTIATE_TEST_SUITE_P(Dispatch, HalfInterleaved, ::testing::Values(DType::F16, DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+TEST_P(HalfInterleaved, GivesThePlainLayoutsSums) {
+  const DType type = GetParam();
   IsaGuard guard;
   std::mt19937 rng(31);
   std::normal_distribution<float> dist;
   ThreadPool pool(2);
   for (std::size_t rows : {4u, 12u, 20u, 64u}) {
     for (std::size_t cols : {16u, 48u, 512u, 2048u}) {
-      const RandomInterleaved m(DType::F16, rows, cols, rng);
-      ASSERT_EQ(m.inter.layout, Layout::F16x4);
+      const RandomInterleaved m(type, rows, cols, rng);
+      ASSERT_EQ(m.inter.layout, type == DType::F16 ? Layout::F16x4 : Layout::BF16x4);
       for (std::size_t tokens : {1u, 2u, 3u, 4u, 5u, 7u, 9u, 23u}) {
         std::vector<float> x(tokens * cols);
         for (float& v : x) v = dist(rng);
@@ -384,7 +388,7 @@ TEST(Dispatch, F16InterleavedGivesThePlainLayoutsSums) {
         set_isa(Isa::Scalar);
         matmul(m.plain, x.data(), tokens, plain.data(), pool);
         matmul(m.inter, x.data(), tokens, inter.data(), pool);
-        for (std::size_t i = 0; i < plain.size(); ++i) ASSERT_EQ(inter[i], plain[i]) << "scalar rows " << rows << " cols " << cols << " i " << i;
+        for (std::size_t i = 0; i < plain.size(); ++i) ASSERT_EQ(inter[i], plain[i]) << dtype_name(type) << " scalar rows " << rows << " cols " << cols << " i " << i;
         for (Isa isa : fast_paths()) {
           set_isa(isa);
           std::fill(inter.begin(), inter.end(), std::nanf(""));
@@ -394,7 +398,7 @@ TEST(Dispatch, F16InterleavedGivesThePlainLayoutsSums) {
             if (isa == Isa::Avx2) {
               ASSERT_NEAR(inter[i], plain[i], 1e-5f * (std::fabs(plain[i]) + std::sqrt(static_cast<float>(cols))));
             } else {
-              ASSERT_EQ(inter[i], plain[i]) << isa_name(isa) << " rows " << rows << " cols " << cols << " tokens " << tokens << " i " << i;
+              ASSERT_EQ(inter[i], plain[i]) << dtype_name(type) << " " << isa_name(isa) << " rows " << rows << " cols " << cols << " tokens " << tokens << " i " << i;
             }
           }
         }

@@ -146,5 +146,33 @@ TEST(Stories260K, Q8_0KeepsFirst50GreedyTokens) {
   EXPECT_EQ(r.ids, std::vector<std::int32_t>(ref.begin(), ref.begin() + 50));
 }
 
+// BF16 weights: the model repacks the matrices whose rows allow it (4 rows interleaved, as F16;
+// stories260K's ffn_down, 172 columns, stays as stored) and the repacked ones give the stored
+// layout's logits bit for bit on every path (the same tile arithmetic). The greedy path stays the
+// F32 model's for 50 tokens, as Q8_0's does.
+TEST(Stories260K, Bf16RepackedGivesTheStoredLayoutsLogitsAndKeepsTheGreedyPath) {
+  test::TempDir dir;
+  ThreadPool pool(2);
+  quantize_model(test::shared_model("stories260K.gguf"), dir.file("bf16.gguf"), "BF16", pool);
+  Loaded m(dir.file("bf16.gguf"));
+  ModelLoadOptions stored_layout;
+  stored_layout.keep_file_layout = true;
+  const Model stored(m.file, nullptr, stored_layout);
+  const auto ids = reference_ids();
+  Batch prompt;
+  for (std::size_t i = 0; i < 20; ++i) prompt.add(ids[i], static_cast<std::int32_t>(i), 0, true);
+  auto logits = [&](const Model& model) {
+    KvCache cache = model.make_cache(64);
+    std::vector<float> out;
+    model.forward(prompt, cache, pool, out);
+    return out;
+  };
+  const std::vector<float> repacked = logits(m.model);
+  ASSERT_EQ(repacked.size(), 20u * m.model.config().n_vocab);
+  EXPECT_EQ(repacked, logits(stored));
+  const GenerateResult r = generate(m.model, m.tokenizer, {1}, greedy(50), pool);
+  EXPECT_EQ(r.ids, std::vector<std::int32_t>(ids.begin(), ids.begin() + 50));
+}
+
 }  // namespace
 }  // namespace promptly
