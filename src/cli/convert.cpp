@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "convert/file_type.h"
 #include "convert/quantize.h"
 #include "convert/synthetic_model.h"
 #include "util/clock.h"
@@ -18,16 +19,15 @@ int gen_model(const GenModelOptions& o) {
     throw Error("--layers " + std::to_string(o.layers) + ": preset " + o.preset + " has " + std::to_string(spec.n_layer) + " blocks");
   }
   if (o.layers > 0) spec.n_layer = static_cast<std::uint32_t>(o.layers);
-  const bool q4_k_m = o.dtype == "Q4_K_M";
-  const auto dtype = dtype_from_name(q4_k_m ? "Q4_K" : o.dtype);
-  if (!dtype) throw Error("unknown --dtype '" + o.dtype + "'; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q4_K_M, Q6_K");
+  const auto target = parse_quant_target(o.dtype);
+  if (!target) throw Error("unknown --dtype '" + o.dtype + "'; supported: " + kQuantTargets);
   std::string tmpl;
   if (!o.chat_template_file.empty()) {
     tmpl = read_file(o.chat_template_file, "chat template");
   }
   ThreadPool pool(o.threads > 0 ? o.threads : default_thread_count());
   const auto t0 = SteadyClock::now();
-  write_synthetic_model(spec, *dtype, o.seed, o.out, pool, tmpl, q4_k_m);
+  write_synthetic_model(spec, target->base, o.seed, o.out, pool, tmpl, target->m_mix);
   std::fprintf(stderr, "wrote %s (preset %s, %s, %.1f MB) in %.1f s\n", o.out.c_str(), o.preset.c_str(), o.dtype.c_str(),
                static_cast<double>(std::filesystem::file_size(o.out)) / 1e6, seconds_since(t0));
   return 0;

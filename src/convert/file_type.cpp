@@ -24,12 +24,12 @@ int layer_of(const std::string& name) {
   return std::atoi(name.c_str() + 4);
 }
 
-DType quantized_matrix_type(DType base, bool q4_k_m, const std::string& name, std::size_t cols, int n_layers, bool has_output) {
+DType quantized_matrix_type(DType base, bool m_mix, const std::string& name, std::size_t cols, int n_layers, bool has_output) {
   DType type = base;
   const bool quantized = base != DType::F32 && base != DType::F16 && base != DType::BF16;
   const bool is_output = name == "output.weight" || (!has_output && name == "token_embd.weight");
   if (quantized && is_output && base != DType::Q8_0) type = DType::Q6_K;
-  if (q4_k_m && (ends_with(name, "attn_v.weight") || ends_with(name, "ffn_down.weight") || ends_with(name, "ffn_down_exps.weight")) &&
+  if (m_mix && (ends_with(name, "attn_v.weight") || ends_with(name, "ffn_down.weight") || ends_with(name, "ffn_down_exps.weight")) &&
       use_more_bits(layer_of(name), n_layers)) {
     type = DType::Q6_K;
   }
@@ -37,13 +37,24 @@ DType quantized_matrix_type(DType base, bool q4_k_m, const std::string& name, st
   return type;
 }
 
-std::uint32_t file_type_for(DType dominant) {
+std::optional<QuantTarget> parse_quant_target(std::string_view name) {
+  const bool m_mix = name == "Q4_K_M" || name == "Q5_K_M";
+  const auto base = dtype_from_name(m_mix ? name.substr(0, 4) : name);
+  if (!base || !can_quantize_to(*base)) return std::nullopt;
+  return QuantTarget{*base, m_mix};
+}
+
+std::uint32_t file_type_for(DType dominant, bool m_mix) {
+  if (m_mix && dominant == DType::Q4_K) return 15;
+  if (m_mix && dominant == DType::Q5_K) return 17;
   switch (dominant) {
     case DType::F32: return 0;
     case DType::F16: return 1;
     case DType::Q4_0: return 2;
     case DType::Q8_0: return 7;
+    case DType::Q5_0: return 8;
     case DType::Q4_K: return 14;  // Q4_K_S: every matrix Q4_K
+    case DType::Q5_K: return 16;  // Q5_K_S
     case DType::Q6_K: return 18;
     case DType::BF16: return 32;
     default: return 0;

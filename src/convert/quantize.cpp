@@ -20,11 +20,9 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 std::string quantize_model(const std::string& in_path, const std::string& out_path, const std::string& target,
                            ThreadPool& pool) {
-  const bool mix_m = target == "Q4_K_M";
-  const auto base = dtype_from_name(mix_m ? "Q4_K" : target);
-  if (!base || !can_quantize_to(*base)) {
-    throw Error("cannot quantize to '" + target + "'; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q4_K_M, Q6_K");
-  }
+  const auto parsed = parse_quant_target(target);
+  if (!parsed) throw Error("cannot quantize to '" + target + "'; supported: " + kQuantTargets);
+  const auto [base, mix_m] = *parsed;
   if (in_path == out_path) throw Error("quantize: the output must be a different file from the input");
   std::shared_ptr<gguf::File> in = gguf::File::open(in_path);
 
@@ -37,7 +35,7 @@ std::string quantize_model(const std::string& in_path, const std::string& out_pa
 
   gguf::Writer w;
   for (const auto& [key, value] : in->metadata()) w.set(key, value);
-  w.set_u32("general.file_type", mix_m ? kFileTypeQ4_K_M : file_type_for(*base));
+  w.set_u32("general.file_type", file_type_for(base, mix_m));
   w.set_u32("general.quantization_version", 2);
 
   std::map<std::string, int> counts;
@@ -45,7 +43,7 @@ std::string quantize_model(const std::string& in_path, const std::string& out_pa
     DType type = t.type;
     // MoE routers stay F32, as llama.cpp keeps them (small, and they decide which experts run).
     if (t.dims.size() >= 2 && ends_with(t.name, ".weight") && !ends_with(t.name, "ffn_gate_inp.weight")) {
-      type = quantized_matrix_type(*base, mix_m, t.name, t.dims[0], n_layers, has_output);
+      type = quantized_matrix_type(base, mix_m, t.name, t.dims[0], n_layers, has_output);
       if (!dtype_info(t.type).supported) {
         throw Error("cannot requantize tensor '" + t.name + "' of unsupported type " + std::string(dtype_name(t.type)));
       }

@@ -300,9 +300,9 @@ SyntheticVocab synthetic_bpe_vocab(std::uint32_t n_vocab, const std::vector<std:
 }
 
 void write_synthetic_model(const SyntheticModelSpec& s, DType dtype, std::uint64_t seed, const std::string& path,
-                           ThreadPool& pool, const std::string& chat_template, bool q4_k_m) {
+                           ThreadPool& pool, const std::string& chat_template, bool m_mix) {
   if (!can_quantize_to(dtype)) throw Error("gen-model cannot write " + std::string(dtype_name(dtype)));
-  if (q4_k_m && dtype != DType::Q4_K) throw Error("internal: the Q4_K_M mix is over Q4_K");
+  if (m_mix && dtype != DType::Q4_K && dtype != DType::Q5_K) throw Error("internal: the _M mixes are over Q4_K or Q5_K");
   const arch::Arch* desc = arch::find(s.arch);
   if (!desc) throw Error("gen-model: unsupported architecture '" + s.arch + "'; supported: " + arch::supported_list());
   const bool moe = s.n_expert > 0;
@@ -311,7 +311,7 @@ void write_synthetic_model(const SyntheticModelSpec& s, DType dtype, std::uint64
   const std::string a = s.arch + ".";
   w.set_string("general.architecture", s.arch);
   w.set_string("general.name", "promptly-synthetic-" + s.preset);
-  w.set_u32("general.file_type", q4_k_m ? kFileTypeQ4_K_M : file_type_for(dtype));
+  w.set_u32("general.file_type", file_type_for(dtype, m_mix));
   w.set_u32("general.quantization_version", 2);
   w.set_u32(a + "context_length", s.n_ctx);
   w.set_u32(a + "embedding_length", s.n_embd);
@@ -348,7 +348,7 @@ void write_synthetic_model(const SyntheticModelSpec& s, DType dtype, std::uint64
   std::uint64_t tensor_index = 0;
   // n stacked matrices of rows x cols (n = 1: a plain 2-D matrix).
   auto stacked = [&](const std::string& name, std::uint32_t cols, std::uint32_t rows, std::uint32_t n, float stddev, DType type) {
-    if (q4_k_m && type == dtype) type = quantized_matrix_type(dtype, true, name, cols, static_cast<int>(s.n_layer), !s.tied_output);
+    if (m_mix && type == dtype) type = quantized_matrix_type(dtype, true, name, cols, static_cast<int>(s.n_layer), !s.tied_output);
     const std::uint64_t tensor_seed = seed * 0x100000001b3ull + (++tensor_index) * 0x9e3779b97f4a7c15ull;
     std::vector<std::uint64_t> dims = {cols, rows};
     if (n > 1 || moe_stack_name(name)) dims.push_back(n);

@@ -15,6 +15,7 @@ namespace promptly::kernels {
 constexpr std::size_t kQ4_0GroupBytes = 16 * 18;  // one 32-element block of 16 rows in the Q4_0x16 layout
 constexpr std::size_t kQ8_0GroupBytes = 16 * 34;  // ... and in the Q8_0x16 layout
 constexpr std::size_t kQ4KGroupBytes = 2368;      // one super-block of 16 rows in the Q4_Kx16 layout
+constexpr std::size_t kQ5KGroupBytes = 2368 + 512;  // ... in the Q5_Kx16 layout: Q4_Kx16's, then the fifth bits
 constexpr std::size_t kQ6KGroupBytes = 4384;      // ... and in the Q6_Kx16 layout
 
 // Activations quantized to Q8_0 for integer dot products: per token, n_blocks blocks, plus
@@ -128,6 +129,8 @@ struct KernelTable {
                         std::size_t n_tokens, float* y, std::size_t ldy);
   void (*gemm_q4_k_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                         std::size_t n_tokens, float* y, std::size_t ldy);
+  void (*gemm_q5_k_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                        std::size_t n_tokens, float* y, std::size_t ldy);
   void (*gemm_q6_k_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                         std::size_t n_tokens, float* y, std::size_t ldy);
   // F16x4 / BF16x4 layouts against F32 activations (cols values per token); r0 and r1 are multiples of 4.
@@ -196,6 +199,8 @@ void gelu_tanh_mul_reference(float* gate, const float* up, std::size_t n);
 void gemm_q4_0_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                              std::size_t n_tokens, float* y, std::size_t ldy);
 void gemm_q4_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                             std::size_t n_tokens, float* y, std::size_t ldy);
+void gemm_q5_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                              std::size_t n_tokens, float* y, std::size_t ldy);
 void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                              std::size_t n_tokens, float* y, std::size_t ldy);

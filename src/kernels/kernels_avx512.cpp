@@ -306,22 +306,29 @@ void tile_groups(const std::uint8_t* group, std::size_t group_stride, std::size_
 // Q4_Kx16: 16 rows x C tokens. Per 32-element sub-block: 8 VNNI instructions per token, then the
 // sub-block's scale (d * sc) and min (dmin * m, against the activation block's sum). Issued weight
 // vector by weight vector across the tokens, as in tile_groups and for the same reason.
-template <int C>
-void tile_q4_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+// Q5 (the Q5_Kx16 layout): each weight vector's fifth bits come as a 64-bit mask (one load), added
+// as 16 to the bytes they mark (one masked add): levels 0..31, still unsigned bytes for VNNI.
+template <bool Q5, int C>
+void tile_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+  constexpr std::size_t kGroupBytes = Q5 ? kQ5KGroupBytes : kQ4KGroupBytes;
   constexpr int A = C >= 8 ? 1 : C >= 4 ? 2 : 4;
   __m512 acc[C];
 #pragma GCC unroll 16
   for (int j = 0; j < C; ++j) acc[j] = _mm512_setzero_ps();
   const __m512i mask = _mm512_set1_epi8(0x0f);
+  [[maybe_unused]] const __m512i sixteen = _mm512_set1_epi8(16);
   for (std::size_t sb = 0; sb < nsb; ++sb) {
-    const std::uint8_t* g = group + sb * kQ4KGroupBytes;
+    const std::uint8_t* g = group + sb * kGroupBytes;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32)));
     for (int s = 0; s < 8; ++s) {
       const std::uint8_t* quants = g + 320 + 512 * (s / 2);  // low nibbles: sub-block 2p, high: 2p + 1
       if constexpr (C <= 2) {  // few tokens wait on memory: fetch the next super-block's quants ahead
         if (s % 2 == 0) {
-          for (int l = 0; l < 8; ++l) _mm_prefetch(reinterpret_cast<const char*>(quants) + kQ4KGroupBytes + 64 * l, _MM_HINT_T0);
+          for (int l = 0; l < 8; ++l) _mm_prefetch(reinterpret_cast<const char*>(quants) + kGroupBytes + 64 * l, _MM_HINT_T0);
+          if (Q5 && s == 0) {
+            for (int l = 0; l < 8; ++l) _mm_prefetch(reinterpret_cast<const char*>(g) + kGroupBytes + kQ4KGroupBytes + 64 * l, _MM_HINT_T0);
+          }
         }
       }
       const ActivationBlock* xb = x.act + (sb * 8 + static_cast<std::size_t>(s)) * x.act_stride + t;
@@ -333,7 +340,12 @@ void tile_q4_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
 #pragma GCC unroll 8
       for (int k = 0; k < 8; ++k) {
         const __m512i v = _mm512_loadu_si512(quants + 64 * k);
-        const __m512i q = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(v, 4) : v, mask);
+        __m512i q = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(v, 4) : v, mask);
+        if constexpr (Q5) {
+          std::uint64_t high;
+          std::memcpy(&high, g + kQ4KGroupBytes + 64 * s + 8 * k, sizeof high);
+          q = _mm512_mask_add_epi8(q, _cvtu64_mask64(high), q, sixteen);
+        }
 #pragma GCC unroll 16
         for (int j = 0; j < C; ++j) dot[j][k % A] = dpbusd_broadcast(dot[j][k % A], q, xb[j].qs + 4 * k);
       }
@@ -483,7 +495,13 @@ struct GroupTiles {
 template <int C>
 struct Q4_KTile {
   static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
-    tile_q4_k_x16<C>(g, n, x, t, y, ldy);
+    tile_k_x16<false, C>(g, n, x, t, y, ldy);
+  }
+};
+template <int C>
+struct Q5_KTile {
+  static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+    tile_k_x16<true, C>(g, n, x, t, y, ldy);
   }
 };
 template <int C>
@@ -1082,6 +1100,7 @@ const KernelTable& avx512_kernels() {
                                  avx512::x16_driver<kQ4_0GroupBytes, 32, 12, avx512::GroupTiles<false>::Single, 8, avx512::GroupTiles<false>::Pair>,
                                  avx512::x16_driver<kQ8_0GroupBytes, 32, 12, avx512::GroupTiles<true>::Single, 8, avx512::GroupTiles<true>::Pair>,
                                  avx512::x16_driver<kQ4KGroupBytes, kQK_K, 12, avx512::Q4_KTile>,
+                                 avx512::x16_driver<kQ5KGroupBytes, kQK_K, 12, avx512::Q5_KTile>,
                                  avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Q6_KTile>, avx512::gemm_half_x4<DType::F16>,
                                  avx512::gemm_half_x4<DType::BF16>, avx512::gemm_dequant,
                                  avx512::attention_tile, false, true, avx512::silu_mul, avx512::gelu_tanh_mul,

@@ -250,18 +250,22 @@ void gemm_dequant(DType type, const std::uint8_t* w, std::size_t w_stride, std::
   }
 }
 
-void gemm_q4_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
-                             std::size_t n_tokens, float* y, std::size_t ldy) {
+namespace {
+
+// The Q4_Kx16 layout, or with q5 the Q5_Kx16 one (see repack_x16).
+void gemm_k_x16_reference(bool q5, const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                          std::size_t n_tokens, float* y, std::size_t ldy) {
+  const std::size_t group_bytes = q5 ? kQ5KGroupBytes : kQ4KGroupBytes;
   const std::size_t nsb = cols / kQK_K;
   for (std::size_t r = r0; r < r1; ++r) {
-    const std::uint8_t* group = w + (r / 16) * nsb * kQ4KGroupBytes;
+    const std::uint8_t* group = w + (r / 16) * nsb * group_bytes;
     const std::size_t lane = r % 16;
     for (std::size_t t = 0; t < n_tokens; ++t) {
       const BlockQ8_0* xb = x.blocks + t * x.n_blocks;
       const float* xs = x.sums + t * x.n_blocks;
       float acc = 0.0f;
       for (std::size_t sb = 0; sb < nsb; ++sb) {
-        const std::uint8_t* g = group + sb * kQ4KGroupBytes;
+        const std::uint8_t* g = group + sb * group_bytes;
         std::uint16_t d16, dmin16;
         std::memcpy(&d16, g + 2 * lane, 2);
         std::memcpy(&dmin16, g + 32 + 2 * lane, 2);
@@ -272,7 +276,12 @@ void gemm_q4_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
           int dot = 0;
           for (int e = 0; e < 32; ++e) {
             const std::uint8_t byte = quants[64 * (e / 4) + 4 * lane + e % 4];
-            dot += ((s % 2 == 0) ? (byte & 0xf) : (byte >> 4)) * xb[sb * 8 + s].qs[e];
+            int level = (s % 2 == 0) ? (byte & 0xf) : (byte >> 4);
+            if (q5) {
+              const std::size_t bit = 4 * lane + e % 4;
+              level |= ((g[kQ4KGroupBytes + 64 * s + 8 * (e / 4) + bit / 8] >> (bit % 8)) & 1) << 4;
+            }
+            dot += level * xb[sb * 8 + s].qs[e];
           }
           const std::size_t k = sb * 8 + s;
           acc += d * sc * fp16_to_fp32(xb[k].d) * static_cast<float>(dot) - dmin * m * xs[k];
@@ -281,6 +290,18 @@ void gemm_q4_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
       y[t * ldy + r] = acc;
     }
   }
+}
+
+}  // namespace
+
+void gemm_q4_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                             std::size_t n_tokens, float* y, std::size_t ldy) {
+  gemm_k_x16_reference(false, w, cols, r0, r1, x, n_tokens, y, ldy);
+}
+
+void gemm_q5_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                             std::size_t n_tokens, float* y, std::size_t ldy) {
+  gemm_k_x16_reference(true, w, cols, r0, r1, x, n_tokens, y, ldy);
 }
 
 void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
@@ -316,7 +337,8 @@ void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
 const KernelTable& scalar_kernels() {
   static const KernelTable table{"scalar", quantize_activations, gemm_q8_0, gemm_q4_0, gemm_half<fp16_to_fp32>, gemm_half<bf16_to_fp32>,
                                  gemm_f32, dot_f32, attention, gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
-                                 gemm_q4_k_x16_reference, gemm_q6_k_x16_reference, gemm_f16_x4_reference, gemm_bf16_x4_reference, gemm_dequant,
+                                 gemm_q4_k_x16_reference, gemm_q5_k_x16_reference, gemm_q6_k_x16_reference, gemm_f16_x4_reference,
+                                 gemm_bf16_x4_reference, gemm_dequant,
                                  attention_tile_each<attention>, false, false, silu_mul_reference,
                                  gelu_tanh_mul_reference, nullptr};
   return table;

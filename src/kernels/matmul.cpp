@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <span>
+#include <type_traits>
 
 #include "kernels/dispatch.h"
 #include "tensor/quant-inl.h"
@@ -24,7 +25,8 @@ bool reads_quantized_input(const WeightMatrix& w) {
 bool activation_blocks_suffice(std::span<const WeightMatrix* const> readers) {
   const bool x16_only = kernel_table(active_isa()).x16_reads_activation_blocks_only;
   return std::all_of(readers.begin(), readers.end(), [&](const WeightMatrix* w) {
-    return x16_only && (w->layout == Layout::Q4_0x16 || w->layout == Layout::Q8_0x16 || w->layout == Layout::Q4_Kx16);
+    return x16_only && (w->layout == Layout::Q4_0x16 || w->layout == Layout::Q8_0x16 || w->layout == Layout::Q4_Kx16 ||
+                        w->layout == Layout::Q5_Kx16);
   });
 }
 
@@ -111,6 +113,7 @@ void matmul_rows(const KernelTable& kt, const WeightMatrix& w, const Activations
     const auto gemm = w.layout == Layout::Q4_0x16   ? kt.gemm_q4_0_x16
                       : w.layout == Layout::Q8_0x16 ? kt.gemm_q8_0_x16
                       : w.layout == Layout::Q4_Kx16 ? kt.gemm_q4_k_x16
+                      : w.layout == Layout::Q5_Kx16 ? kt.gemm_q5_k_x16
                                                     : kt.gemm_q6_k_x16;
     gemm(w.data, w.cols, b, e, x.rows(w.cols / kQK8_0), n_tokens, y, ldy);
     return;
@@ -179,24 +182,32 @@ void matmul_fused(std::span<const WeightMatrix* const> ws, Activations& x, std::
 bool can_repack_x16(const WeightMatrix& w) {
   if (w.layout != Layout::Plain || w.rows == 0) return false;
   if (w.type == DType::F16 || w.type == DType::BF16) return w.rows % 4 == 0 && w.cols % 16 == 0 && w.cols > 0;
-  return (w.type == DType::Q4_0 || w.type == DType::Q8_0 || w.type == DType::Q4_K || w.type == DType::Q6_K) && w.rows % 16 == 0;
+  return (w.type == DType::Q4_0 || w.type == DType::Q8_0 || w.type == DType::Q4_K || w.type == DType::Q5_K || w.type == DType::Q6_K) &&
+         w.rows % 16 == 0;
 }
 
 std::size_t repacked_bytes(const WeightMatrix& w) {
   if (w.type == DType::Q4_K) return w.rows / 16 * (w.cols / kQK_K) * kQ4KGroupBytes;
+  if (w.type == DType::Q5_K) return w.rows / 16 * (w.cols / kQK_K) * kQ5KGroupBytes;
   if (w.type == DType::Q6_K) return w.rows / 16 * (w.cols / kQK_K) * kQ6KGroupBytes;
   return w.rows * w.row_stride();
 }
 
 namespace {
 
-void repack_q4_k_x16(const WeightMatrix& w, std::uint8_t* out) {
+// Q4_K, or Q5_K (the same fields, and its quants' fifth bits after them: for sub-block s and weight
+// vector k, a 64-bit mask whose bit 4 * lane + e is element 32s + 4k + e's of row `lane`).
+template <typename Block>
+void repack_k_x16(const WeightMatrix& w, std::uint8_t* out) {
+  constexpr bool kQ5 = std::is_same_v<Block, BlockQ5_K>;
+  constexpr std::size_t kGroupBytes = kQ5 ? kQ5KGroupBytes : kQ4KGroupBytes;
   const std::size_t nsb = w.cols / kQK_K;
   for (std::size_t grp = 0; grp < w.rows / 16; ++grp) {
     for (std::size_t sb = 0; sb < nsb; ++sb) {
-      std::uint8_t* g = out + (grp * nsb + sb) * kQ4KGroupBytes;
+      std::uint8_t* g = out + (grp * nsb + sb) * kGroupBytes;
+      if constexpr (kQ5) std::memset(g + kQ4KGroupBytes, 0, kQ5KGroupBytes - kQ4KGroupBytes);
       for (std::size_t lane = 0; lane < 16; ++lane) {
-        const BlockQ4_K& src = reinterpret_cast<const BlockQ4_K*>(w.row(grp * 16 + lane))[sb];
+        const Block& src = reinterpret_cast<const Block*>(w.row(grp * 16 + lane))[sb];
         std::memcpy(g + 2 * lane, &src.d, 2);
         std::memcpy(g + 32 + 2 * lane, &src.dmin, 2);
         for (int s = 0; s < 8; ++s) {
@@ -207,6 +218,15 @@ void repack_q4_k_x16(const WeightMatrix& w, std::uint8_t* out) {
         }
         for (int p = 0; p < 4; ++p)
           for (int k = 0; k < 8; ++k) std::memcpy(g + 320 + 512 * p + 64 * k + 4 * lane, src.qs + 32 * p + 4 * k, 4);
+        if constexpr (kQ5) {
+          for (int s = 0; s < 8; ++s) {
+            for (int i = 0; i < 32; ++i) {
+              std::uint8_t* mask = g + kQ4KGroupBytes + 64 * s + 8 * (i / 4);
+              const std::size_t bit = 4 * lane + i % 4;
+              mask[bit / 8] |= static_cast<std::uint8_t>(((src.qh[i] >> s) & 1) << (bit % 8));
+            }
+          }
+        }
       }
     }
   }
@@ -254,8 +274,12 @@ Layout repack_x16(const WeightMatrix& w, std::uint8_t* out) {
     return w.type == DType::F16 ? Layout::F16x4 : Layout::BF16x4;
   }
   if (w.type == DType::Q4_K) {
-    repack_q4_k_x16(w, out);
+    repack_k_x16<BlockQ4_K>(w, out);
     return Layout::Q4_Kx16;
+  }
+  if (w.type == DType::Q5_K) {
+    repack_k_x16<BlockQ5_K>(w, out);
+    return Layout::Q5_Kx16;
   }
   if (w.type == DType::Q6_K) {
     repack_q6_k_x16(w, out);

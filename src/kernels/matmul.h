@@ -18,6 +18,7 @@ enum class Layout {
   Q4_0x16,  // Q4_0 repacked for the AVX-512 kernels: see repack_x16
   Q8_0x16,  // Q8_0 likewise
   Q4_Kx16,  // Q4_K likewise, scales unpacked (see repack_x16)
+  Q5_Kx16,  // Q5_K likewise: Q4_Kx16's, with each quant's fifth bit as 64-bit masks
   Q6_Kx16,  // Q6_K likewise, quants unpacked to bytes
   F16x4,    // F16, 4 rows interleaved 16 columns at a time (see repack_x16)
   BF16x4,   // BF16 likewise

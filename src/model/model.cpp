@@ -207,7 +207,7 @@ Model::Model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::C
     config_ = tensor_parallel::local_config(c, ranks);
   }
 
-  if (options.float_matrices_as) convert_float_matrices(*options.float_matrices_as);
+  convert_matrices(options.float_matrices_as);
   if (!options.keep_file_layout) repack_for_kernels();
   if (converted_.data()) {  // the repacking may have copied every converted matrix away
     const std::uint8_t *lo = converted_.data(), *hi = lo + converted_.size();
@@ -264,27 +264,42 @@ std::vector<kernels::WeightMatrix*> Model::layer_and_output_matrices() {
   return matrices;
 }
 
-void Model::convert_float_matrices(DType to) {
-  if (!can_quantize_to(to) || to == DType::F32 || to == DType::F16 || to == DType::BF16) {
-    throw Error("model '" + file_->path() + "': float matrices convert at load to Q8_0, Q4_0, Q4_K or Q6_K, not " + std::string(dtype_name(to)));
+// Q5_0 matrices become Q8_0 ones, exactly (the same scales, each level a byte): the int8 kernels,
+// repacked or on the GPU, read those, and no kernel reads Q5_0's split fifth bits. A token streams
+// half as many bytes again (34 against 22 a block), and still decodes ~23x faster than through the
+// dequantizing path (docs/performance.md, 2026-12-07). With floats_to, the float matrices (F32, F16,
+// BF16) are quantized to it.
+void Model::convert_matrices(std::optional<DType> floats_to) {
+  if (floats_to && (!can_quantize_to(*floats_to) || *floats_to == DType::F32 || *floats_to == DType::F16 || *floats_to == DType::BF16)) {
+    throw Error("model '" + file_->path() + "': float matrices convert at load to Q8_0, Q4_0, Q4_K or Q6_K, not " +
+                std::string(dtype_name(*floats_to)));
   }
+  const auto target = [&](const kernels::WeightMatrix& m) -> std::optional<DType> {
+    if (m.layout != kernels::Layout::Plain) return std::nullopt;
+    if (m.type == DType::Q5_0) return DType::Q8_0;
+    const bool is_float = m.type == DType::F32 || m.type == DType::F16 || m.type == DType::BF16;
+    if (is_float && floats_to && m.cols % dtype_info(*floats_to).block_size == 0) return floats_to;
+    return std::nullopt;
+  };
   std::vector<kernels::WeightMatrix*> matrices = layer_and_output_matrices();
-  std::erase_if(matrices, [&](const kernels::WeightMatrix* m) {
-    const bool is_float = m->type == DType::F32 || m->type == DType::F16 || m->type == DType::BF16;
-    return !is_float || m->layout != kernels::Layout::Plain || m->cols % dtype_info(to).block_size != 0;
-  });
+  std::erase_if(matrices, [&](const kernels::WeightMatrix* m) { return !target(*m); });
   std::size_t total = 0;
-  for (const kernels::WeightMatrix* m : matrices) total += m->rows * row_bytes(to, m->cols);
+  for (const kernels::WeightMatrix* m : matrices) total += m->rows * row_bytes(*target(*m), m->cols);
   if (total == 0) return;
   converted_ = HugePageBuffer(total);
   std::uint8_t* next = converted_.data();
   std::vector<float> row;
   for (kernels::WeightMatrix* m : matrices) {
+    const DType to = *target(*m);
     row.resize(m->cols);
     const std::size_t stride = row_bytes(to, m->cols);
     for (std::size_t r = 0; r < m->rows; ++r) {
-      dequantize_row(m->type, m->row(r), row.data(), m->cols);
-      quantize_row(to, row.data(), next + r * stride, m->cols);
+      if (m->type == DType::Q5_0) {
+        q5_0_to_q8_0(m->row(r), next + r * stride, m->cols);
+      } else {
+        dequantize_row(m->type, m->row(r), row.data(), m->cols);
+        quantize_row(to, row.data(), next + r * stride, m->cols);
+      }
     }
     file_->release_pages(m->data, m->rows * m->row_stride());  // a tied embedding faults back the rows it reads
     m->data = next;

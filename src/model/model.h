@@ -49,7 +49,7 @@ struct ModelLoadOptions {
   // Converts the float matrices (F32, F16, BF16; the token embedding table and norms stay) to this
   // type as they load, into memory of the model's own. For a draft model, whose numbers only steer
   // which tokens are guessed: a Q8_0 draft streams half an F16 one's bytes at the same guesses
-  // (README, Speculative decoding).
+  // (README, Speculative decoding). (Q5_0 matrices always load as Q8_0, exactly: see convert_matrices.)
   std::optional<DType> float_matrices_as;
   // Leaves every matrix as the file stores it (no repacking into the CPU kernels' layouts): for a
   // device backend that uploads the file's blocks (backend::place_on_device). The CPU forward pass
@@ -147,7 +147,7 @@ class Model {
   std::vector<float> inv_freq_long_;
   std::vector<float> inv_freq_local_;  // local layers' own speeds (gemma3); empty when they share inv_freq_
   HugePageBuffer repacked_;  // weights moved into kernel-friendly layouts
-  HugePageBuffer converted_;  // matrices converted at load (ModelLoadOptions::float_matrices_as) and not repacked
+  HugePageBuffer converted_;  // matrices converted at load (convert_matrices) and not repacked
   std::unique_ptr<backend::DeviceForward> device_;  // set: passes run there (attach_device)
 
   struct ForwardPass;  // one call's steps (model.cpp)
@@ -161,7 +161,7 @@ class Model {
   bool device_pass_of_rank(const Batch& batch, KvCache& cache, std::vector<float>& logits) const;
   void gather_logits(const std::vector<float>& rank_logits, std::size_t n_out, std::vector<float>& logits) const;
   void repack_for_kernels();
-  void convert_float_matrices(DType to);
+  void convert_matrices(std::optional<DType> floats_to);
   std::vector<kernels::WeightMatrix*> layer_and_output_matrices();
   // out[t] = the layer's expert mixture for each of the T rows of xn (n_embd each).
   void moe_ffn(const LayerWeights& L, const float* xn, std::size_t T, float* out, ThreadPool& pool) const;

@@ -54,6 +54,14 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18);
 
+constexpr int kQK5_0 = 32;
+struct BlockQ5_0 {
+  std::uint16_t d;               // fp16 scale
+  std::uint8_t qh[4];            // element j's fifth bit in bit j (little-endian 32 bits)
+  std::uint8_t qs[kQK5_0 / 2];   // low 4 bits: element j in the low nibble of qs[j], element j+16 in the high
+};
+static_assert(sizeof(BlockQ5_0) == 22);
+
 constexpr int kQK_K = 256;
 constexpr int kKScaleBytes = 12;
 struct BlockQ4_K {
@@ -63,6 +71,15 @@ struct BlockQ4_K {
   std::uint8_t qs[kQK_K / 2];          // 4-bit quants
 };
 static_assert(sizeof(BlockQ4_K) == 144);
+
+struct BlockQ5_K {
+  std::uint16_t d;                     // fp16 super-block scale for the sub-block scales
+  std::uint16_t dmin;                  // fp16 super-block scale for the sub-block mins
+  std::uint8_t scales[kKScaleBytes];   // 8 scales and 8 mins, 6 bits each, packed as Q4_K's
+  std::uint8_t qh[kQK_K / 8];          // the quants' fifth bits: element 64c + l's in bit 2c of qh[l], 64c + 32 + l's in bit 2c + 1
+  std::uint8_t qs[kQK_K / 2];          // their low 4 bits, packed as Q4_K's quants
+};
+static_assert(sizeof(BlockQ5_K) == 176);
 
 struct BlockQ6_K {
   std::uint8_t ql[kQK_K / 2];      // low 4 bits

@@ -39,6 +39,26 @@ inline void dequantize_q4_k(const BlockQ4_K* b, float* y, std::size_t nb) {
   }
 }
 
+// Q4_K's with each quant's fifth bit from qh (bits 2c and 2c + 1 of qh[l] for the 64-element chunk c).
+inline void dequantize_q5_k(const BlockQ5_K* b, float* y, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(b[i].d);
+    const float dmin = fp16_to_fp32(b[i].dmin);
+    const std::uint8_t* q = b[i].qs;
+    const std::uint8_t* qh = b[i].qh;
+    for (int j = 0, is = 0; j < kQK_K; j += 64, is += 2) {
+      std::uint8_t sc, m;
+      q4k_scale_min(is, b[i].scales, sc, m);
+      const float d1 = d * sc, m1 = dmin * m;
+      q4k_scale_min(is + 1, b[i].scales, sc, m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((q[l] & 0xf) | (((qh[l] >> is) & 1) << 4)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((q[l] >> 4) | (((qh[l] >> (is + 1)) & 1) << 4)) - m2;
+      q += 32;
+    }
+  }
+}
+
 inline void dequantize_q6_k(const BlockQ6_K* b, float* y, std::size_t nb) {
   for (std::size_t i = 0; i < nb; ++i) {
     const float d = fp16_to_fp32(b[i].d);

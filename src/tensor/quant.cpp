@@ -91,6 +91,46 @@ void quantize_q4_0(const float* x, BlockQ4_0* b, std::size_t nb) {
   }
 }
 
+void dequantize_q5_0(const BlockQ5_0* b, float* y, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(b[i].d);
+    std::uint32_t qh;
+    std::memcpy(&qh, b[i].qh, sizeof qh);
+    float* out = y + i * kQK5_0;
+    for (int j = 0; j < kQK5_0 / 2; ++j) {
+      const int lo = (b[i].qs[j] & 0x0f) | static_cast<int>(((qh >> j) & 1) << 4);
+      const int hi = (b[i].qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
+      out[j] = d * static_cast<float>(lo - 16);
+      out[j + kQK5_0 / 2] = d * static_cast<float>(hi - 16);
+    }
+  }
+}
+
+// ggml's reference Q5_0: Q4_0's with levels -16..15 (the largest-magnitude value maps to -16).
+void quantize_q5_0(const float* x, BlockQ5_0* b, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i, x += kQK5_0) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < kQK5_0; ++j) {
+      if (amax < std::fabs(x[j])) {
+        amax = std::fabs(x[j]);
+        max = x[j];
+      }
+    }
+    const float d = max / -16.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    b[i].d = fp32_to_fp16(d);
+    std::uint32_t qh = 0;
+    for (int j = 0; j < kQK5_0 / 2; ++j) {
+      const int x0 = std::min(31, static_cast<int>(static_cast<std::int8_t>(x[j] * id + 16.5f)));
+      const int x1 = std::min(31, static_cast<int>(static_cast<std::int8_t>(x[j + kQK5_0 / 2] * id + 16.5f)));
+      b[i].qs[j] = static_cast<std::uint8_t>((x0 & 0x0f) | ((x1 & 0x0f) << 4));
+      qh |= static_cast<std::uint32_t>((x0 >> 4) & 1) << j;
+      qh |= static_cast<std::uint32_t>((x1 >> 4) & 1) << (j + 16);
+    }
+    std::memcpy(b[i].qh, &qh, sizeof qh);
+  }
+}
+
 // Squared error of x ~= s * l + m with l the nearest level in 0..nmax.
 float fit_error(const float* x, int n, int nmax, float s, float m) {
   float err = 0;
@@ -152,50 +192,73 @@ void fit_scale_min(const float* x, int n, int nmax, float& scale, float& min) {
   }
 }
 
+// One super-block of Q4_K or Q5_K (levels 0..nmax, 15 or 31): per 32-element sub-block a fitted
+// scale and min, both stored as 6 bits of the super-block's fp16 d and dmin, and each element's level
+// against the scales as they will be decoded. Writes d, dmin and the packed scales; levels to L.
+template <typename Block>
+void quantize_k_super_block(const float* x, int nmax, Block& b, std::uint8_t* L) {
+  float scales[8], mins[8];
+  float max_scale = 0, max_min = 0;
+  for (int j = 0; j < 8; ++j) {
+    fit_scale_min(x + 32 * j, 32, nmax, scales[j], mins[j]);
+    max_scale = std::max(max_scale, scales[j]);
+    max_min = std::max(max_min, mins[j]);
+  }
+  const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+  const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+  std::uint8_t ls[8], lm[8];
+  for (int j = 0; j < 8; ++j) {
+    ls[j] = static_cast<std::uint8_t>(std::min(63, nearest_int(inv_scale * scales[j])));
+    lm[j] = static_cast<std::uint8_t>(std::min(63, nearest_int(inv_min * mins[j])));
+  }
+  std::memset(b.scales, 0, sizeof b.scales);
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      b.scales[j] = ls[j];
+      b.scales[j + 4] = lm[j];
+    } else {
+      b.scales[j + 4] = static_cast<std::uint8_t>((ls[j] & 0xf) | ((lm[j] & 0xf) << 4));
+      b.scales[j - 4] |= static_cast<std::uint8_t>((ls[j] >> 4) << 6);
+      b.scales[j] |= static_cast<std::uint8_t>((lm[j] >> 4) << 6);
+    }
+  }
+  b.d = fp32_to_fp16(max_scale / 63.0f);
+  b.dmin = fp32_to_fp16(max_min / 63.0f);
+  const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
+  for (int j = 0; j < 8; ++j) {
+    std::uint8_t sc, m;
+    q4k_scale_min(j, b.scales, sc, m);
+    const float ds = d * sc, dm = dmin * m;
+    for (int l = 0; l < 32; ++l) {
+      const int q = ds != 0 ? nearest_int((x[32 * j + l] + dm) / ds) : 0;
+      L[32 * j + l] = static_cast<std::uint8_t>(std::clamp(q, 0, nmax));
+    }
+  }
+}
+
 void quantize_q4_k(const float* x, BlockQ4_K* b, std::size_t nb) {
   for (std::size_t i = 0; i < nb; ++i, x += kQK_K) {
-    float scales[8], mins[8];
-    float max_scale = 0, max_min = 0;
-    for (int j = 0; j < 8; ++j) {
-      fit_scale_min(x + 32 * j, 32, 15, scales[j], mins[j]);
-      max_scale = std::max(max_scale, scales[j]);
-      max_min = std::max(max_min, mins[j]);
-    }
-    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
-    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
-    std::uint8_t ls[8], lm[8];
-    for (int j = 0; j < 8; ++j) {
-      ls[j] = static_cast<std::uint8_t>(std::min(63, nearest_int(inv_scale * scales[j])));
-      lm[j] = static_cast<std::uint8_t>(std::min(63, nearest_int(inv_min * mins[j])));
-    }
-    std::memset(b[i].scales, 0, sizeof b[i].scales);
-    for (int j = 0; j < 8; ++j) {
-      if (j < 4) {
-        b[i].scales[j] = ls[j];
-        b[i].scales[j + 4] = lm[j];
-      } else {
-        b[i].scales[j + 4] = static_cast<std::uint8_t>((ls[j] & 0xf) | ((lm[j] & 0xf) << 4));
-        b[i].scales[j - 4] |= static_cast<std::uint8_t>((ls[j] >> 4) << 6);
-        b[i].scales[j] |= static_cast<std::uint8_t>((lm[j] >> 4) << 6);
-      }
-    }
-    b[i].d = fp32_to_fp16(max_scale / 63.0f);
-    b[i].dmin = fp32_to_fp16(max_min / 63.0f);
-    // Quantize against the scales as they will be decoded (after fp16 and 6-bit rounding).
     std::uint8_t L[kQK_K];
-    const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
-    for (int j = 0; j < 8; ++j) {
-      std::uint8_t sc, m;
-      q4k_scale_min(j, b[i].scales, sc, m);
-      const float ds = d * sc, dm = dmin * m;
-      for (int l = 0; l < 32; ++l) {
-        const int q = ds != 0 ? nearest_int((x[32 * j + l] + dm) / ds) : 0;
-        L[32 * j + l] = static_cast<std::uint8_t>(std::clamp(q, 0, 15));
-      }
-    }
+    quantize_k_super_block(x, 15, b[i], L);
     std::uint8_t* q = b[i].qs;
     for (int j = 0; j < kQK_K; j += 64) {
       for (int l = 0; l < 32; ++l) q[l] = static_cast<std::uint8_t>(L[j + l] | (L[j + l + 32] << 4));
+      q += 32;
+    }
+  }
+}
+
+void quantize_q5_k(const float* x, BlockQ5_K* b, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i, x += kQK_K) {
+    std::uint8_t L[kQK_K];
+    quantize_k_super_block(x, 31, b[i], L);
+    std::memset(b[i].qh, 0, sizeof b[i].qh);
+    std::uint8_t* q = b[i].qs;
+    for (int j = 0, bit = 0; j < kQK_K; j += 64, bit += 2) {
+      for (int l = 0; l < 32; ++l) {
+        q[l] = static_cast<std::uint8_t>((L[j + l] & 0xf) | ((L[j + l + 32] & 0xf) << 4));
+        b[i].qh[l] |= static_cast<std::uint8_t>(((L[j + l] >> 4) << bit) | ((L[j + l + 32] >> 4) << (bit + 1)));
+      }
       q += 32;
     }
   }
@@ -301,17 +364,34 @@ void dequantize_row(DType type, const void* src, float* dst, std::size_t n) {
     }
     case DType::Q8_0: dequantize_q8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK8_0); return;
     case DType::Q4_0: dequantize_q4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK4_0); return;
+    case DType::Q5_0: dequantize_q5_0(static_cast<const BlockQ5_0*>(src), dst, n / kQK5_0); return;
     case DType::Q4_K: dequantize_q4_k(static_cast<const BlockQ4_K*>(src), dst, n / kQK_K); return;
+    case DType::Q5_K: dequantize_q5_k(static_cast<const BlockQ5_K*>(src), dst, n / kQK_K); return;
     case DType::Q6_K: dequantize_q6_k(static_cast<const BlockQ6_K*>(src), dst, n / kQK_K); return;
     default:
       throw Error("unsupported tensor type " + std::string(dtype_name(type)) + "; supported: " + supported_dtype_list());
   }
 }
 
+void q5_0_to_q8_0(const void* src, void* dst, std::size_t n) {
+  check_row(DType::Q5_0, n);
+  const auto* in = static_cast<const BlockQ5_0*>(src);
+  auto* out = static_cast<BlockQ8_0*>(dst);
+  for (std::size_t i = 0; i < n / kQK5_0; ++i) {
+    std::uint32_t qh;
+    std::memcpy(&qh, in[i].qh, sizeof qh);
+    out[i].d = in[i].d;
+    for (int j = 0; j < kQK5_0 / 2; ++j) {
+      out[i].qs[j] = static_cast<std::int8_t>(((in[i].qs[j] & 0x0f) | (((qh >> j) & 1) << 4)) - 16);
+      out[i].qs[j + kQK5_0 / 2] = static_cast<std::int8_t>(((in[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+    }
+  }
+}
+
 bool can_quantize_to(DType type) {
   switch (type) {
-    case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
-    case DType::Q4_K: case DType::Q6_K:
+    case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0: case DType::Q5_0:
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
       return true;
     default:
       return false;
@@ -338,10 +418,12 @@ void quantize_row(DType type, const float* src, void* dst, std::size_t n) {
     }
     case DType::Q8_0: quantize_q8_0(src, static_cast<BlockQ8_0*>(dst), n / kQK8_0); return;
     case DType::Q4_0: quantize_q4_0(src, static_cast<BlockQ4_0*>(dst), n / kQK4_0); return;
+    case DType::Q5_0: quantize_q5_0(src, static_cast<BlockQ5_0*>(dst), n / kQK5_0); return;
     case DType::Q4_K: quantize_q4_k(src, static_cast<BlockQ4_K*>(dst), n / kQK_K); return;
+    case DType::Q5_K: quantize_q5_k(src, static_cast<BlockQ5_K*>(dst), n / kQK_K); return;
     case DType::Q6_K: quantize_q6_k(src, static_cast<BlockQ6_K*>(dst), n / kQK_K); return;
     default:
-      throw Error("cannot quantize to " + std::string(dtype_name(type)) + "; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K");
+      throw Error("cannot quantize to " + std::string(dtype_name(type)) + "; supported: " + supported_dtype_list());
   }
 }
 

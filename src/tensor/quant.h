@@ -16,4 +16,8 @@ void quantize_row(DType type, const float* src, void* dst, std::size_t n);
 
 bool can_quantize_to(DType type);
 
+// Q5_0 blocks as Q8_0 ones, exactly: the same scale, the levels -16..15 as bytes (n elements, a
+// multiple of 32). What the kernels read instead of Q5_0 (model.cpp).
+void q5_0_to_q8_0(const void* src, void* dst, std::size_t n);
+
 }  // namespace promptly

@@ -173,23 +173,34 @@ TEST(Quantize, MixesAndFallbacks) {
   EXPECT_THROW(quantize_model(dir.file("f32.gguf"), dir.file("f32.gguf"), "Q8_0", pool), Error);
 }
 
-// gen-model's Q4_K_M writes the mix quantize writes, tensor for tensor.
-TEST(GenModel, Q4KMIsTheMixQuantizeWrites) {
+// gen-model's Q4_K_M and Q5_K_M write the mixes quantize writes, tensor for tensor, with llama.cpp's
+// file types.
+TEST(GenModel, KMMixesAreTheMixesQuantizeWrites) {
   test::TempDir dir;
   ThreadPool pool(2);
   write_synthetic_model(synthetic_preset("tiny"), DType::F32, 1, dir.file("f32.gguf"), pool);
-  quantize_model(dir.file("f32.gguf"), dir.file("quantized.gguf"), "Q4_K_M", pool);
-  write_synthetic_model(synthetic_preset("tiny"), DType::Q4_K, 1, dir.file("generated.gguf"), pool, "", /*q4_k_m=*/true);
-  auto quantized = gguf::File::open(dir.file("quantized.gguf")), generated = gguf::File::open(dir.file("generated.gguf"));
-  ASSERT_EQ(quantized->tensors().size(), generated->tensors().size());
-  int q6_k = 0;
-  for (const gguf::TensorInfo& t : quantized->tensors()) {
-    ASSERT_NE(generated->find_tensor(t.name), nullptr) << t.name;
-    EXPECT_EQ(generated->find_tensor(t.name)->type, t.type) << t.name;
-    q6_k += t.type == DType::Q6_K;
+  struct Mix {
+    const char* name;
+    DType base;
+    std::int64_t file_type;
+  };
+  for (const Mix& mix : {Mix{"Q4_K_M", DType::Q4_K, 15}, Mix{"Q5_K_M", DType::Q5_K, 17}}) {
+    quantize_model(dir.file("f32.gguf"), dir.file("quantized.gguf"), mix.name, pool);
+    write_synthetic_model(synthetic_preset("tiny"), mix.base, 1, dir.file("generated.gguf"), pool, "", /*m_mix=*/true);
+    auto quantized = gguf::File::open(dir.file("quantized.gguf")), generated = gguf::File::open(dir.file("generated.gguf"));
+    ASSERT_EQ(quantized->tensors().size(), generated->tensors().size());
+    int q6_k = 0, base = 0;
+    for (const gguf::TensorInfo& t : quantized->tensors()) {
+      ASSERT_NE(generated->find_tensor(t.name), nullptr) << t.name;
+      EXPECT_EQ(generated->find_tensor(t.name)->type, t.type) << mix.name << " " << t.name;
+      q6_k += t.type == DType::Q6_K;
+      base += t.type == mix.base;
+    }
+    EXPECT_GE(q6_k, 2) << mix.name;  // the output and a layer's attn_v at least
+    EXPECT_GE(base, 2) << mix.name;
+    EXPECT_EQ(quantized->get_int("general.file_type"), mix.file_type);
+    EXPECT_EQ(generated->get_int("general.file_type"), mix.file_type);
   }
-  EXPECT_GE(q6_k, 2);  // the output and a layer's attn_v at least
-  EXPECT_EQ(generated->get_int("general.file_type"), 15);
   EXPECT_THROW(write_synthetic_model(synthetic_preset("tiny"), DType::Q8_0, 1, dir.file("x.gguf"), pool, "", true), Error);
 }
 

@@ -98,7 +98,7 @@ TEST(Dispatch, MatmulEveryTypeMatchesScalar) {
   IsaGuard guard;
   std::mt19937 rng(5);
   std::normal_distribution<float> dist;
-  for (DType type : {DType::Q4_0, DType::Q8_0, DType::F16, DType::F32, DType::Q4_K, DType::Q6_K, DType::BF16}) {
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::F16, DType::F32, DType::Q4_K, DType::Q6_K, DType::BF16, DType::Q5_0, DType::Q5_K}) {
     const bool k_quant = dtype_info(type).block_size == 256;
     const bool per_element = dtype_info(type).block_size == 1;  // F16, F32, BF16: any row length (vector tails)
     for (std::size_t cols : k_quant       ? std::vector<std::size_t>{256, 768}
@@ -225,7 +225,7 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
   IsaGuard guard;
   std::mt19937 rng(9);
   std::normal_distribution<float> dist;
-  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K})
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K})
   for (std::size_t cols : {256u, 512u, 768u}) {
     for (std::size_t rows : {16u, 48u}) {
       for (std::size_t tokens : {1u, 2u, 5u, 9u, 23u, 700u}) {
@@ -241,6 +241,7 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
         const Layout layout = repack_x16(plain, packed.data());
         EXPECT_EQ(layout == Layout::Q8_0x16, type == DType::Q8_0);
         EXPECT_EQ(layout == Layout::Q4_Kx16, type == DType::Q4_K);
+        EXPECT_EQ(layout == Layout::Q5_Kx16, type == DType::Q5_K);
         EXPECT_EQ(layout == Layout::Q6_Kx16, type == DType::Q6_K);
         const WeightMatrix inter{type, packed.data(), rows, cols, layout};
         ThreadPool pool(2);
@@ -248,14 +249,14 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
         std::vector<float> plain_ref(tokens * rows), ref(tokens * rows), got(tokens * rows);
         matmul(plain, x.data(), tokens, plain_ref.data(), pool);
         matmul(inter, x.data(), tokens, ref.data(), pool);  // the layout's scalar reference
-        // Against the plain layout: equal for Q4_0/Q8_0 (both use int8 activations); Q4_K's plain path
+        // Against the plain layout: equal for Q4_0/Q8_0 (both use int8 activations); the K-quants' plain path
         // uses float activations, so there the int8 rounding bound applies (half a step per value).
         std::vector<float> deq(cols);
         for (std::size_t r = 0; r < rows; ++r) {
           dequantize_row(type, &w[r * row_bytes(type, cols)], deq.data(), cols);
           for (std::size_t t = 0; t < tokens; ++t) {
             double bound = 1e-4 * std::sqrt(static_cast<double>(cols)) + 1e-5 * std::fabs(plain_ref[t * rows + r]);
-            if (type == DType::Q4_K || type == DType::Q6_K) {
+            if (type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K) {
               for (std::size_t b = 0; b < cols / 32; ++b) {
                 double amax = 0, wsum = 0;
                 for (std::size_t c = 32 * b; c < 32 * b + 32; ++c) {

@@ -67,6 +67,41 @@ TEST(Dequantize, Q4_KHandBlockHighScaleBits) {
   for (int e = 0; e < 256; ++e) EXPECT_EQ(y[e], 63.0f * ((e % 64) < 32 ? 10 : 3) - 63.0f) << e;
 }
 
+// Q5_0: element j's fifth bit is bit j of qh (elements 16..31 in bits 16..31), levels -16..15.
+TEST(Dequantize, Q5_0HandBlock) {
+  BlockQ5_0 b{};
+  b.d = 0x4000;  // 2.0
+  const std::uint32_t qh = 0xa5f00f3cu;
+  std::memcpy(b.qh, &qh, 4);
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<std::uint8_t>(j | ((15 - j) << 4));
+  const auto y = dequant(DType::Q5_0, &b, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], 2.0f * ((j | static_cast<int>(((qh >> j) & 1) << 4)) - 16)) << j;
+    EXPECT_EQ(y[j + 16], 2.0f * (((15 - j) | static_cast<int>(((qh >> (j + 16)) & 1) << 4)) - 16)) << j;
+  }
+}
+
+// Q5_K: Q4_K's scales, mins and nibbles; element 64c + l's fifth bit is bit 2c of qh[l], element
+// 64c + 32 + l's bit 2c + 1.
+TEST(Dequantize, Q5_KHandBlock) {
+  BlockQ5_K b{};
+  b.d = 0x3c00;     // 1.0
+  b.dmin = 0x3800;  // 0.5
+  const std::uint8_t scales[12] = {1, 2, 3, 4, 0, 1, 2, 3, 5 | (4 << 4), 6 | (5 << 4), 7 | (6 << 4), 8 | (7 << 4)};
+  std::memcpy(b.scales, scales, 12);
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) b.qs[32 * c + l] = static_cast<std::uint8_t>((l % 16) | ((15 - l % 16) << 4));
+  for (int l = 0; l < 32; ++l) b.qh[l] = static_cast<std::uint8_t>(l * 37 + 11);
+  const auto y = dequant(DType::Q5_K, &b, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int c = e / 64, w = e % 64, l = w % 32;
+    const int sub = w < 32 ? 2 * c : 2 * c + 1;
+    const int high = (b.qh[l] >> sub) & 1;
+    const int q = (w < 32 ? w % 16 : 15 - (w - 32) % 16) | (high << 4);
+    EXPECT_EQ(y[e], 1.0f * (sub + 1) * q - 0.5f * sub) << e;
+  }
+}
+
 TEST(Dequantize, Q6_KHandBlocks) {
   BlockQ6_K b{};
   b.d = 0x3400;  // 0.25
@@ -159,6 +194,42 @@ TEST(Quantize, Q4_0MatchesGgmlReference) {
   }
 }
 
+// ggml's reference Q5_0: Q4_0's with 32 levels, the largest magnitude at -16.
+TEST(Quantize, Q5_0MatchesGgmlReference) {
+  float x[32];
+  for (int j = 0; j < 32; ++j) x[j] = 0.75f * static_cast<float>(j) - 9.0f;  // max magnitude is +14.25 at j = 31
+  BlockQ5_0 b;
+  quantize_row(DType::Q5_0, x, &b, 32);
+  const float d = 14.25f / -16.0f, id = 1.0f / d;
+  EXPECT_EQ(b.d, fp32_to_fp16(d));
+  std::uint32_t qh;
+  std::memcpy(&qh, b.qh, 4);
+  for (int j = 0; j < 16; ++j) {
+    const int lo = std::min(31, static_cast<int>(static_cast<std::int8_t>(x[j] * id + 16.5f)));
+    const int hi = std::min(31, static_cast<int>(static_cast<std::int8_t>(x[j + 16] * id + 16.5f)));
+    EXPECT_EQ(b.qs[j], (lo & 15) | ((hi & 15) << 4)) << j;
+    EXPECT_EQ((qh >> j) & 1, static_cast<std::uint32_t>(lo >> 4)) << j;
+    EXPECT_EQ((qh >> (j + 16)) & 1, static_cast<std::uint32_t>(hi >> 4)) << j;
+  }
+}
+
+// Q5_0 loads as Q8_0 (model.cpp): the same values, bit for bit, for every level and fifth bit.
+TEST(Quantize, Q5_0BecomesQ8_0Exactly) {
+  std::mt19937 rng(3);
+  std::vector<BlockQ5_0> q5(64);
+  for (BlockQ5_0& b : q5) {
+    b.d = fp32_to_fp16(std::uniform_real_distribution<float>(-3.0f, 3.0f)(rng));
+    for (std::uint8_t& v : b.qh) v = static_cast<std::uint8_t>(rng());
+    for (std::uint8_t& v : b.qs) v = static_cast<std::uint8_t>(rng());
+  }
+  std::vector<BlockQ8_0> q8(q5.size());
+  const std::size_t n = q5.size() * 32;
+  q5_0_to_q8_0(q5.data(), q8.data(), n);
+  const auto want = dequant(DType::Q5_0, q5.data(), n), got = dequant(DType::Q8_0, q8.data(), n);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i])) << i;
+  EXPECT_THROW(q5_0_to_q8_0(q5.data(), q8.data(), 48), Error);
+}
+
 // Relative RMS error of quantize -> dequantize on Gaussian data, against each format's resolution.
 struct RoundTripCase {
   DType type;
@@ -189,14 +260,16 @@ TEST_P(RoundTrip, ErrorWithinFormatResolution) {
 }
 
 // Bounds: step / sqrt(12) relative to the data's RMS, with the step set by each format's levels
-// (Q8_0: 255 levels over +-2.5 sigma, Q4_0: 16, Q4_K: 16 with a fitted min, Q6_K: 64).
+// (Q8_0: 255 levels over +-2.5 sigma, Q4_0: 16, Q5_0: 32, Q4_K: 16 with a fitted min, Q5_K: 32
+// with a fitted min, Q6_K: 64).
 INSTANTIATE_TEST_SUITE_P(Formats, RoundTrip,
                          ::testing::Values(RoundTripCase{DType::F16, 1e-3}, RoundTripCase{DType::BF16, 5e-3},
                                            RoundTripCase{DType::Q8_0, 0.012}, RoundTripCase{DType::Q4_0, 0.13},
-                                           RoundTripCase{DType::Q4_K, 0.11}, RoundTripCase{DType::Q6_K, 0.035}));
+                                           RoundTripCase{DType::Q5_0, 0.065}, RoundTripCase{DType::Q4_K, 0.11},
+                                           RoundTripCase{DType::Q5_K, 0.055}, RoundTripCase{DType::Q6_K, 0.035}));
 
 TEST(Quantize, ZeroBlocksStayZero) {
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     std::vector<float> x(256, 0.0f), y(256, 1.0f);
     std::vector<std::uint8_t> q(row_bytes(t, 256));
     quantize_row(t, x.data(), q.data(), 256);
@@ -209,9 +282,9 @@ TEST(Quantize, RejectsPartialBlocksAndUnsupportedTypes) {
   std::vector<float> x(48);
   std::vector<std::uint8_t> q(1024);
   EXPECT_THROW(quantize_row(DType::Q8_0, x.data(), q.data(), 48), Error);
-  EXPECT_THROW(quantize_row(DType::Q5_K, x.data(), q.data(), 256), Error);
+  EXPECT_THROW(quantize_row(DType::Q3_K, x.data(), q.data(), 256), Error);
   try {
-    dequantize_row(DType::Q5_K, q.data(), x.data(), 0);
+    dequantize_row(DType::Q3_K, q.data(), x.data(), 0);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("supported: F32, F16"), std::string::npos) << e.what();

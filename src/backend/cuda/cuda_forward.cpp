@@ -53,7 +53,9 @@ WeightFormat format_of(DType type, const std::string& what) {
     case DType::Q6_K: return WeightFormat::Q6_K;
     default: break;
   }
-  throw Error("--device cuda: " + what + " is stored as " + std::string(dtype_name(type)) + ", which the GPU kernels do not read");
+  throw Error("--device cuda: " + what + " is stored as " + std::string(dtype_name(type)) +
+              ", which the GPU kernels do not read; run it on the CPU (without --device), or requantize it for the GPU "
+              "(promptly quantize IN OUT Q8_0)");
 }
 
 bool env_is(const char* name, const char* value) {
