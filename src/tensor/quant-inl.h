@@ -3,6 +3,7 @@
 // No include guard on purpose: each includer gets its own copy inside its own namespace.
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "tensor/dtype.h"
 #include "util/fp16.h"
@@ -21,7 +22,11 @@ inline void q4k_scale_min(int j, const std::uint8_t* q, std::uint8_t& sc, std::u
   }
 }
 
-inline void dequantize_q4_k(const BlockQ4_K* b, float* y, std::size_t nb) {
+// Q4_K, or Q5_K: the same scales, mins and nibbles, and Q5_K's fifth bit of each quant from qh
+// (bits 2c and 2c + 1 of qh[l] for the 64-element chunk c).
+template <typename Block>
+inline void dequantize_k(const Block* b, float* y, std::size_t nb) {
+  constexpr bool kQ5 = std::is_same_v<Block, BlockQ5_K>;
   for (std::size_t i = 0; i < nb; ++i) {
     const float d = fp16_to_fp32(b[i].d);
     const float dmin = fp16_to_fp32(b[i].dmin);
@@ -32,32 +37,21 @@ inline void dequantize_q4_k(const BlockQ4_K* b, float* y, std::size_t nb) {
       const float d1 = d * sc, m1 = dmin * m;
       q4k_scale_min(is + 1, b[i].scales, sc, m);
       const float d2 = d * sc, m2 = dmin * m;
-      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0xf) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+      const auto fifth_bit = [&](int l, int bit) -> int {
+        if constexpr (kQ5) {
+          return ((b[i].qh[l] >> bit) & 1) << 4;
+        } else {
+          return 0;
+        }
+      };
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((q[l] & 0xf) | fifth_bit(l, is)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((q[l] >> 4) | fifth_bit(l, is + 1)) - m2;
       q += 32;
     }
   }
 }
-
-// Q4_K's with each quant's fifth bit from qh (bits 2c and 2c + 1 of qh[l] for the 64-element chunk c).
-inline void dequantize_q5_k(const BlockQ5_K* b, float* y, std::size_t nb) {
-  for (std::size_t i = 0; i < nb; ++i) {
-    const float d = fp16_to_fp32(b[i].d);
-    const float dmin = fp16_to_fp32(b[i].dmin);
-    const std::uint8_t* q = b[i].qs;
-    const std::uint8_t* qh = b[i].qh;
-    for (int j = 0, is = 0; j < kQK_K; j += 64, is += 2) {
-      std::uint8_t sc, m;
-      q4k_scale_min(is, b[i].scales, sc, m);
-      const float d1 = d * sc, m1 = dmin * m;
-      q4k_scale_min(is + 1, b[i].scales, sc, m);
-      const float d2 = d * sc, m2 = dmin * m;
-      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((q[l] & 0xf) | (((qh[l] >> is) & 1) << 4)) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((q[l] >> 4) | (((qh[l] >> (is + 1)) & 1) << 4)) - m2;
-      q += 32;
-    }
-  }
-}
+inline void dequantize_q4_k(const BlockQ4_K* b, float* y, std::size_t nb) { dequantize_k(b, y, nb); }
+inline void dequantize_q5_k(const BlockQ5_K* b, float* y, std::size_t nb) { dequantize_k(b, y, nb); }
 
 inline void dequantize_q6_k(const BlockQ6_K* b, float* y, std::size_t nb) {
   for (std::size_t i = 0; i < nb; ++i) {

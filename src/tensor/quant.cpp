@@ -69,18 +69,23 @@ void quantize_q8_0(const float* x, BlockQ8_0* b, std::size_t nb) {
   }
 }
 
+// The first of x's n values with the largest magnitude, with its sign.
+float largest_magnitude(const float* x, int n) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  return max;
+}
+
 // ggml's reference Q4_0: the largest-magnitude value maps to -8, so its sign picks the scale's sign
 // and the asymmetric range [-8, 7] is used in full.
 void quantize_q4_0(const float* x, BlockQ4_0* b, std::size_t nb) {
   for (std::size_t i = 0; i < nb; ++i, x += kQK4_0) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < kQK4_0; ++j) {
-      if (amax < std::fabs(x[j])) {
-        amax = std::fabs(x[j]);
-        max = x[j];
-      }
-    }
-    const float d = max / -8.0f;
+    const float d = largest_magnitude(x, kQK4_0) / -8.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     b[i].d = fp32_to_fp16(d);
     for (int j = 0; j < kQK4_0 / 2; ++j) {
@@ -109,14 +114,7 @@ void dequantize_q5_0(const BlockQ5_0* b, float* y, std::size_t nb) {
 // ggml's reference Q5_0: Q4_0's with levels -16..15 (the largest-magnitude value maps to -16).
 void quantize_q5_0(const float* x, BlockQ5_0* b, std::size_t nb) {
   for (std::size_t i = 0; i < nb; ++i, x += kQK5_0) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < kQK5_0; ++j) {
-      if (amax < std::fabs(x[j])) {
-        amax = std::fabs(x[j]);
-        max = x[j];
-      }
-    }
-    const float d = max / -16.0f;
+    const float d = largest_magnitude(x, kQK5_0) / -16.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     b[i].d = fp32_to_fp16(d);
     std::uint32_t qh = 0;

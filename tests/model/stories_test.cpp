@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "../test_util.h"
@@ -29,6 +30,30 @@ struct Loaded {
   explicit Loaded(const std::string& path)
       : file(gguf::File::open(path)), model(file), tokenizer(Vocab::from_gguf(*file)) {}
 };
+
+// A shared model quantized to `type`, loaded as the kernels run it (`model`, repacked where the path
+// has repacked kernels) and with the file's own layout (`stored`).
+struct QuantizedTwice {
+  test::TempDir dir;
+  std::unique_ptr<Loaded> loaded;
+  std::unique_ptr<Model> stored;
+  QuantizedTwice(const std::string& shared_name, const std::string& type, ThreadPool& pool) {
+    const std::string path = dir.file(type + ".gguf");
+    quantize_model(test::shared_model(shared_name), path, type, pool);
+    loaded = std::make_unique<Loaded>(path);
+    ModelLoadOptions stored_layout;
+    stored_layout.keep_file_layout = true;
+    stored = std::make_unique<Model>(loaded->file, nullptr, stored_layout);
+  }
+};
+
+// The logits of every token of `prompt`, run in one pass from an empty cache.
+std::vector<float> prompt_logits(const Model& model, const Batch& prompt, ThreadPool& pool) {
+  KvCache cache = model.make_cache(64);
+  std::vector<float> out;
+  model.forward(prompt, cache, pool, out);
+  return out;
+}
 
 GenerateOptions greedy(int n) {
   GenerateOptions o;
@@ -165,23 +190,14 @@ TEST(Stories260K, Q5_0KeepsFirst50GreedyTokens) {
 // layout read through the dequantizing path (float activations): the same next token everywhere and
 // logits within int8 activation rounding.
 TEST(CodeModel, Q5_KRunsAsItsDequantizedWeights) {
-  test::TempDir dir;
   ThreadPool pool(2);
-  quantize_model(test::shared_model("code/code-target-f16.gguf"), dir.file("q5_k.gguf"), "Q5_K", pool);
-  Loaded m(dir.file("q5_k.gguf"));
-  ModelLoadOptions stored_layout;
-  stored_layout.keep_file_layout = true;
-  const Model stored(m.file, nullptr, stored_layout);
+  const QuantizedTwice q("code/code-target-f16.gguf", "Q5_K", pool);
+  const Loaded& m = *q.loaded;
+  const Model& stored = *q.stored;
   const std::vector<std::int32_t> ids = m.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n", true);
   Batch prompt;
   for (std::size_t i = 0; i < ids.size(); ++i) prompt.add(ids[i], static_cast<std::int32_t>(i), 0, true);
-  auto logits = [&](const Model& model) {
-    KvCache cache = model.make_cache(64);
-    std::vector<float> out;
-    model.forward(prompt, cache, pool, out);
-    return out;
-  };
-  const std::vector<float> run = logits(m.model), want = logits(stored);
+  const std::vector<float> run = prompt_logits(m.model, prompt, pool), want = prompt_logits(stored, prompt, pool);
   const std::size_t n_vocab = m.model.config().n_vocab;
   ASSERT_EQ(run.size(), ids.size() * n_vocab);
   float worst = 0;
@@ -198,25 +214,16 @@ TEST(CodeModel, Q5_KRunsAsItsDequantizedWeights) {
 // layout's logits bit for bit on every path (the same tile arithmetic). The greedy path stays the
 // F32 model's for 50 tokens, as Q8_0's does.
 TEST(Stories260K, Bf16RepackedGivesTheStoredLayoutsLogitsAndKeepsTheGreedyPath) {
-  test::TempDir dir;
   ThreadPool pool(2);
-  quantize_model(test::shared_model("stories260K.gguf"), dir.file("bf16.gguf"), "BF16", pool);
-  Loaded m(dir.file("bf16.gguf"));
-  ModelLoadOptions stored_layout;
-  stored_layout.keep_file_layout = true;
-  const Model stored(m.file, nullptr, stored_layout);
+  const QuantizedTwice q("stories260K.gguf", "BF16", pool);
+  const Loaded& m = *q.loaded;
+  const Model& stored = *q.stored;
   const auto ids = reference_ids();
   Batch prompt;
   for (std::size_t i = 0; i < 20; ++i) prompt.add(ids[i], static_cast<std::int32_t>(i), 0, true);
-  auto logits = [&](const Model& model) {
-    KvCache cache = model.make_cache(64);
-    std::vector<float> out;
-    model.forward(prompt, cache, pool, out);
-    return out;
-  };
-  const std::vector<float> repacked = logits(m.model);
+  const std::vector<float> repacked = prompt_logits(m.model, prompt, pool);
   ASSERT_EQ(repacked.size(), 20u * m.model.config().n_vocab);
-  EXPECT_EQ(repacked, logits(stored));
+  EXPECT_EQ(repacked, prompt_logits(stored, prompt, pool));
   const GenerateResult r = generate(m.model, m.tokenizer, {1}, greedy(50), pool);
   EXPECT_EQ(r.ids, std::vector<std::int32_t>(ids.begin(), ids.begin() + 50));
 }

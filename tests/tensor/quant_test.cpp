@@ -39,15 +39,22 @@ TEST(Dequantize, Q4_0HandBlock) {
   }
 }
 
-TEST(Dequantize, Q4_KHandBlockLowScales) {
-  BlockQ4_K b{};
-  b.d = 0x3c00;     // 1.0
-  b.dmin = 0x3800;  // 0.5
-  // sub-block j: scale j+1, min j (all < 16, so no high bits are needed)
+// A Q4_K or Q5_K block with d 1, dmin 0.5, sub-block j's scale j + 1 and min j (all < 16, so no
+// high bits are needed), and nibbles l % 16 (low) and 15 - l % 16 (high) in each chunk's byte l.
+template <typename Block>
+Block k_hand_block() {
+  Block b{};
+  b.d = 0x3c00;
+  b.dmin = 0x3800;
   const std::uint8_t scales[12] = {1, 2, 3, 4, 0, 1, 2, 3, 5 | (4 << 4), 6 | (5 << 4), 7 | (6 << 4), 8 | (7 << 4)};
   std::memcpy(b.scales, scales, 12);
   for (int c = 0; c < 4; ++c)
     for (int l = 0; l < 32; ++l) b.qs[32 * c + l] = static_cast<std::uint8_t>((l % 16) | ((15 - l % 16) << 4));
+  return b;
+}
+
+TEST(Dequantize, Q4_KHandBlockLowScales) {
+  const BlockQ4_K b = k_hand_block<BlockQ4_K>();
   const auto y = dequant(DType::Q4_K, &b, 256);
   for (int e = 0; e < 256; ++e) {
     const int c = e / 64, w = e % 64;
@@ -84,13 +91,7 @@ TEST(Dequantize, Q5_0HandBlock) {
 // Q5_K: Q4_K's scales, mins and nibbles; element 64c + l's fifth bit is bit 2c of qh[l], element
 // 64c + 32 + l's bit 2c + 1.
 TEST(Dequantize, Q5_KHandBlock) {
-  BlockQ5_K b{};
-  b.d = 0x3c00;     // 1.0
-  b.dmin = 0x3800;  // 0.5
-  const std::uint8_t scales[12] = {1, 2, 3, 4, 0, 1, 2, 3, 5 | (4 << 4), 6 | (5 << 4), 7 | (6 << 4), 8 | (7 << 4)};
-  std::memcpy(b.scales, scales, 12);
-  for (int c = 0; c < 4; ++c)
-    for (int l = 0; l < 32; ++l) b.qs[32 * c + l] = static_cast<std::uint8_t>((l % 16) | ((15 - l % 16) << 4));
+  BlockQ5_K b = k_hand_block<BlockQ5_K>();
   for (int l = 0; l < 32; ++l) b.qh[l] = static_cast<std::uint8_t>(l * 37 + 11);
   const auto y = dequant(DType::Q5_K, &b, 256);
   for (int e = 0; e < 256; ++e) {
