@@ -126,8 +126,9 @@ int bench_model(const BenchModelOptions& o) {
   ThreadPool pool(threads);
   const ModelConfig& c = model.full_config();
 
-  // Bytes a decode step reads: every matrix once (the embedding table only one row, ignored); of a
-  // mixture of experts' stacked tensors only the expert_used_count experts a token is routed to.
+  // Bytes a decode step reads: every matrix once, in the type the kernels read it in (the embedding
+  // table only one row, ignored); of a mixture of experts' stacked tensors only the
+  // expert_used_count experts a token is routed to.
   std::uint64_t weight_bytes = 0, params = 0, active_params = 0;
   // What a prompt's tokens multiply by: every layer matrix (of a mixture of experts the routed
   // experts' share) for each token; the output matrix only for the last, the one whose logits are
@@ -142,7 +143,8 @@ int bench_model(const BenchModelOptions& o) {
     if (t.name == "output.weight" || (t.name == "token_embd.weight" && !file->find_tensor("output.weight"))) output_params = t.n_elements;
     if (t.name == "token_embd.weight" && file->find_tensor("output.weight")) continue;
     active_params += active(t.n_elements);
-    weight_bytes += active(t.n_bytes);
+    const DType run_as = kernel_type_of(t.type);
+    weight_bytes += active(run_as == t.type ? t.n_bytes : row_bytes(run_as, t.n_elements));
     bytes_by_type[std::string(dtype_name(t.type))] += t.n_bytes;
   }
   const std::string type = std::max_element(bytes_by_type.begin(), bytes_by_type.end(), [](auto& a, auto& b) {

@@ -264,6 +264,8 @@ std::vector<kernels::WeightMatrix*> Model::layer_and_output_matrices() {
   return matrices;
 }
 
+DType kernel_type_of(DType stored) { return stored == DType::Q5_0 ? DType::Q8_0 : stored; }
+
 // Q5_0 matrices become Q8_0 ones, exactly (the same scales, each level a byte): the int8 kernels,
 // repacked or on the GPU, read those, and no kernel reads Q5_0's split fifth bits. A token streams
 // half as many bytes again (34 against 22 a block), and still decodes ~23x faster than through the
@@ -276,7 +278,7 @@ void Model::convert_matrices(std::optional<DType> floats_to) {
   }
   const auto target = [&](const kernels::WeightMatrix& m) -> std::optional<DType> {
     if (m.layout != kernels::Layout::Plain) return std::nullopt;
-    if (m.type == DType::Q5_0) return DType::Q8_0;
+    if (kernel_type_of(m.type) != m.type) return kernel_type_of(m.type);
     const bool is_float = m.type == DType::F32 || m.type == DType::F16 || m.type == DType::BF16;
     if (is_float && floats_to && m.cols % dtype_info(*floats_to).block_size == 0) return floats_to;
     return std::nullopt;

@@ -45,6 +45,10 @@ struct LayerWeights {
   bool local = false;  // sliding-window attention (see ModelConfig::layer_is_local)
 };
 
+// The type the model's kernels read a matrix stored as `stored` in: Q5_0's exact Q8_0 (see
+// Model::convert_matrices), else the stored type. What a decode step streams, and so its floor.
+DType kernel_type_of(DType stored);
+
 struct ModelLoadOptions {
   // Converts the float matrices (F32, F16, BF16; the token embedding table and norms stay) to this
   // type as they load, into memory of the model's own. For a draft model, whose numbers only steer

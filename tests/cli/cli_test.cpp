@@ -122,6 +122,25 @@ TEST(Cli, BenchModelGeneratesManyStreamsAtOnce) {
   EXPECT_NE(promptly("bench model -m " + stories() + " -s 0").status, 0);
 }
 
+// The decode floor counts the bytes the kernels stream: a Q5_0 matrix's as the Q8_0 it runs as
+// (34 bytes a block, not the file's 22).
+TEST(Cli, BenchModelFloorCountsWhatTheKernelsRead) {
+  test::TempDir dir;
+  const std::string q5 = dir.file("q5_0.gguf");
+  ASSERT_EQ(promptly("quantize " + stories() + " " + q5 + " Q5_0 -t 1").status, 0);
+  const Result r = promptly("bench model -m " + q5 + " -p 0 -n 2 -r 1 -t 1 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto file = gguf::File::open(q5);
+  std::uint64_t want = 0, q5_blocks = 0;
+  for (const auto& t : file->tensors()) {
+    if (t.name == "token_embd.weight" && file->find_tensor("output.weight")) continue;
+    want += t.type == DType::Q5_0 ? t.n_elements / 32 * 34 : t.n_bytes;
+    q5_blocks += t.type == DType::Q5_0 ? t.n_elements / 32 : 0;
+  }
+  ASSERT_GT(q5_blocks, 0u);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["weight_bytes_per_token"].get<std::uint64_t>(), want);
+}
+
 // The draws a server's requests make most, by name: each is its own path through the sampler.
 TEST(Cli, BenchModelSamplesAsNamedRequestsDo) {
   for (const std::string name : {"api", "top-p"}) {
