@@ -96,18 +96,22 @@ void quantize_q4_0(const float* x, BlockQ4_0* b, std::size_t nb) {
   }
 }
 
+// A Q5_0 block's 32 levels, -16..15: the low 4 bits from qs, the fifth from qh.
+void q5_0_levels(const BlockQ5_0& b, std::int8_t* levels) {
+  std::uint32_t qh;
+  std::memcpy(&qh, b.qh, sizeof qh);
+  for (int j = 0; j < kQK5_0 / 2; ++j) {
+    levels[j] = static_cast<std::int8_t>(((b.qs[j] & 0x0f) | (((qh >> j) & 1) << 4)) - 16);
+    levels[j + kQK5_0 / 2] = static_cast<std::int8_t>(((b.qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+  }
+}
+
 void dequantize_q5_0(const BlockQ5_0* b, float* y, std::size_t nb) {
   for (std::size_t i = 0; i < nb; ++i) {
     const float d = fp16_to_fp32(b[i].d);
-    std::uint32_t qh;
-    std::memcpy(&qh, b[i].qh, sizeof qh);
-    float* out = y + i * kQK5_0;
-    for (int j = 0; j < kQK5_0 / 2; ++j) {
-      const int lo = (b[i].qs[j] & 0x0f) | static_cast<int>(((qh >> j) & 1) << 4);
-      const int hi = (b[i].qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
-      out[j] = d * static_cast<float>(lo - 16);
-      out[j + kQK5_0 / 2] = d * static_cast<float>(hi - 16);
-    }
+    std::int8_t levels[kQK5_0];
+    q5_0_levels(b[i], levels);
+    for (int j = 0; j < kQK5_0; ++j) y[i * kQK5_0 + j] = d * static_cast<float>(levels[j]);
   }
 }
 
@@ -376,13 +380,8 @@ void q5_0_to_q8_0(const void* src, void* dst, std::size_t n) {
   const auto* in = static_cast<const BlockQ5_0*>(src);
   auto* out = static_cast<BlockQ8_0*>(dst);
   for (std::size_t i = 0; i < n / kQK5_0; ++i) {
-    std::uint32_t qh;
-    std::memcpy(&qh, in[i].qh, sizeof qh);
     out[i].d = in[i].d;
-    for (int j = 0; j < kQK5_0 / 2; ++j) {
-      out[i].qs[j] = static_cast<std::int8_t>(((in[i].qs[j] & 0x0f) | (((qh >> j) & 1) << 4)) - 16);
-      out[i].qs[j + kQK5_0 / 2] = static_cast<std::int8_t>(((in[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
-    }
+    q5_0_levels(in[i], out[i].qs);
   }
 }
 
