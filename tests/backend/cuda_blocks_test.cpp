@@ -46,7 +46,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, BlocksTest,
                          ::testing::Values(Case{DType::F32, WeightFormat::F32}, Case{DType::F16, WeightFormat::F16},
                                            Case{DType::BF16, WeightFormat::BF16}, Case{DType::Q8_0, WeightFormat::Q8_0},
                                            Case{DType::Q4_0, WeightFormat::Q4_0}, Case{DType::Q4_K, WeightFormat::Q4_K},
-                                           Case{DType::Q6_K, WeightFormat::Q6_K}),
+                                           Case{DType::Q5_K, WeightFormat::Q5_K}, Case{DType::Q6_K, WeightFormat::Q6_K}),
                          [](const auto& info) { return std::string(dtype_name(info.param.dtype)); });
 
 TEST(Blocks, HalfConversionCoversSubnormalsInfinitiesAndSigns) {

@@ -141,12 +141,12 @@ INSTANTIATE_TEST_SUITE_P(Formats, GemvTest,
                          ::testing::Values(FormatCase{DType::F32, WeightFormat::F32, 96}, FormatCase{DType::F16, WeightFormat::F16, 288},
                                            FormatCase{DType::BF16, WeightFormat::BF16, 96}, FormatCase{DType::Q8_0, WeightFormat::Q8_0, 352},
                                            FormatCase{DType::Q4_0, WeightFormat::Q4_0, 160}, FormatCase{DType::Q4_K, WeightFormat::Q4_K, 768},
-                                           FormatCase{DType::Q6_K, WeightFormat::Q6_K, 512},
+                                           FormatCase{DType::Q5_K, WeightFormat::Q5_K, 512}, FormatCase{DType::Q6_K, WeightFormat::Q6_K, 512},
                                            // float rows that are not whole 32-element chunks (stories260K's FFN is 172 wide)
                                            FormatCase{DType::F32, WeightFormat::F32, 172}, FormatCase{DType::F16, WeightFormat::F16, 37}),
                          [](const auto& info) { return std::string(dtype_name(info.param.dtype)) + "_" + std::to_string(info.param.cols); });
 
-// The integer GEMV (decode's Q4_K, Q6_K, Q8_0 and Q4_0 products, and batches past decode's in
+// The integer GEMV (decode's Q4_K, Q5_K, Q6_K, Q8_0 and Q4_0 products, and batches past decode's in
 // rounds): exact against the product with x quantized the same way on the host (blocks of 32,
 // scale max|x| / 127, round to nearest even), and within int8's rounding of the float product.
 TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
@@ -161,7 +161,8 @@ TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
     WeightFormat format;
     std::vector<int> widths;
   };
-  for (const Case& c : {Case{DType::Q4_K, WeightFormat::Q4_K, {256, 768, 2304}}, Case{DType::Q6_K, WeightFormat::Q6_K, {256, 768, 2304}},
+  for (const Case& c : {Case{DType::Q4_K, WeightFormat::Q4_K, {256, 768, 2304}}, Case{DType::Q5_K, WeightFormat::Q5_K, {256, 768, 2304}},
+                        Case{DType::Q6_K, WeightFormat::Q6_K, {256, 768, 2304}},
                         Case{DType::Q8_0, WeightFormat::Q8_0, {96, 352, 2304}}, Case{DType::Q4_0, WeightFormat::Q4_0, {96, 352, 2304}}}) {
   const DType dtype = c.dtype;
   const WeightFormat format = c.format;
@@ -999,18 +1000,21 @@ TEST(CudaModel, CodeModelsDecodeAsOnTheCpu) {
   expect_same_greedy(path_from("PROMPTLY_SOURCE_DIR", PROMPTLY_SOURCE_DIR) + "/models/promptly-code-23m-q8_0.gguf", 33);
 }
 
-// Q4_K_M (Q4_K, and Q6_K for the tied output and some layers' attn_v and ffn_down): decode's
-// products go through the integer GEMV.
-TEST(CudaModel, Q4KMModelDecodesAsOnTheCpu) {
+// Q4_K_M and Q5_K_M (Q4_K or Q5_K, and Q6_K for the tied output and some layers' attn_v and
+// ffn_down): decode's products go through the integer GEMV. (The CPU runs Q5_K repacked, the GPU
+// as the file stores it.)
+TEST(CudaModel, KQuantMixesDecodeAsOnTheCpu) {
   REQUIRE_GPU();
   const std::string f16 = shared_model("code/code-target-f16.gguf");
   if (!std::filesystem::exists(f16)) GTEST_SKIP() << f16 << " is missing";
-  const std::string q4km = (std::filesystem::temp_directory_path() / ("promptly-cuda-q4km-" + std::to_string(::getpid()) + ".gguf")).string();
+  test::TempDir tmp;
   ThreadPool pool(2);
-  quantize_model(f16, q4km, "Q4_K_M", pool);
-  expect_same_greedy(q4km, 5);
-  expect_same_greedy(q4km, 20);
-  std::filesystem::remove(q4km);
+  for (const char* mix : {"Q4_K_M", "Q5_K_M"}) {
+    const std::string path = tmp.file(std::string(mix) + ".gguf");
+    quantize_model(f16, path, mix, pool);
+    expect_same_greedy(path, 5);
+    expect_same_greedy(path, 20);
+  }
 }
 
 // A synthetic model of the preset's shape (random weights) in `type`, in `tmp`; its path.

@@ -17,7 +17,7 @@ namespace promptly::backend::cuda {
 
 // The formats the device kernels decode (a subset of DType, numbered apart so that this header
 // needs nothing from the host-only code).
-enum class WeightFormat : int { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K };
+enum class WeightFormat : int { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K };
 
 PROMPTLY_HD std::uint16_t load_u16(const std::uint8_t* p) { return static_cast<std::uint16_t>(p[0] | (p[1] << 8)); }
 
@@ -68,6 +68,7 @@ PROMPTLY_HD FormatSize format_size(WeightFormat f) {
     case WeightFormat::Q8_0: return {32, 34};
     case WeightFormat::Q4_0: return {32, 18};
     case WeightFormat::Q4_K: return {256, 144};
+    case WeightFormat::Q5_K: return {256, 176};
     case WeightFormat::Q6_K: return {256, 210};
   }
   return {32, 0};
@@ -114,16 +115,23 @@ PROMPTLY_HD void decode_chunk(const std::uint8_t* row, int chunk, float* out) {
       out[l] = d * static_cast<float>((b[2 + l] & 0xf) - 8);
       out[l + 16] = d * static_cast<float>((b[2 + l] >> 4) - 8);
     }
-  } else if constexpr (F == WeightFormat::Q4_K) {
-    const std::uint8_t* b = row + (chunk / 8) * 144;
+  } else if constexpr (F == WeightFormat::Q4_K || F == WeightFormat::Q5_K) {
+    // Q5_K is Q4_K's super-block with 32 bytes of fifth bits between the scales and the nibbles:
+    // bit j of byte l is element l of sub-block j's.
+    constexpr bool kFifthBit = F == WeightFormat::Q5_K;
+    const std::uint8_t* b = row + (chunk / 8) * (kFifthBit ? 176 : 144);
     const int j = chunk % 8;
     const float d = half_to_float(load_u16(b)), dmin = half_to_float(load_u16(b + 2));
     int sc, m;
     q4k_scale_min(j, b + 4, sc, m);
     const float scale = d * static_cast<float>(sc), min = dmin * static_cast<float>(m);
-    const std::uint8_t* q = b + 16 + 32 * (j / 2);
+    const std::uint8_t* q = b + (kFifthBit ? 48 : 16) + 32 * (j / 2);
+    const std::uint8_t* fifth = b + 16;
     const int shift = (j % 2) * 4;
-    for (int l = 0; l < 32; ++l) out[l] = scale * static_cast<float>((q[l] >> shift) & 0xf) - min;
+    for (int l = 0; l < 32; ++l) {
+      const int level = ((q[l] >> shift) & 0xf) | (kFifthBit ? ((fifth[l] >> j) & 1) << 4 : 0);
+      out[l] = scale * static_cast<float>(level) - min;
+    }
   } else if constexpr (F == WeightFormat::Q6_K) {
     const std::uint8_t* b = row + (chunk / 8) * 210;
     const int j = chunk % 8, half = j / 4, g = j % 4;
@@ -148,6 +156,7 @@ PROMPTLY_HD void decode_chunk(WeightFormat f, const std::uint8_t* row, int chunk
     case WeightFormat::Q8_0: decode_chunk<WeightFormat::Q8_0>(row, chunk, out); break;
     case WeightFormat::Q4_0: decode_chunk<WeightFormat::Q4_0>(row, chunk, out); break;
     case WeightFormat::Q4_K: decode_chunk<WeightFormat::Q4_K>(row, chunk, out); break;
+    case WeightFormat::Q5_K: decode_chunk<WeightFormat::Q5_K>(row, chunk, out); break;
     case WeightFormat::Q6_K: decode_chunk<WeightFormat::Q6_K>(row, chunk, out); break;
   }
 }

@@ -50,6 +50,7 @@ WeightFormat format_of(DType type, const std::string& what) {
     case DType::Q8_0: return WeightFormat::Q8_0;
     case DType::Q4_0: return WeightFormat::Q4_0;
     case DType::Q4_K: return WeightFormat::Q4_K;
+    case DType::Q5_K: return WeightFormat::Q5_K;
     case DType::Q6_K: return WeightFormat::Q6_K;
     default: break;
   }

@@ -319,6 +319,44 @@ __device__ __forceinline__ void q4k_row_q8(const std::uint8_t* wr, bool active, 
   }
 }
 
+// The same for a Q5_K row (Q4_K's superblock with 32 bytes of fifth bits between the scales and
+// the nibbles), mapped as Q6_K's: lane = (superblock lane / 8 of every 4, sub-block j = lane % 8).
+// A sub-block's 32 levels (nibble | fifth bit << 4, 0..31) are rebuilt once, in 8 registers; two
+// lanes read the same nibble bytes (low and high), all eight the same fifth bits (bit j of each).
+// (Q4_K's mapping, a lane a pair of sub-blocks, held 16 words of levels: ptxas -v gave the decode
+// launches, which take every format, 16-24 more registers and spills.)
+__device__ __forceinline__ void q5k_row_q8(const std::uint8_t* wr, bool active, int cols, const std::int8_t* xq, const float2* xds, int T,
+                                           float (&acc)[kGemvMaxTokens]) {
+  const int lane = threadIdx.x % kWarp;
+  const int n_super = cols / 256, x_blocks = cols / 32, j = lane % 8, shift = (j % 2) * 4;
+  for (int sb = lane / 8; active && sb < n_super; sb += kWarp / 8) {
+    const std::uint8_t* block = wr + static_cast<std::size_t>(sb) * 176;  // 176 = 11 x 16: aligned
+    const uint4 head = *reinterpret_cast<const uint4*>(block);
+    const uint4 fa = *reinterpret_cast<const uint4*>(block + 16), fb = *reinterpret_cast<const uint4*>(block + 32);
+    const uint4 na = *reinterpret_cast<const uint4*>(block + 48 + 32 * (j / 2)), nb = *reinterpret_cast<const uint4*>(block + 64 + 32 * (j / 2));
+    const float d = half_to_float(static_cast<std::uint16_t>(head.x & 0xffffu)), dmin = half_to_float(static_cast<std::uint16_t>(head.x >> 16));
+    int sc, m;
+    q4k_scale_min_of(j, Q4kHeadScaleBytes{head}, sc, m);
+    const unsigned nibbles[8] = {na.x, na.y, na.z, na.w, nb.x, nb.y, nb.z, nb.w}, fifth[8] = {fa.x, fa.y, fa.z, fa.w, fb.x, fb.y, fb.z, fb.w};
+    int v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = static_cast<int>(((nibbles[i] >> shift) & 0x0f0f0f0fu) | (((fifth[i] >> j) & 0x01010101u) << 4));
+#pragma unroll
+    for (int t = 0; t < kGemvMaxTokens; ++t) {
+      if (t < T) {
+        const int4* xt = reinterpret_cast<const int4*>(xq + static_cast<std::size_t>(t) * cols + sb * 256 + j * 32);
+        const int4 x0 = __ldg(xt), x1 = __ldg(xt + 1);
+        const int xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int dot = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot = __dp4a(v[i], xw[i], dot);
+        const float2 ds = xds[static_cast<std::size_t>(t) * x_blocks + sb * 8 + j];
+        acc[t] += d * static_cast<float>(sc) * ds.x * static_cast<float>(dot) - dmin * static_cast<float>(m) * ds.y;
+      }
+    }
+  }
+}
+
 // Four bytes at an address only 2-aligned (Q6_K's 210-byte blocks), as two 16-bit loads.
 __device__ __forceinline__ unsigned load_u32_2aligned(const std::uint8_t* p) {
   const std::uint16_t* h = reinterpret_cast<const std::uint16_t*>(p);
@@ -467,6 +505,7 @@ __device__ __forceinline__ GemvBlock gemv_q8_block(const GemvParts& parts, const
     float acc[kGemvMaxTokens] = {};
     switch (part.format) {  // the same for the whole warp: no divergence
       case WeightFormat::Q4_K: q4k_row_q8(wr, active, cols, xq_at, xds_at, n, acc); break;
+      case WeightFormat::Q5_K: q5k_row_q8(wr, active, cols, xq_at, xds_at, n, acc); break;
       case WeightFormat::Q6_K: q6k_row_q8(wr, active, cols, xq_at, xds_at, n, acc); break;
       case WeightFormat::Q8_0: q8_0_or_q4_0_row_q8<WeightFormat::Q8_0>(wr, active, cols, xq_at, xds_at, n, acc); break;
       default: q8_0_or_q4_0_row_q8<WeightFormat::Q4_0>(wr, active, cols, xq_at, xds_at, n, acc); break;
@@ -487,9 +526,11 @@ __device__ __forceinline__ GemvBlock gemv_q8_block(const GemvParts& parts, const
 }
 
 // kNormTail: the launch ends with parts.norm's work (a template parameter, so that the other
-// launches keep their registers).
+// launches keep their registers). Eight blocks an SM: ptxas -v (sm_90) gives both instances 64
+// registers with no spills; unbounded, Q5_K's branch took the plain one from 64 to 72 (seven
+// blocks), and the norm tail's was at 72.
 template <bool kNormTail>
-__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_parts_kernel(GemvParts parts, const std::int8_t* xq, const float2* xds, int T) {
+__global__ void __launch_bounds__(kGemvWarps * kWarp, 8) gemv_q8_parts_kernel(GemvParts parts, const std::int8_t* xq, const float2* xds, int T) {
   dependent_launch_prologue();
   const GemvBlock which = gemv_q8_block(parts, xq, xds, T);
   if (parts.gated.arrivals) {
@@ -592,6 +633,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_experts_kernel(Expert
     const float2* ds = xds + x_row * (g.cols / 32);
     switch (m.format) {
       case WeightFormat::Q4_K: q4k_row_q8(wr, active, g.cols, q, ds, 1, acc); break;
+      case WeightFormat::Q5_K: q5k_row_q8(wr, active, g.cols, q, ds, 1, acc); break;
       case WeightFormat::Q6_K: q6k_row_q8(wr, active, g.cols, q, ds, 1, acc); break;
       case WeightFormat::Q8_0: q8_0_or_q4_0_row_q8<WeightFormat::Q8_0>(wr, active, g.cols, q, ds, 1, acc); break;
       default: q8_0_or_q4_0_row_q8<WeightFormat::Q4_0>(wr, active, g.cols, q, ds, 1, acc); break;
@@ -1378,6 +1420,7 @@ void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const 
     case WeightFormat::Q8_0: launch(gemv_kernel<WeightFormat::Q8_0>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
     case WeightFormat::Q4_0: launch(gemv_kernel<WeightFormat::Q4_0>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
     case WeightFormat::Q4_K: launch(gemv_kernel<WeightFormat::Q4_K>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
+    case WeightFormat::Q5_K: launch(gemv_kernel<WeightFormat::Q5_K>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
     case WeightFormat::Q6_K: launch(gemv_kernel<WeightFormat::Q6_K>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
   }
 }
@@ -1390,6 +1433,7 @@ void quantize_q8(const float* x, int T, int cols, std::int8_t* q, float2* scale_
 bool gemv_q8_takes(WeightFormat format, int cols) {
   switch (format) {
     case WeightFormat::Q4_K:
+    case WeightFormat::Q5_K:
     case WeightFormat::Q6_K: return cols % 256 == 0;
     case WeightFormat::Q8_0:
     case WeightFormat::Q4_0: return cols % 32 == 0;
