@@ -319,6 +319,16 @@ __device__ __forceinline__ void q4k_row_q8(const std::uint8_t* wr, bool active, 
   }
 }
 
+// Token t's 32 int8 of x from element `at` (a multiple of 32) of its row of `cols`, as 8 words.
+struct XChunk {
+  int w[8];
+};
+__device__ __forceinline__ XChunk x_chunk(const std::int8_t* xq, int t, int cols, int at) {
+  const int4* xt = reinterpret_cast<const int4*>(xq + static_cast<std::size_t>(t) * cols + at);
+  const int4 x0 = __ldg(xt), x1 = __ldg(xt + 1);
+  return {{x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w}};
+}
+
 // The same for a Q5_K row (Q4_K's superblock with 32 bytes of fifth bits between the scales and
 // the nibbles), mapped as Q6_K's: lane = (superblock lane / 8 of every 4, sub-block j = lane % 8).
 // A sub-block's 32 levels (nibble | fifth bit << 4, 0..31) are rebuilt once, in 8 registers; two
@@ -344,12 +354,10 @@ __device__ __forceinline__ void q5k_row_q8(const std::uint8_t* wr, bool active, 
 #pragma unroll
     for (int t = 0; t < kGemvMaxTokens; ++t) {
       if (t < T) {
-        const int4* xt = reinterpret_cast<const int4*>(xq + static_cast<std::size_t>(t) * cols + sb * 256 + j * 32);
-        const int4 x0 = __ldg(xt), x1 = __ldg(xt + 1);
-        const int xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const XChunk x = x_chunk(xq, t, cols, sb * 256 + j * 32);
         int dot = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) dot = __dp4a(v[i], xw[i], dot);
+        for (int i = 0; i < 8; ++i) dot = __dp4a(v[i], x.w[i], dot);
         const float2 ds = xds[static_cast<std::size_t>(t) * x_blocks + sb * 8 + j];
         acc[t] += d * static_cast<float>(sc) * ds.x * static_cast<float>(dot) - dmin * static_cast<float>(m) * ds.y;
       }
@@ -388,16 +396,14 @@ __device__ __forceinline__ void q6k_row_q8(const std::uint8_t* wr, bool active, 
 #pragma unroll
     for (int t = 0; t < kGemvMaxTokens; ++t) {
       if (t < T) {
-        const int4* xt = reinterpret_cast<const int4*>(xq + static_cast<std::size_t>(t) * cols + sb * 256 + j * 32);
-        const int4 x0 = __ldg(xt), x1 = __ldg(xt + 1);
-        const int xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const XChunk x = x_chunk(xq, t, cols, sb * 256 + j * 32);
         int dot0 = 0, dot1 = 0, sum0 = 0, sum1 = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          dot0 = __dp4a(v[i], xw[i], dot0);
-          sum0 = __dp4a(0x01010101, xw[i], sum0);
-          dot1 = __dp4a(v[i + 4], xw[i + 4], dot1);
-          sum1 = __dp4a(0x01010101, xw[i + 4], sum1);
+          dot0 = __dp4a(v[i], x.w[i], dot0);
+          sum0 = __dp4a(0x01010101, x.w[i], sum0);
+          dot1 = __dp4a(v[i + 4], x.w[i + 4], dot1);
+          sum1 = __dp4a(0x01010101, x.w[i + 4], sum1);
         }
         const float dx = xds[static_cast<std::size_t>(t) * x_blocks + sb * 8 + j].x;
         acc[t] += d * dx * static_cast<float>(sc0 * (dot0 - 32 * sum0) + sc1 * (dot1 - 32 * sum1));
@@ -432,14 +438,12 @@ __device__ __forceinline__ void q8_0_or_q4_0_row_q8(const std::uint8_t* wr, bool
 #pragma unroll
     for (int t = 0; t < kGemvMaxTokens; ++t) {
       if (t < T) {
-        const int4* xt = reinterpret_cast<const int4*>(xq + static_cast<std::size_t>(t) * cols + blk * 32);
-        const int4 x0 = __ldg(xt), x1 = __ldg(xt + 1);
-        const int xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const XChunk x = x_chunk(xq, t, cols, blk * 32);
         int dot = 0, sum = 0;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          dot = __dp4a(v[i], xw[i], dot);
-          if constexpr (F == WeightFormat::Q4_0) sum = __dp4a(0x01010101, xw[i], sum);
+          dot = __dp4a(v[i], x.w[i], dot);
+          if constexpr (F == WeightFormat::Q4_0) sum = __dp4a(0x01010101, x.w[i], sum);
         }
         if constexpr (F == WeightFormat::Q4_0) dot -= 8 * sum;
         acc[t] += d * xds[static_cast<std::size_t>(t) * n_blocks + blk].x * static_cast<float>(dot);
