@@ -17,6 +17,42 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+bool every_layer(int, int) { return true; }
+bool first_two_layers(int layer, int) { return layer < 2; }
+bool first_sixteenth(int layer, int n_layers) { return layer < n_layers / 16; }
+
+// llama.cpp's _M mixes (dense models; its Falcon, 70B and MoE special cases are left out): a matrix
+// of the mix over `base` whose name ends with `suffix` gets `type` in the layers `in` picks; the
+// first rule that matches wins, and a matrix no rule matches keeps the base type.
+struct MixRule {
+  DType base;
+  const char* suffix;
+  bool (*in)(int layer, int n_layers);
+  DType type;
+};
+constexpr MixRule kMixRules[] = {
+    {DType::Q3_K, "attn_v.weight", first_two_layers, DType::Q5_K},
+    {DType::Q3_K, "attn_v.weight", every_layer, DType::Q4_K},
+    {DType::Q3_K, "attn_output.weight", every_layer, DType::Q4_K},
+    {DType::Q3_K, "ffn_down.weight", first_sixteenth, DType::Q5_K},
+    {DType::Q3_K, "ffn_down.weight", every_layer, DType::Q4_K},
+    {DType::Q3_K, "ffn_down_exps.weight", first_sixteenth, DType::Q5_K},
+    {DType::Q3_K, "ffn_down_exps.weight", every_layer, DType::Q4_K},
+    {DType::Q4_K, "attn_v.weight", use_more_bits, DType::Q6_K},
+    {DType::Q4_K, "ffn_down.weight", use_more_bits, DType::Q6_K},
+    {DType::Q4_K, "ffn_down_exps.weight", use_more_bits, DType::Q6_K},
+    {DType::Q5_K, "attn_v.weight", use_more_bits, DType::Q6_K},
+    {DType::Q5_K, "ffn_down.weight", use_more_bits, DType::Q6_K},
+    {DType::Q5_K, "ffn_down_exps.weight", use_more_bits, DType::Q6_K},
+};
+
+bool has_m_mix(DType base) {
+  for (const MixRule& rule : kMixRules) {
+    if (rule.base == base) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int layer_of(const std::string& name) {
@@ -29,22 +65,25 @@ DType quantized_matrix_type(DType base, bool m_mix, const std::string& name, std
   const bool quantized = base != DType::F32 && base != DType::F16 && base != DType::BF16;
   const bool is_output = name == "output.weight" || (!has_output && name == "token_embd.weight");
   if (quantized && is_output && base != DType::Q8_0) type = DType::Q6_K;
-  if (m_mix && (ends_with(name, "attn_v.weight") || ends_with(name, "ffn_down.weight") || ends_with(name, "ffn_down_exps.weight")) &&
-      use_more_bits(layer_of(name), n_layers)) {
-    type = DType::Q6_K;
+  for (const MixRule& rule : kMixRules) {
+    if (m_mix && rule.base == base && ends_with(name, rule.suffix) && rule.in(layer_of(name), n_layers)) {
+      type = rule.type;
+      break;
+    }
   }
   if (cols % dtype_info(type).block_size != 0) type = cols % kQK8_0 == 0 ? DType::Q8_0 : DType::F16;
   return type;
 }
 
 std::optional<QuantTarget> parse_quant_target(std::string_view name) {
-  const bool m_mix = name == "Q4_K_M" || name == "Q5_K_M";
-  const auto base = dtype_from_name(m_mix ? name.substr(0, 4) : name);
-  if (!base || !can_quantize_to(*base)) return std::nullopt;
+  const bool m_mix = name.ends_with("_K_M");
+  const auto base = dtype_from_name(m_mix ? name.substr(0, name.size() - 2) : name);
+  if (!base || !can_quantize_to(*base) || (m_mix && !has_m_mix(*base))) return std::nullopt;
   return QuantTarget{*base, m_mix};
 }
 
 std::uint32_t file_type_for(DType dominant, bool m_mix) {
+  if (m_mix && dominant == DType::Q3_K) return 12;
   if (m_mix && dominant == DType::Q4_K) return 15;
   if (m_mix && dominant == DType::Q5_K) return 17;
   switch (dominant) {
@@ -53,6 +92,7 @@ std::uint32_t file_type_for(DType dominant, bool m_mix) {
     case DType::Q4_0: return 2;
     case DType::Q8_0: return 7;
     case DType::Q5_0: return 8;
+    case DType::Q3_K: return 11;  // Q3_K_S: (nearly) every matrix Q3_K
     case DType::Q4_K: return 14;  // Q4_K_S: every matrix Q4_K
     case DType::Q5_K: return 16;  // Q5_K_S
     case DType::Q6_K: return 18;

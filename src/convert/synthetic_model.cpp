@@ -302,7 +302,9 @@ SyntheticVocab synthetic_bpe_vocab(std::uint32_t n_vocab, const std::vector<std:
 void write_synthetic_model(const SyntheticModelSpec& s, DType dtype, std::uint64_t seed, const std::string& path,
                            ThreadPool& pool, const std::string& chat_template, bool m_mix) {
   if (!can_quantize_to(dtype)) throw Error("gen-model cannot write " + std::string(dtype_name(dtype)));
-  if (m_mix && dtype != DType::Q4_K && dtype != DType::Q5_K) throw Error("internal: the _M mixes are over Q4_K or Q5_K");
+  if (m_mix && dtype != DType::Q3_K && dtype != DType::Q4_K && dtype != DType::Q5_K) {
+    throw Error("internal: the _M mixes are over Q3_K, Q4_K or Q5_K");
+  }
   const arch::Arch* desc = arch::find(s.arch);
   if (!desc) throw Error("gen-model: unsupported architecture '" + s.arch + "'; supported: " + arch::supported_list());
   const bool moe = s.n_expert > 0;

@@ -55,8 +55,8 @@ SyntheticVocab synthetic_vocab(std::uint32_t n_vocab, const std::vector<std::str
 // leading space ("Ġ"), then `special_tokens` as control tokens, then unused padding up to n_vocab.
 SyntheticVocab synthetic_bpe_vocab(std::uint32_t n_vocab, const std::vector<std::string>& special_tokens);
 
-// Writes the model to `path`. Matrices use `dtype`, or with m_mix (dtype Q4_K or Q5_K) llama.cpp's
-// Q4_K_M / Q5_K_M mix as `quantize` writes it (convert/file_type.h); norms and biases stay F32. `chat_template`, when
+// Writes the model to `path`. Matrices use `dtype`, or with m_mix (dtype Q3_K, Q4_K or Q5_K) llama.cpp's
+// Q3_K_M / Q4_K_M / Q5_K_M mix as `quantize` writes it (convert/file_type.h); norms and biases stay F32. `chat_template`, when
 // non-empty, is stored as tokenizer.chat_template (else the preset's own, if it has one).
 void write_synthetic_model(const SyntheticModelSpec& spec, DType dtype, std::uint64_t seed, const std::string& path,
                            ThreadPool& pool, const std::string& chat_template = "", bool m_mix = false);

@@ -337,7 +337,7 @@ void attention(const float* q, const void* const* k_blocks, const void* const* v
   }
 }
 
-// Types without a kernel of their own for this layout (Q5_0, Q5_K, and K-quants whose rows are not
+// Types without a kernel of their own for this layout (K-quants whose rows are not
 // a multiple of 16): a row is dequantized, then dotted with every token. The K-quant reference code is compiled
 // here with this TU's flags, which vectorizes it.
 void gemm_dequant(DType type, const std::uint8_t* w, std::size_t w_stride, std::size_t cols, std::size_t r0, std::size_t r1,

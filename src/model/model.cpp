@@ -264,13 +264,35 @@ std::vector<kernels::WeightMatrix*> Model::layer_and_output_matrices() {
   return matrices;
 }
 
-DType kernel_type_of(DType stored) { return stored == DType::Q5_0 ? DType::Q8_0 : stored; }
+namespace {
 
-// Q5_0 matrices become Q8_0 ones, exactly (the same scales, each level a byte): the int8 kernels,
-// repacked or on the GPU, read those, and no kernel reads Q5_0's split fifth bits. A token streams
-// half as many bytes again (34 against 22 a block), and still decodes ~23x faster than through the
-// dequantizing path (docs/performance.md, 2026-12-07). With floats_to, the float matrices (F32, F16,
-// BF16) are quantized to it.
+// The types no kernel reads, and the type each becomes at load, exactly: Q5_0 as Q8_0 (the same
+// scales, each level a byte), Q3_K as Q6_K (the same d, each sub-block scale an int8 one, levels
+// -4..3 among Q6_K's -32..31). The int8 kernels, repacked or on the GPU, read those. A token streams
+// more bytes (Q5_0: 34 against 22 a block; Q3_K: 210 against 110), and still decodes several times
+// faster than through the dequantizing path (docs/performance.md, 2026-12-07).
+struct LoadConversion {
+  DType from, to;
+  void (*convert)(const void* src, void* dst, std::size_t n);
+};
+constexpr LoadConversion kLoadConversions[] = {{DType::Q5_0, DType::Q8_0, q5_0_to_q8_0}, {DType::Q3_K, DType::Q6_K, q3_k_to_q6_k}};
+
+const LoadConversion* load_conversion_of(DType stored) {
+  for (const LoadConversion& c : kLoadConversions) {
+    if (c.from == stored) return &c;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+DType kernel_type_of(DType stored) {
+  const LoadConversion* c = load_conversion_of(stored);
+  return c ? c->to : stored;
+}
+
+// The matrices of the types kLoadConversions lists become their kernel types. With floats_to, the
+// float matrices (F32, F16, BF16) are quantized to it.
 void Model::convert_matrices(std::optional<DType> floats_to) {
   if (floats_to && (!can_quantize_to(*floats_to) || *floats_to == DType::F32 || *floats_to == DType::F16 || *floats_to == DType::BF16)) {
     throw Error("model '" + file_->path() + "': float matrices convert at load to Q8_0, Q4_0, Q4_K or Q6_K, not " +
@@ -296,8 +318,8 @@ void Model::convert_matrices(std::optional<DType> floats_to) {
     row.resize(m->cols);
     const std::size_t stride = row_bytes(to, m->cols);
     for (std::size_t r = 0; r < m->rows; ++r) {
-      if (m->type == DType::Q5_0) {
-        q5_0_to_q8_0(m->row(r), next + r * stride, m->cols);
+      if (const LoadConversion* exact = load_conversion_of(m->type)) {
+        exact->convert(m->row(r), next + r * stride, m->cols);
       } else {
         dequantize_row(m->type, m->row(r), row.data(), m->cols);
         quantize_row(to, row.data(), next + r * stride, m->cols);

@@ -45,8 +45,8 @@ struct LayerWeights {
   bool local = false;  // sliding-window attention (see ModelConfig::layer_is_local)
 };
 
-// The type the model's kernels read a matrix stored as `stored` in: Q5_0's exact Q8_0 (see
-// Model::convert_matrices), else the stored type. What a decode step streams, and so its floor.
+// The type the model's kernels read a matrix stored as `stored` in: Q5_0's exact Q8_0 or Q3_K's
+// exact Q6_K (see Model::convert_matrices), else the stored type. What a decode step streams, and so its floor.
 DType kernel_type_of(DType stored);
 
 struct ModelLoadOptions {

@@ -64,6 +64,14 @@ static_assert(sizeof(BlockQ5_0) == 22);
 
 constexpr int kQK_K = 256;
 constexpr int kKScaleBytes = 12;
+struct BlockQ3_K {
+  std::uint8_t hmask[kQK_K / 8];       // the levels' third bits: element 32c + l's in bit c of hmask[l]
+  std::uint8_t qs[kQK_K / 4];          // their low 2 bits: element 128h + 32c + l's in bits 2c of qs[32h + l]
+  std::uint8_t scales[kKScaleBytes];   // 16 sub-block scales, 6 bits each (stored + 32; see q3k_scale)
+  std::uint16_t d;                     // fp16 super-block scale
+};
+static_assert(sizeof(BlockQ3_K) == 110);
+
 struct BlockQ4_K {
   std::uint16_t d;                     // fp16 super-block scale for the sub-block scales
   std::uint16_t dmin;                  // fp16 super-block scale for the sub-block mins

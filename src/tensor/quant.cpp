@@ -106,6 +106,37 @@ void q5_0_levels(const BlockQ5_0& b, std::int8_t* levels) {
   }
 }
 
+// Sub-block j's (0..15) signed scale from a Q3_K block's 12 packed bytes: the low 4 bits in the
+// low (j < 8) or high nibble of byte j % 8, the high 2 bits in bits 2 (j / 4) of byte 8 + j % 4;
+// stored with 32 added.
+int q3k_scale(int j, const std::uint8_t* s) {
+  const int low = j < 8 ? s[j] & 0xf : s[j - 8] >> 4;
+  const int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (low | (high << 4)) - 32;
+}
+
+// A Q3_K block's 256 levels, -4..3: element 128h + 32c + m's low 2 bits in bits 2c of qs[32h + m],
+// its third bit (clear: minus 4) in bit 4h + c of hmask[m].
+void q3_k_levels(const BlockQ3_K& b, std::int8_t* levels) {
+  for (int e = 0; e < kQK_K; ++e) {
+    const int h = e / 128, c = e % 128 / 32, m = e % 32;
+    levels[e] = static_cast<std::int8_t>(((b.qs[32 * h + m] >> (2 * c)) & 3) - ((b.hmask[m] >> (4 * h + c)) & 1 ? 0 : 4));
+  }
+}
+
+// Q3_K: 16-element sub-blocks, each with its own scale.
+void dequantize_q3_k(const BlockQ3_K* b, float* y, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i, y += kQK_K) {
+    const float d = fp16_to_fp32(b[i].d);
+    std::int8_t levels[kQK_K];
+    q3_k_levels(b[i], levels);
+    for (int j = 0; j < 16; ++j) {
+      const float dl = d * static_cast<float>(q3k_scale(j, b[i].scales));
+      for (int l = 0; l < 16; ++l) y[16 * j + l] = dl * static_cast<float>(levels[16 * j + l]);
+    }
+  }
+}
+
 void dequantize_q5_0(const BlockQ5_0* b, float* y, std::size_t nb) {
   for (std::size_t i = 0; i < nb; ++i) {
     const float d = fp16_to_fp32(b[i].d);
@@ -266,48 +297,107 @@ void quantize_q5_k(const float* x, BlockQ5_K* b, std::size_t nb) {
   }
 }
 
-void quantize_q6_k(const float* x, BlockQ6_K* b, std::size_t nb) {
+// A Q6_K block's quants from its 256 levels stored + 32 (0..63): element 128n + 32k + l's low 4 bits
+// in ql[64n + l] (k = 0, 2: low and high nibble) or ql[64n + 32 + l] (k = 1, 3), its high 2 bits in
+// bits 2k of qh[32n + l].
+void pack_q6_k_levels(const std::uint8_t* L, BlockQ6_K& b) {
+  std::uint8_t* ql = b.ql;
+  std::uint8_t* qh = b.qh;
+  for (int j = 0; j < kQK_K; j += 128) {
+    for (int l = 0; l < 32; ++l) {
+      const int q1 = L[j + l] & 0xf, q2 = L[j + l + 32] & 0xf, q3 = L[j + l + 64] & 0xf, q4 = L[j + l + 96] & 0xf;
+      ql[l] = static_cast<std::uint8_t>(q1 | (q3 << 4));
+      ql[l + 32] = static_cast<std::uint8_t>(q2 | (q4 << 4));
+      qh[l] = static_cast<std::uint8_t>((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4) |
+                                        ((L[j + l + 96] >> 4) << 6));
+    }
+    ql += 64;
+    qh += 32;
+  }
+}
+
+// A 16-element sub-block's scale for levels -nmax..nmax-1: the scale that maps the largest-magnitude
+// value to -nmax (as Q4_0 does with -8), and 18 scales around it (+-0.9 levels), each refitted by
+// least squares for the levels it rounds to; the one with the least squared error wins (llama.cpp's
+// make_qx_quants search, unweighted). For Q6_K the plain -32 mapping alone left our RMS error 5.6%
+// above llama.cpp's and the mean KL divergence 12% above on the code model.
+float fit_symmetric_scale(const float* xb, int nmax) {
+  float amax = 0, mx = 0;
+  for (int l = 0; l < 16; ++l) {
+    if (std::fabs(xb[l]) > amax) {
+      amax = std::fabs(xb[l]);
+      mx = xb[l];
+    }
+  }
+  float scale = mx / -static_cast<float>(nmax);
+  // Maximising (sum x l)^2 / sum l^2 over the candidates minimises sum (x - s l)^2 with the best
+  // s = sum x l / sum l^2 for each candidate's levels.
+  float best = 0;
+  for (int step = -9; step <= 9 && amax > 0; ++step) {
+    const float iscale = -(static_cast<float>(nmax) + 0.1f * step) / mx;
+    float sum_xl = 0, sum_l2 = 0;
+    for (int l = 0; l < 16; ++l) {
+      const int q = std::clamp(nearest_int(iscale * xb[l]), -nmax, nmax - 1);
+      sum_xl += xb[l] * q;
+      sum_l2 += static_cast<float>(q) * q;
+    }
+    if (sum_l2 > 0 && sum_xl * sum_xl > best * sum_l2) {
+      best = sum_xl * sum_xl / sum_l2;
+      scale = sum_xl / sum_l2;
+    }
+  }
+  return scale;
+}
+
+// The 16 sub-block scales of a super-block (fit_symmetric_scale); returns the one of the largest
+// magnitude, with its sign (0 where every scale is 0).
+float fit_sub_block_scales(const float* x, int nmax, float (&scales)[16]) {
+  float max_scale = 0, max_abs_scale = 0;
+  for (int ib = 0; ib < 16; ++ib) {
+    scales[ib] = fit_symmetric_scale(x + 16 * ib, nmax);
+    if (std::fabs(scales[ib]) > max_abs_scale) {
+      max_abs_scale = std::fabs(scales[ib]);
+      max_scale = scales[ib];
+    }
+  }
+  return max_scale;
+}
+
+// Q3_K: the sub-block scales as 6 bits of the fp16 d (the largest-magnitude one at -32), each
+// element's level -4..3 against its scale as it will be decoded.
+void quantize_q3_k(const float* x, BlockQ3_K* b, std::size_t nb) {
   for (std::size_t i = 0; i < nb; ++i, x += kQK_K) {
-    // Per 16-element sub-block: the scale that maps the largest-magnitude value to -32 (as Q4_0
-    // does with -8), and 18 scales around it (+-0.9 levels), each refitted by least squares for the
-    // levels it rounds to; the one with the least squared error wins (llama.cpp's make_qx_quants
-    // search, unweighted). The plain -32 mapping alone left our Q6_K 5.6% above llama.cpp's RMS
-    // error and 12% above its mean KL divergence on the code model.
     float scales[16];
-    float max_scale = 0, max_abs_scale = 0;
-    for (int ib = 0; ib < 16; ++ib) {
-      const float* xb = x + 16 * ib;
-      float amax = 0, mx = 0;
+    const float max_scale = fit_sub_block_scales(x, 4, scales);
+    std::memset(&b[i], 0, sizeof b[i]);
+    if (max_scale == 0) continue;  // d = 0 decodes every element to 0
+    const float iscale = -32.0f / max_scale;
+    b[i].d = fp32_to_fp16(1.0f / iscale);
+    for (int j = 0; j < 16; ++j) {
+      const int stored = std::clamp(nearest_int(iscale * scales[j]), -32, 31) + 32;
+      b[i].scales[j % 8] |= static_cast<std::uint8_t>((stored & 0xf) << (j < 8 ? 0 : 4));
+      b[i].scales[8 + j % 4] |= static_cast<std::uint8_t>((stored >> 4) << (2 * (j / 4)));
+    }
+    const float d = fp16_to_fp32(b[i].d);
+    for (int j = 0; j < 16; ++j) {
+      const float ds = d * static_cast<float>(q3k_scale(j, b[i].scales));
       for (int l = 0; l < 16; ++l) {
-        if (std::fabs(xb[l]) > amax) {
-          amax = std::fabs(xb[l]);
-          mx = xb[l];
-        }
-      }
-      scales[ib] = mx / -32.0f;
-      // Maximising (sum x l)^2 / sum l^2 over the candidates minimises sum (x - s l)^2 with the
-      // best s = sum x l / sum l^2 for each candidate's levels.
-      float best = 0;
-      for (int step = -9; step <= 9 && amax > 0; ++step) {
-        const float iscale = -(32.0f + 0.1f * step) / mx;
-        float sum_xl = 0, sum_l2 = 0;
-        for (int l = 0; l < 16; ++l) {
-          const int q = std::clamp(nearest_int(iscale * xb[l]), -32, 31);
-          sum_xl += xb[l] * q;
-          sum_l2 += static_cast<float>(q) * q;
-        }
-        if (sum_l2 > 0 && sum_xl * sum_xl > best * sum_l2) {
-          best = sum_xl * sum_xl / sum_l2;
-          scales[ib] = sum_xl / sum_l2;
-        }
-      }
-      if (std::fabs(scales[ib]) > max_abs_scale) {
-        max_abs_scale = std::fabs(scales[ib]);
-        max_scale = scales[ib];
+        const int e = 16 * j + l;  // element 128h + 32c + m
+        const int level = ds != 0 ? std::clamp(nearest_int(x[e] / ds), -4, 3) + 4 : 4;
+        const int h = e / 128, c = e % 128 / 32, m = e % 32;
+        b[i].qs[32 * h + m] |= static_cast<std::uint8_t>((level & 3) << (2 * c));
+        if (level > 3) b[i].hmask[m] |= static_cast<std::uint8_t>(1 << (4 * h + c));
       }
     }
+  }
+}
+
+void quantize_q6_k(const float* x, BlockQ6_K* b, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i, x += kQK_K) {
+    float scales[16];
+    const float max_scale = fit_sub_block_scales(x, 32, scales);
     std::memset(&b[i], 0, sizeof b[i]);
-    if (max_abs_scale == 0) continue;  // d = 0 decodes every element to 0
+    if (max_scale == 0) continue;  // d = 0 decodes every element to 0
     const float iscale = -128.0f / max_scale;
     b[i].d = fp32_to_fp16(1.0f / iscale);
     for (int ib = 0; ib < 16; ++ib) b[i].scales[ib] = static_cast<std::int8_t>(std::min(127, nearest_int(iscale * scales[ib])));
@@ -320,19 +410,7 @@ void quantize_q6_k(const float* x, BlockQ6_K* b, std::size_t nb) {
         L[16 * ib + l] = static_cast<std::uint8_t>(std::clamp(q, -32, 31) + 32);
       }
     }
-    std::uint8_t* ql = b[i].ql;
-    std::uint8_t* qh = b[i].qh;
-    for (int j = 0; j < kQK_K; j += 128) {
-      for (int l = 0; l < 32; ++l) {
-        const int q1 = L[j + l] & 0xf, q2 = L[j + l + 32] & 0xf, q3 = L[j + l + 64] & 0xf, q4 = L[j + l + 96] & 0xf;
-        ql[l] = static_cast<std::uint8_t>(q1 | (q3 << 4));
-        ql[l + 32] = static_cast<std::uint8_t>(q2 | (q4 << 4));
-        qh[l] = static_cast<std::uint8_t>((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4) |
-                                          ((L[j + l + 96] >> 4) << 6));
-      }
-      ql += 64;
-      qh += 32;
-    }
+    pack_q6_k_levels(L, b[i]);
   }
 }
 
@@ -367,6 +445,7 @@ void dequantize_row(DType type, const void* src, float* dst, std::size_t n) {
     case DType::Q8_0: dequantize_q8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK8_0); return;
     case DType::Q4_0: dequantize_q4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK4_0); return;
     case DType::Q5_0: dequantize_q5_0(static_cast<const BlockQ5_0*>(src), dst, n / kQK5_0); return;
+    case DType::Q3_K: dequantize_q3_k(static_cast<const BlockQ3_K*>(src), dst, n / kQK_K); return;
     case DType::Q4_K: dequantize_q4_k(static_cast<const BlockQ4_K*>(src), dst, n / kQK_K); return;
     case DType::Q5_K: dequantize_q5_k(static_cast<const BlockQ5_K*>(src), dst, n / kQK_K); return;
     case DType::Q6_K: dequantize_q6_k(static_cast<const BlockQ6_K*>(src), dst, n / kQK_K); return;
@@ -385,10 +464,25 @@ void q5_0_to_q8_0(const void* src, void* dst, std::size_t n) {
   }
 }
 
+void q3_k_to_q6_k(const void* src, void* dst, std::size_t n) {
+  check_row(DType::Q3_K, n);
+  const auto* in = static_cast<const BlockQ3_K*>(src);
+  auto* out = static_cast<BlockQ6_K*>(dst);
+  for (std::size_t i = 0; i < n / kQK_K; ++i) {
+    out[i].d = in[i].d;
+    for (int j = 0; j < 16; ++j) out[i].scales[j] = static_cast<std::int8_t>(q3k_scale(j, in[i].scales));
+    std::int8_t levels[kQK_K];
+    q3_k_levels(in[i], levels);
+    std::uint8_t stored[kQK_K];
+    for (int e = 0; e < kQK_K; ++e) stored[e] = static_cast<std::uint8_t>(levels[e] + 32);
+    pack_q6_k_levels(stored, out[i]);
+  }
+}
+
 bool can_quantize_to(DType type) {
   switch (type) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0: case DType::Q5_0:
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+    case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
       return true;
     default:
       return false;
@@ -416,6 +510,7 @@ void quantize_row(DType type, const float* src, void* dst, std::size_t n) {
     case DType::Q8_0: quantize_q8_0(src, static_cast<BlockQ8_0*>(dst), n / kQK8_0); return;
     case DType::Q4_0: quantize_q4_0(src, static_cast<BlockQ4_0*>(dst), n / kQK4_0); return;
     case DType::Q5_0: quantize_q5_0(src, static_cast<BlockQ5_0*>(dst), n / kQK5_0); return;
+    case DType::Q3_K: quantize_q3_k(src, static_cast<BlockQ3_K*>(dst), n / kQK_K); return;
     case DType::Q4_K: quantize_q4_k(src, static_cast<BlockQ4_K*>(dst), n / kQK_K); return;
     case DType::Q5_K: quantize_q5_k(src, static_cast<BlockQ5_K*>(dst), n / kQK_K); return;
     case DType::Q6_K: quantize_q6_k(src, static_cast<BlockQ6_K*>(dst), n / kQK_K); return;

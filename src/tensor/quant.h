@@ -20,4 +20,8 @@ bool can_quantize_to(DType type);
 // multiple of 32). What the kernels read instead of Q5_0 (model.cpp).
 void q5_0_to_q8_0(const void* src, void* dst, std::size_t n);
 
+// Q3_K blocks as Q6_K ones, exactly: the same d, each sub-block's scale as its int8 scale, the levels
+// -4..3 as Q6_K's (n elements, a multiple of 256). What the kernels read instead of Q3_K (model.cpp).
+void q3_k_to_q6_k(const void* src, void* dst, std::size_t n);
+
 }  // namespace promptly

@@ -1001,15 +1001,15 @@ TEST(CudaModel, CodeModelsDecodeAsOnTheCpu) {
 }
 
 // Q4_K_M and Q5_K_M (Q4_K or Q5_K, and Q6_K for the tied output and some layers' attn_v and
-// ffn_down): decode's products go through the integer GEMV. (The CPU runs Q5_K repacked, the GPU
-// as the file stores it.)
+// ffn_down), and Q3_K_M (Q3_K, loaded as Q6_K, with Q4_K and Q5_K): decode's products go through the
+// integer GEMV. (The CPU runs the K-quants repacked, the GPU as the file stores them.)
 TEST(CudaModel, KQuantMixesDecodeAsOnTheCpu) {
   REQUIRE_GPU();
   const std::string f16 = shared_model("code/code-target-f16.gguf");
   if (!std::filesystem::exists(f16)) GTEST_SKIP() << f16 << " is missing";
   test::TempDir tmp;
   ThreadPool pool(2);
-  for (const char* mix : {"Q4_K_M", "Q5_K_M"}) {
+  for (const char* mix : {"Q3_K_M", "Q4_K_M", "Q5_K_M"}) {
     const std::string path = tmp.file(std::string(mix) + ".gguf");
     quantize_model(f16, path, mix, pool);
     expect_same_greedy(path, 5);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "../test_util.h"
+#include "convert/file_type.h"
 #include "convert/quantize.h"
 #include "convert/synthetic_model.h"
 #include "kernels/cpu.h"
@@ -169,11 +170,33 @@ TEST(Quantize, MixesAndFallbacks) {
   quantize_model(test::shared_model("stories260K.gguf"), dir.file("s.gguf"), "Q4_K", pool);
   EXPECT_EQ(gguf::File::open(dir.file("s.gguf"))->find_tensor("blk.0.attn_q.weight")->type, DType::Q8_0);
 
-  EXPECT_THROW(quantize_model(dir.file("f32.gguf"), dir.file("x.gguf"), "Q3_K", pool), Error);
+  EXPECT_THROW(quantize_model(dir.file("f32.gguf"), dir.file("x.gguf"), "Q2_K", pool), Error);
+  EXPECT_THROW(quantize_model(dir.file("f32.gguf"), dir.file("x.gguf"), "Q6_K_M", pool), Error);  // no such mix
   EXPECT_THROW(quantize_model(dir.file("f32.gguf"), dir.file("f32.gguf"), "Q8_0", pool), Error);
 }
 
-// gen-model's Q4_K_M and Q5_K_M write the mixes quantize writes, tensor for tensor, with llama.cpp's
+// Q3_K_M, tensor for tensor as llama.cpp's quantizer writes it from the code model's F16 file (6
+// layers; checked with its llama_model_quantize, file type 12): attn_v Q5_K in layers 0 and 1 and
+// Q4_K after, attn_output and ffn_down Q4_K (6 / 16 rounds to no layer of Q5_K), the tied output
+// Q6_K, every other matrix Q3_K.
+TEST(Quantize, Q3KMMixIsLlamaCpps) {
+  test::TempDir dir;
+  ThreadPool pool(2);
+  quantize_model(test::shared_model("code/code-target-f16.gguf"), dir.file("q3km.gguf"), "Q3_K_M", pool);
+  auto f = gguf::File::open(dir.file("q3km.gguf"));
+  EXPECT_EQ(f->get_int("general.file_type"), 12);
+  for (const gguf::TensorInfo& t : f->tensors()) {
+    if (t.dims.size() != 2) continue;
+    const int layer = layer_of(t.name);
+    DType want = DType::Q3_K;
+    if (t.name == "token_embd.weight") want = DType::Q6_K;
+    if (t.name.ends_with("attn_v.weight")) want = layer < 2 ? DType::Q5_K : DType::Q4_K;
+    if (t.name.ends_with("attn_output.weight") || t.name.ends_with("ffn_down.weight")) want = DType::Q4_K;
+    EXPECT_EQ(t.type, want) << t.name;
+  }
+}
+
+// gen-model's Q3_K_M, Q4_K_M and Q5_K_M write the mixes quantize writes, tensor for tensor, with llama.cpp's
 // file types.
 TEST(GenModel, KMMixesAreTheMixesQuantizeWrites) {
   test::TempDir dir;
@@ -183,8 +206,9 @@ TEST(GenModel, KMMixesAreTheMixesQuantizeWrites) {
     const char* name;
     DType base;
     std::int64_t file_type;
+    int least_q6_k;  // the output, and for Q4_K_M and Q5_K_M a layer's attn_v
   };
-  for (const Mix& mix : {Mix{"Q4_K_M", DType::Q4_K, 15}, Mix{"Q5_K_M", DType::Q5_K, 17}}) {
+  for (const Mix& mix : {Mix{"Q3_K_M", DType::Q3_K, 12, 1}, Mix{"Q4_K_M", DType::Q4_K, 15, 2}, Mix{"Q5_K_M", DType::Q5_K, 17, 2}}) {
     quantize_model(dir.file("f32.gguf"), dir.file("quantized.gguf"), mix.name, pool);
     write_synthetic_model(synthetic_preset("tiny"), mix.base, 1, dir.file("generated.gguf"), pool, "", /*m_mix=*/true);
     auto quantized = gguf::File::open(dir.file("quantized.gguf")), generated = gguf::File::open(dir.file("generated.gguf"));
@@ -196,7 +220,7 @@ TEST(GenModel, KMMixesAreTheMixesQuantizeWrites) {
       q6_k += t.type == DType::Q6_K;
       base += t.type == mix.base;
     }
-    EXPECT_GE(q6_k, 2) << mix.name;  // the output and a layer's attn_v at least
+    EXPECT_GE(q6_k, mix.least_q6_k) << mix.name;
     EXPECT_GE(base, 2) << mix.name;
     EXPECT_EQ(quantized->get_int("general.file_type"), mix.file_type);
     EXPECT_EQ(generated->get_int("general.file_type"), mix.file_type);

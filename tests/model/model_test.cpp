@@ -159,7 +159,7 @@ TEST(Model, ClearErrorsForModelsItCannotRun) {
                                w.add_tensor(t.name, t.dims, DType::IQ4_NL, [](std::uint8_t*) {});
                                return true;
                              }}),
-                    "unsupported tensor type IQ4_NL in tensor 'blk.0.attn_q.weight'; supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K");
+                    "unsupported tensor type IQ4_NL in tensor 'blk.0.attn_q.weight'; supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K, Q6_K");
   expect_load_error(rewrite(base, dir.file("shape.gguf"),
                             {{}, [](const gguf::TensorInfo& t, gguf::Writer& w) {
                                if (t.name != "blk.0.attn_k.weight") return false;

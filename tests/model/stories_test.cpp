@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -207,6 +208,42 @@ TEST(CodeModel, Q5_KRunsAsItsDequantizedWeights) {
     for (std::size_t v = 0; v < n_vocab; ++v) worst = std::max(worst, std::fabs(row[v] - want_row[v]));
   }
   EXPECT_LT(worst, 0.4f);  // measured 0.19 over 23 positions on AVX-512; 0 elsewhere (both plain)
+}
+
+// Q3_K loads as Q6_K, exactly, which the VNNI kernels read repacked. Against the same weights
+// dequantized into an F32 file, run by the F32 kernels: read in the file's layout (the Q6_K rows
+// dequantized, float activations) the logits are apart only by the order of the sums; as loaded by
+// default (repacked, int8 activations) the same next token at every position and logits within int8
+// activation rounding.
+TEST(CodeModel, Q3_KRunsAsItsWeightsDequantizedToF32) {
+  ThreadPool pool(2);
+  test::TempDir dir;
+  quantize_model(test::shared_model("code/code-target-f16.gguf"), dir.file("q3_k.gguf"), "Q3_K", pool);
+  quantize_model(dir.file("q3_k.gguf"), dir.file("f32.gguf"), "F32", pool);
+  const Loaded q3(dir.file("q3_k.gguf")), f32(dir.file("f32.gguf"));
+  std::size_t q3_matrices = 0;
+  for (const auto& t : q3.file->tensors()) q3_matrices += t.type == DType::Q3_K;
+  EXPECT_GT(q3_matrices, 30u);
+  ModelLoadOptions stored_layout;
+  stored_layout.keep_file_layout = true;
+  const Model stored(q3.file, nullptr, stored_layout);
+  const std::vector<std::int32_t> ids = q3.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n", true);
+  Batch prompt;
+  for (std::size_t i = 0; i < ids.size(); ++i) prompt.add(ids[i], static_cast<std::int32_t>(i), 0, true);
+  const std::vector<float> want = prompt_logits(f32.model, prompt, pool);
+  const std::size_t n_vocab = q3.model.config().n_vocab;
+  for (const Model* model : {&stored, &q3.model}) {
+    const std::vector<float> run = prompt_logits(*model, prompt, pool);
+    ASSERT_EQ(run.size(), want.size());
+    float worst = 0;
+    for (std::size_t t = 0; t < ids.size(); ++t) {
+      const auto row = run.begin() + t * n_vocab, want_row = want.begin() + t * n_vocab;
+      EXPECT_EQ(std::max_element(row, row + n_vocab) - row, std::max_element(want_row, want_row + n_vocab) - want_row) << "position " << t;
+      for (std::size_t v = 0; v < n_vocab; ++v) worst = std::max(worst, std::fabs(row[v] - want_row[v]));
+    }
+    EXPECT_LT(worst, model == &stored ? 2e-3f : 0.4f);
+    std::printf("%s layout: logits within %.5f of the F32 file's\n", model == &stored ? "file" : "loaded", worst);
+  }
 }
 
 // BF16 weights: the model repacks the matrices whose rows allow it (4 rows interleaved, as F16;

@@ -103,6 +103,25 @@ TEST(Dequantize, Q5_KHandBlock) {
   }
 }
 
+// Q3_K: scale j's low 4 bits in the low (j < 8) or high nibble of byte j % 8, its high 2 bits in
+// bits 2 (j / 4) of byte 8 + j % 4, stored + 32; element 128h + 32c + m's low 2 bits in bits 2c of
+// qs[32h + m], its third bit (clear: minus 4) in bit 4h + c of hmask[m].
+TEST(Dequantize, Q3_KHandBlock) {
+  BlockQ3_K b{};
+  b.d = 0x3800;  // 0.5
+  const std::uint8_t scales[12] = {0x21, 0x21, 0x21, 0x21, 0x21, 0x21, 0x21, 0x21, 0xe4, 0xe4, 0xe4, 0xe4};
+  std::memcpy(b.scales, scales, 12);
+  const int scale_of[16] = {-31, -31, -31, -31, -15, -15, -15, -15, 2, 2, 2, 2, 18, 18, 18, 18};
+  for (int i = 0; i < 64; ++i) b.qs[i] = static_cast<std::uint8_t>(i * 37 + 5);
+  for (int m = 0; m < 32; ++m) b.hmask[m] = static_cast<std::uint8_t>(m * 53 + 7);
+  const auto y = dequant(DType::Q3_K, &b, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int h = e / 128, c = e % 128 / 32, m = e % 32;
+    const int level = ((b.qs[32 * h + m] >> (2 * c)) & 3) - ((b.hmask[m] >> (4 * h + c)) & 1 ? 0 : 4);
+    EXPECT_EQ(y[e], 0.5f * static_cast<float>(scale_of[e / 16]) * static_cast<float>(level)) << e;
+  }
+}
+
 TEST(Dequantize, Q6_KHandBlocks) {
   BlockQ6_K b{};
   b.d = 0x3400;  // 0.25
@@ -231,6 +250,25 @@ TEST(Quantize, Q5_0BecomesQ8_0Exactly) {
   EXPECT_THROW(q5_0_to_q8_0(q5.data(), q8.data(), 48), Error);
 }
 
+// Q3_K loads as Q6_K (model.cpp): the same values, bit for bit, for every level, third bit and scale.
+TEST(Quantize, Q3_KBecomesQ6_KExactly) {
+  std::mt19937 rng(4);
+  std::vector<BlockQ3_K> q3(64);
+  for (BlockQ3_K& b : q3) {
+    b.d = fp32_to_fp16(std::uniform_real_distribution<float>(-3.0f, 3.0f)(rng));
+    for (std::uint8_t& v : b.hmask) v = static_cast<std::uint8_t>(rng());
+    for (std::uint8_t& v : b.qs) v = static_cast<std::uint8_t>(rng());
+    for (std::uint8_t& v : b.scales) v = static_cast<std::uint8_t>(rng());
+  }
+  std::memset(q3[0].scales, 0, sizeof q3[0].scales);  // every scale -32, the most negative
+  std::vector<BlockQ6_K> q6(q3.size());
+  const std::size_t n = q3.size() * 256;
+  q3_k_to_q6_k(q3.data(), q6.data(), n);
+  const auto want = dequant(DType::Q3_K, q3.data(), n), got = dequant(DType::Q6_K, q6.data(), n);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i])) << i;
+  EXPECT_THROW(q3_k_to_q6_k(q3.data(), q6.data(), 128), Error);
+}
+
 // Relative RMS error of quantize -> dequantize on Gaussian data, against each format's resolution.
 struct RoundTripCase {
   DType type;
@@ -261,16 +299,16 @@ TEST_P(RoundTrip, ErrorWithinFormatResolution) {
 }
 
 // Bounds: step / sqrt(12) relative to the data's RMS, with the step set by each format's levels
-// (Q8_0: 255 levels over +-2.5 sigma, Q4_0: 16, Q5_0: 32, Q4_K: 16 with a fitted min, Q5_K: 32
-// with a fitted min, Q6_K: 64).
+// (Q8_0: 255 levels over +-2.5 sigma, Q4_0: 16, Q5_0: 32, Q3_K: 8 per 16 elements, Q4_K: 16 with a
+// fitted min, Q5_K: 32 with a fitted min, Q6_K: 64).
 INSTANTIATE_TEST_SUITE_P(Formats, RoundTrip,
                          ::testing::Values(RoundTripCase{DType::F16, 1e-3}, RoundTripCase{DType::BF16, 5e-3},
                                            RoundTripCase{DType::Q8_0, 0.012}, RoundTripCase{DType::Q4_0, 0.13},
-                                           RoundTripCase{DType::Q5_0, 0.065}, RoundTripCase{DType::Q4_K, 0.11},
+                                           RoundTripCase{DType::Q5_0, 0.065}, RoundTripCase{DType::Q3_K, 0.18}, RoundTripCase{DType::Q4_K, 0.11},
                                            RoundTripCase{DType::Q5_K, 0.055}, RoundTripCase{DType::Q6_K, 0.035}));
 
 TEST(Quantize, ZeroBlocksStayZero) {
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     std::vector<float> x(256, 0.0f), y(256, 1.0f);
     std::vector<std::uint8_t> q(row_bytes(t, 256));
     quantize_row(t, x.data(), q.data(), 256);
@@ -283,9 +321,9 @@ TEST(Quantize, RejectsPartialBlocksAndUnsupportedTypes) {
   std::vector<float> x(48);
   std::vector<std::uint8_t> q(1024);
   EXPECT_THROW(quantize_row(DType::Q8_0, x.data(), q.data(), 48), Error);
-  EXPECT_THROW(quantize_row(DType::Q3_K, x.data(), q.data(), 256), Error);
+  EXPECT_THROW(quantize_row(DType::Q2_K, x.data(), q.data(), 256), Error);
   try {
-    dequantize_row(DType::Q3_K, q.data(), x.data(), 0);
+    dequantize_row(DType::Q2_K, q.data(), x.data(), 0);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("supported: F32, F16"), std::string::npos) << e.what();
