@@ -13,10 +13,6 @@ bool use_more_bits(int layer, int n_layers) {
   return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 bool every_layer(int, int) { return true; }
 bool first_two_layers(int layer, int) { return layer < 2; }
 bool first_sixteenth(int layer, int n_layers) { return layer < n_layers / 16; }
@@ -66,7 +62,7 @@ DType quantized_matrix_type(DType base, bool m_mix, const std::string& name, std
   const bool is_output = name == "output.weight" || (!has_output && name == "token_embd.weight");
   if (quantized && is_output && base != DType::Q8_0) type = DType::Q6_K;
   for (const MixRule& rule : kMixRules) {
-    if (m_mix && rule.base == base && ends_with(name, rule.suffix) && rule.in(layer_of(name), n_layers)) {
+    if (m_mix && rule.base == base && name.ends_with(rule.suffix) && rule.in(layer_of(name), n_layers)) {
       type = rule.type;
       break;
     }

@@ -12,9 +12,6 @@
 namespace promptly {
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 }  // namespace
 
@@ -42,7 +39,7 @@ std::string quantize_model(const std::string& in_path, const std::string& out_pa
   for (const gguf::TensorInfo& t : in->tensors()) {
     DType type = t.type;
     // MoE routers stay F32, as llama.cpp keeps them (small, and they decide which experts run).
-    if (t.dims.size() >= 2 && ends_with(t.name, ".weight") && !ends_with(t.name, "ffn_gate_inp.weight")) {
+    if (t.dims.size() >= 2 && t.name.ends_with(".weight") && !t.name.ends_with("ffn_gate_inp.weight")) {
       type = quantized_matrix_type(base, mix_m, t.name, t.dims[0], n_layers, has_output);
       if (!dtype_info(t.type).supported) {
         throw Error("cannot requantize tensor '" + t.name + "' of unsupported type " + std::string(dtype_name(t.type)));

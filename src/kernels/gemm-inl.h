@@ -337,8 +337,8 @@ void attention(const float* q, const void* const* k_blocks, const void* const* v
   }
 }
 
-// Types without a kernel of their own for this layout (K-quants whose rows are not
-// a multiple of 16): a row is dequantized, then dotted with every token. The K-quant reference code is compiled
+// Types without a kernel of their own for this layout (K-quants whose rows are not a multiple of
+// 16): a row is dequantized, then dotted with every token. The K-quant reference code is compiled
 // here with this TU's flags, which vectorizes it.
 void gemm_dequant(DType type, const std::uint8_t* w, std::size_t w_stride, std::size_t cols, std::size_t r0, std::size_t r1,
                   const float* x, std::size_t n_tokens, float* y, std::size_t ldy) {

@@ -4,8 +4,10 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <iterator>
 #include <unordered_map>
 #include <string>
+#include <utility>
 
 #include "backend/device.h"
 #include "kernels/cpu.h"
@@ -291,34 +293,40 @@ DType kernel_type_of(DType stored) {
   return c ? c->to : stored;
 }
 
-// The matrices of the types kLoadConversions lists become their kernel types. With floats_to, the
-// float matrices (F32, F16, BF16) are quantized to it.
+// The matrices of the types kLoadConversions lists become their kernel types. With floats_to (one
+// of the types the int8 kernels read as stored: what a draft's F16 matrices may become), the float
+// matrices (F32, F16, BF16) are quantized to it.
 void Model::convert_matrices(std::optional<DType> floats_to) {
-  if (floats_to && (!can_quantize_to(*floats_to) || *floats_to == DType::F32 || *floats_to == DType::F16 || *floats_to == DType::BF16)) {
+  constexpr DType kFloatsTo[] = {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K};
+  if (floats_to && std::find(std::begin(kFloatsTo), std::end(kFloatsTo), *floats_to) == std::end(kFloatsTo)) {
     throw Error("model '" + file_->path() + "': float matrices convert at load to Q8_0, Q4_0, Q4_K or Q6_K, not " +
                 std::string(dtype_name(*floats_to)));
   }
   const auto target = [&](const kernels::WeightMatrix& m) -> std::optional<DType> {
     if (m.layout != kernels::Layout::Plain) return std::nullopt;
-    if (kernel_type_of(m.type) != m.type) return kernel_type_of(m.type);
+    if (const LoadConversion* exact = load_conversion_of(m.type)) return exact->to;
     const bool is_float = m.type == DType::F32 || m.type == DType::F16 || m.type == DType::BF16;
     if (is_float && floats_to && m.cols % dtype_info(*floats_to).block_size == 0) return floats_to;
     return std::nullopt;
   };
-  std::vector<kernels::WeightMatrix*> matrices = layer_and_output_matrices();
-  std::erase_if(matrices, [&](const kernels::WeightMatrix* m) { return !target(*m); });
+  std::vector<std::pair<kernels::WeightMatrix*, DType>> conversions;
   std::size_t total = 0;
-  for (const kernels::WeightMatrix* m : matrices) total += m->rows * row_bytes(*target(*m), m->cols);
+  for (kernels::WeightMatrix* m : layer_and_output_matrices()) {
+    if (const std::optional<DType> to = target(*m)) {
+      conversions.emplace_back(m, *to);
+      total += m->rows * row_bytes(*to, m->cols);
+    }
+  }
   if (total == 0) return;
   converted_ = HugePageBuffer(total);
   std::uint8_t* next = converted_.data();
   std::vector<float> row;
-  for (kernels::WeightMatrix* m : matrices) {
-    const DType to = *target(*m);
+  for (const auto& [m, to] : conversions) {
     row.resize(m->cols);
     const std::size_t stride = row_bytes(to, m->cols);
+    const LoadConversion* exact = load_conversion_of(m->type);
     for (std::size_t r = 0; r < m->rows; ++r) {
-      if (const LoadConversion* exact = load_conversion_of(m->type)) {
+      if (exact) {
         exact->convert(m->row(r), next + r * stride, m->cols);
       } else {
         dequantize_row(m->type, m->row(r), row.data(), m->cols);

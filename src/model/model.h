@@ -53,7 +53,8 @@ struct ModelLoadOptions {
   // Converts the float matrices (F32, F16, BF16; the token embedding table and norms stay) to this
   // type as they load, into memory of the model's own. For a draft model, whose numbers only steer
   // which tokens are guessed: a Q8_0 draft streams half an F16 one's bytes at the same guesses
-  // (README, Speculative decoding). (Q5_0 matrices always load as Q8_0, exactly: see convert_matrices.)
+  // (README, Speculative decoding). Q8_0, Q4_0, Q4_K or Q6_K. (Q5_0 and Q3_K matrices always load as
+  // Q8_0 and Q6_K, exactly: see convert_matrices.)
   std::optional<DType> float_matrices_as;
   // Leaves every matrix as the file stores it (no repacking into the CPU kernels' layouts): for a
   // device backend that uploads the file's blocks (backend::place_on_device). The CPU forward pass

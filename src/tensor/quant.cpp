@@ -322,18 +322,12 @@ void pack_q6_k_levels(const std::uint8_t* L, BlockQ6_K& b) {
 // make_qx_quants search, unweighted). For Q6_K the plain -32 mapping alone left our RMS error 5.6%
 // above llama.cpp's and the mean KL divergence 12% above on the code model.
 float fit_symmetric_scale(const float* xb, int nmax) {
-  float amax = 0, mx = 0;
-  for (int l = 0; l < 16; ++l) {
-    if (std::fabs(xb[l]) > amax) {
-      amax = std::fabs(xb[l]);
-      mx = xb[l];
-    }
-  }
+  const float mx = largest_magnitude(xb, 16);
   float scale = mx / -static_cast<float>(nmax);
   // Maximising (sum x l)^2 / sum l^2 over the candidates minimises sum (x - s l)^2 with the best
   // s = sum x l / sum l^2 for each candidate's levels.
   float best = 0;
-  for (int step = -9; step <= 9 && amax > 0; ++step) {
+  for (int step = -9; step <= 9 && mx != 0; ++step) {
     const float iscale = -(static_cast<float>(nmax) + 0.1f * step) / mx;
     float sum_xl = 0, sum_l2 = 0;
     for (int l = 0; l < 16; ++l) {

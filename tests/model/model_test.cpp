@@ -266,6 +266,12 @@ TEST(Model, FloatMatricesConvertAtLoadExactlyAsStoredInTheType) {
   ModelLoadOptions as_f16;
   as_f16.float_matrices_as = DType::F16;
   EXPECT_THROW(Model(gguf::File::open(base), nullptr, as_f16), Error);
+  // Types the kernels do not read as stored (they load as Q8_0 and Q6_K from files) are refused too.
+  for (const DType other : {DType::Q5_0, DType::Q3_K}) {
+    ModelLoadOptions as_other;
+    as_other.float_matrices_as = other;
+    EXPECT_THROW(Model(gguf::File::open(base), nullptr, as_other), Error) << dtype_name(other);
+  }
 }
 
 TEST(Model, ContextOverflowIsAnError) {

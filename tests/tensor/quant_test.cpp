@@ -233,6 +233,12 @@ TEST(Quantize, Q5_0MatchesGgmlReference) {
   }
 }
 
+// Blocks of `from` and their conversion to `to` decode to the same floats, bit for bit.
+void expect_same_values(DType from, const void* src, DType to, const void* converted, std::size_t n) {
+  const auto want = dequant(from, src, n), got = dequant(to, converted, n);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i])) << i;
+}
+
 // Q5_0 loads as Q8_0 (model.cpp): the same values, bit for bit, for every level and fifth bit.
 TEST(Quantize, Q5_0BecomesQ8_0Exactly) {
   std::mt19937 rng(3);
@@ -245,8 +251,7 @@ TEST(Quantize, Q5_0BecomesQ8_0Exactly) {
   std::vector<BlockQ8_0> q8(q5.size());
   const std::size_t n = q5.size() * 32;
   q5_0_to_q8_0(q5.data(), q8.data(), n);
-  const auto want = dequant(DType::Q5_0, q5.data(), n), got = dequant(DType::Q8_0, q8.data(), n);
-  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i])) << i;
+  expect_same_values(DType::Q5_0, q5.data(), DType::Q8_0, q8.data(), n);
   EXPECT_THROW(q5_0_to_q8_0(q5.data(), q8.data(), 48), Error);
 }
 
@@ -264,8 +269,7 @@ TEST(Quantize, Q3_KBecomesQ6_KExactly) {
   std::vector<BlockQ6_K> q6(q3.size());
   const std::size_t n = q3.size() * 256;
   q3_k_to_q6_k(q3.data(), q6.data(), n);
-  const auto want = dequant(DType::Q3_K, q3.data(), n), got = dequant(DType::Q6_K, q6.data(), n);
-  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i])) << i;
+  expect_same_values(DType::Q3_K, q3.data(), DType::Q6_K, q6.data(), n);
   EXPECT_THROW(q3_k_to_q6_k(q3.data(), q6.data(), 128), Error);
 }
 
