@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
                       "tiny, tiny-{qwen2,qwen3,qwen3moe,gemma2,gemma3,phi3,mixtral}, 125m, tinyllama-1.1b, qwen3-0.6b, qwen3-4b, "
                       "gemma3-1b, gemma2-2b, phi3-mini, qwen3-30b-a3b, mixtral-8x7b")
       ->capture_default_str();
-  gen_cmd->add_option("--dtype", gen.dtype, "F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q3_K, Q3_K_M, Q4_K, Q4_K_M, Q5_K, Q5_K_M (llama.cpp's mixes, as quantize writes them), Q6_K")->capture_default_str();
+  gen_cmd->add_option("--dtype", gen.dtype, "F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q3_K, Q3_K_M, Q4_K, Q4_K_M, Q5_K, Q5_K_M (llama.cpp's mixes, as quantize writes them), Q6_K, IQ4_NL, IQ4_XS")->capture_default_str();
   gen_cmd->add_option("-o,--output", gen.out, "Output GGUF path")->required();
   gen_cmd->add_option("--seed", gen.seed, "Weight seed")->capture_default_str();
   gen_cmd->add_option("--chat-template", gen.chat_template_file, "Jinja chat template file to embed");
@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   auto* quant_cmd = app.add_subcommand("quantize", "Convert a GGUF model's matrices to another type");
   quant_cmd->add_option("input", quant.in, "Input GGUF")->required();
   quant_cmd->add_option("output", quant.out, "Output GGUF")->required();
-  quant_cmd->add_option("type", quant.type, "Q8_0, Q4_0, Q5_0, Q3_K, Q3_K_M, Q4_K, Q4_K_M, Q5_K, Q5_K_M, Q6_K, F16, BF16, F32")->required();
+  quant_cmd->add_option("type", quant.type, "Q8_0, Q4_0, Q5_0, Q3_K, Q3_K_M, Q4_K, Q4_K_M, Q5_K, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS, F16, BF16, F32")->required();
   quant_cmd->add_option("-t,--threads", quant.threads, "Threads");
 
   cli::PerplexityOptions ppl;

@@ -67,7 +67,10 @@ DType quantized_matrix_type(DType base, bool m_mix, const std::string& name, std
       break;
     }
   }
-  if (cols % dtype_info(type).block_size != 0) type = cols % kQK8_0 == 0 ? DType::Q8_0 : DType::F16;
+  if (cols % dtype_info(type).block_size != 0) {
+    // llama.cpp's choice for IQ4_XS (IQ4_NL: the same levels in 32-element blocks); ours for the rest.
+    type = cols % kQK8_0 != 0 ? DType::F16 : type == DType::IQ4_XS ? DType::IQ4_NL : DType::Q8_0;
+  }
   return type;
 }
 
@@ -92,6 +95,8 @@ std::uint32_t file_type_for(DType dominant, bool m_mix) {
     case DType::Q4_K: return 14;  // Q4_K_S: every matrix Q4_K
     case DType::Q5_K: return 16;  // Q5_K_S
     case DType::Q6_K: return 18;
+    case DType::IQ4_NL: return 25;
+    case DType::IQ4_XS: return 30;
     case DType::BF16: return 32;
     default: return 0;
   }

@@ -20,7 +20,7 @@ struct QuantTarget {
   bool m_mix;
 };
 std::optional<QuantTarget> parse_quant_target(std::string_view name);
-constexpr const char* kQuantTargets = "F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q3_K, Q3_K_M, Q4_K, Q4_K_M, Q5_K, Q5_K_M, Q6_K";
+constexpr const char* kQuantTargets = "F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q3_K, Q3_K_M, Q4_K, Q4_K_M, Q5_K, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS";
 
 // The layer a tensor name belongs to ("blk.N."), or -1.
 int layer_of(const std::string& name);
@@ -31,7 +31,8 @@ int layer_of(const std::string& name);
 // (Q4_K_M, Q5_K_M: attn_v and ffn_down(_exps) Q6_K in the layers that get more bits, the first and
 // last eighth of n_layers and every third between; Q3_K_M: attn_v Q5_K in the first two layers and
 // Q4_K after, attn_output Q4_K, ffn_down Q5_K in the first sixteenth and Q4_K after); rows that do
-// not divide into the type's blocks fall back to Q8_0, else F16.
+// not divide into the type's blocks fall back to IQ4_NL from IQ4_XS, as llama.cpp's, to Q8_0 from the
+// others, and to F16 where not even 32-element blocks fit.
 DType quantized_matrix_type(DType base, bool m_mix, const std::string& name, std::size_t cols, int n_layers, bool has_output);
 
 }  // namespace promptly

@@ -352,6 +352,8 @@ void gemm_dequant(DType type, const std::uint8_t* w, std::size_t w_stride, std::
       dequantize_q5_k(reinterpret_cast<const BlockQ5_K*>(src), row.data(), cols / kQK_K);
     } else if (type == DType::Q6_K) {
       dequantize_q6_k(reinterpret_cast<const BlockQ6_K*>(src), row.data(), cols / kQK_K);
+    } else if (type == DType::IQ4_XS) {
+      dequantize_iq4_xs(reinterpret_cast<const BlockIQ4_XS*>(src), row.data(), cols / kQK_K);
     } else {
       dequantize_row(type, src, row.data(), cols);
     }

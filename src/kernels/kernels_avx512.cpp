@@ -367,6 +367,65 @@ void tile_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRows&
 }
 
 
+// IQ4_XSx16: 16 rows x C tokens. Per 32-element sub-block: each weight vector's nibbles become their
+// levels + 128 through one in-register table lookup (vpshufb: unsigned bytes, as VNNI wants one
+// operand), 8 VNNI instructions per token from a chain started at the activation block's
+// -128 * sum (which undoes the +128), then the sub-block scale (d * sc). Q4_Kx16's arrangement
+// otherwise, and its order of issue.
+alignas(16) constexpr std::uint8_t kIQ4LevelsPlus128[16] = {
+    1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+static_assert([] {
+  for (int i = 0; i < 16; ++i) {
+    if (kIQ4LevelsPlus128[i] != kIQ4Levels[i] + 128) return false;
+  }
+  return true;
+}());
+
+template <int C>
+void tile_iq4_xs_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+  constexpr int A = C >= 8 ? 1 : C >= 4 ? 2 : 4;
+  __m512 acc[C];
+#pragma GCC unroll 16
+  for (int j = 0; j < C; ++j) acc[j] = _mm512_setzero_ps();
+  const __m512i mask = _mm512_set1_epi8(0x0f);
+  const __m512i levels = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4LevelsPlus128)));
+  for (std::size_t sb = 0; sb < nsb; ++sb) {
+    const std::uint8_t* g = group + sb * kIQ4XSGroupBytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
+    for (int s = 0; s < 8; ++s) {
+      const std::uint8_t* quants = g + 160 + 512 * (s / 2);  // low nibbles: sub-block 2p, high: 2p + 1
+      if constexpr (C <= 2) {  // few tokens wait on memory: fetch the next super-block's quants ahead
+        if (s % 2 == 0) {
+          for (int l = 0; l < 8; ++l) _mm_prefetch(reinterpret_cast<const char*>(quants) + kIQ4XSGroupBytes + 64 * l, _MM_HINT_T0);
+        }
+      }
+      const ActivationBlock* xb = x.act + (sb * 8 + static_cast<std::size_t>(s)) * x.act_stride + t;
+      __m512i dot[C][A];
+#pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) {
+        dot[j][0] = _mm512_set1_epi32(xb[j].offset_q8);
+        for (int a = 1; a < A; ++a) dot[j][a] = _mm512_setzero_si512();
+      }
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        const __m512i v = _mm512_loadu_si512(quants + 64 * k);
+        const __m512i q = _mm512_shuffle_epi8(levels, _mm512_and_si512(s % 2 ? _mm512_srli_epi16(v, 4) : v, mask));
+#pragma GCC unroll 16
+        for (int j = 0; j < C; ++j) dot[j][k % A] = dpbusd_broadcast(dot[j][k % A], q, xb[j].qs + 4 * k);
+      }
+      const __m512 scale =
+          _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 32 + 16 * s)))));
+#pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) {
+        for (int a = 1; a < A; ++a) dot[j][0] = _mm512_add_epi32(dot[j][0], dot[j][a]);
+        acc[j] = _mm512_fmadd_ps(scale, _mm512_mul_ps(_mm512_set1_ps(xb[j].d), _mm512_cvtepi32_ps(dot[j][0])), acc[j]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < C; ++j) _mm512_storeu_ps(y + (t + j) * ldy, acc[j]);
+}
+
 // Q6_Kx16: 16 rows x C tokens. Per 16-element sub-block: 4 VNNI instructions per token on the
 // unsigned 6-bit values, the -32 offset through the activation half-block sums, then the sub-block
 // scale (d * sc). Issued weight vector by weight vector across the tokens, as in tile_groups.
@@ -426,7 +485,7 @@ struct TokenTiles {
   std::size_t size(std::size_t i) const { return base + (i < larger); }
 };
 
-// No two-group tile (Q4_K, Q6_K).
+// No two-group tile (Q4_K, Q5_K, Q6_K, IQ4_XS).
 template <int C>
 struct NoPairTile {
   static void run(const std::uint8_t*, std::size_t, std::size_t, const QuantizedRows&, std::size_t, float*, std::size_t) {}
@@ -508,6 +567,12 @@ template <int C>
 struct Q6_KTile {
   static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
     tile_q6_k_x16<C>(g, n, x, t, y, ldy);
+  }
+};
+template <int C>
+struct IQ4_XSTile {
+  static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+    tile_iq4_xs_x16<C>(g, n, x, t, y, ldy);
   }
 };
 
@@ -1101,7 +1166,8 @@ const KernelTable& avx512_kernels() {
                                  avx512::x16_driver<kQ8_0GroupBytes, 32, 12, avx512::GroupTiles<true>::Single, 8, avx512::GroupTiles<true>::Pair>,
                                  avx512::x16_driver<kQ4KGroupBytes, kQK_K, 12, avx512::Q4_KTile>,
                                  avx512::x16_driver<kQ5KGroupBytes, kQK_K, 12, avx512::Q5_KTile>,
-                                 avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Q6_KTile>, avx512::gemm_half_x4<DType::F16>,
+                                 avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Q6_KTile>,
+                                 avx512::x16_driver<kIQ4XSGroupBytes, kQK_K, 12, avx512::IQ4_XSTile>, avx512::gemm_half_x4<DType::F16>,
                                  avx512::gemm_half_x4<DType::BF16>, avx512::gemm_dequant,
                                  avx512::attention_tile, false, true, avx512::silu_mul, avx512::gelu_tanh_mul,
                                  avx512::int8_throughput_probe};

@@ -26,7 +26,7 @@ bool activation_blocks_suffice(std::span<const WeightMatrix* const> readers) {
   const bool x16_only = kernel_table(active_isa()).x16_reads_activation_blocks_only;
   return std::all_of(readers.begin(), readers.end(), [&](const WeightMatrix* w) {
     return x16_only && (w->layout == Layout::Q4_0x16 || w->layout == Layout::Q8_0x16 || w->layout == Layout::Q4_Kx16 ||
-                        w->layout == Layout::Q5_Kx16);
+                        w->layout == Layout::Q5_Kx16 || w->layout == Layout::IQ4_XSx16);
   });
 }
 
@@ -114,7 +114,8 @@ void matmul_rows(const KernelTable& kt, const WeightMatrix& w, const Activations
                       : w.layout == Layout::Q8_0x16 ? kt.gemm_q8_0_x16
                       : w.layout == Layout::Q4_Kx16 ? kt.gemm_q4_k_x16
                       : w.layout == Layout::Q5_Kx16 ? kt.gemm_q5_k_x16
-                                                    : kt.gemm_q6_k_x16;
+                      : w.layout == Layout::Q6_Kx16 ? kt.gemm_q6_k_x16
+                                                    : kt.gemm_iq4_xs_x16;
     gemm(w.data, w.cols, b, e, x.rows(w.cols / kQK8_0), n_tokens, y, ldy);
     return;
   }
@@ -182,7 +183,8 @@ void matmul_fused(std::span<const WeightMatrix* const> ws, Activations& x, std::
 bool can_repack_x16(const WeightMatrix& w) {
   if (w.layout != Layout::Plain || w.rows == 0) return false;
   if (w.type == DType::F16 || w.type == DType::BF16) return w.rows % 4 == 0 && w.cols % 16 == 0 && w.cols > 0;
-  return (w.type == DType::Q4_0 || w.type == DType::Q8_0 || w.type == DType::Q4_K || w.type == DType::Q5_K || w.type == DType::Q6_K) &&
+  return (w.type == DType::Q4_0 || w.type == DType::Q8_0 || w.type == DType::Q4_K || w.type == DType::Q5_K || w.type == DType::Q6_K ||
+          w.type == DType::IQ4_XS) &&
          w.rows % 16 == 0;
 }
 
@@ -190,6 +192,7 @@ std::size_t repacked_bytes(const WeightMatrix& w) {
   if (w.type == DType::Q4_K) return w.rows / 16 * (w.cols / kQK_K) * kQ4KGroupBytes;
   if (w.type == DType::Q5_K) return w.rows / 16 * (w.cols / kQK_K) * kQ5KGroupBytes;
   if (w.type == DType::Q6_K) return w.rows / 16 * (w.cols / kQK_K) * kQ6KGroupBytes;
+  if (w.type == DType::IQ4_XS) return w.rows / 16 * (w.cols / kQK_K) * kIQ4XSGroupBytes;
   return w.rows * w.row_stride();
 }
 
@@ -259,6 +262,28 @@ void repack_q6_k_x16(const WeightMatrix& w, std::uint8_t* out) {
   }
 }
 
+void repack_iq4_xs_x16(const WeightMatrix& w, std::uint8_t* out) {
+  const std::size_t nsb = w.cols / kQK_K;
+  for (std::size_t grp = 0; grp < w.rows / 16; ++grp) {
+    for (std::size_t sb = 0; sb < nsb; ++sb) {
+      std::uint8_t* g = out + (grp * nsb + sb) * kIQ4XSGroupBytes;
+      std::memset(g + 160, 0, kIQ4XSGroupBytes - 160);
+      for (std::size_t lane = 0; lane < 16; ++lane) {
+        const BlockIQ4_XS& src = reinterpret_cast<const BlockIQ4_XS*>(w.row(grp * 16 + lane))[sb];
+        std::memcpy(g + 2 * lane, &src.d, 2);
+        for (int s = 0; s < 8; ++s) {
+          g[32 + 16 * s + lane] = static_cast<std::uint8_t>(static_cast<std::int8_t>(iq4_xs_scale(src, s)));
+          for (int e = 0; e < 32; ++e) {
+            const std::uint8_t byte = src.qs[16 * s + e % 16];
+            const int index = e < 16 ? byte & 0xf : byte >> 4;
+            g[160 + 512 * (s / 2) + 64 * (e / 4) + 4 * lane + e % 4] |= static_cast<std::uint8_t>(index << (4 * (s % 2)));
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 Layout repack_x16(const WeightMatrix& w, std::uint8_t* out) {
@@ -284,6 +309,10 @@ Layout repack_x16(const WeightMatrix& w, std::uint8_t* out) {
   if (w.type == DType::Q6_K) {
     repack_q6_k_x16(w, out);
     return Layout::Q6_Kx16;
+  }
+  if (w.type == DType::IQ4_XS) {
+    repack_iq4_xs_x16(w, out);
+    return Layout::IQ4_XSx16;
   }
   const std::size_t nb = w.cols / 32;
   const bool q8 = w.type == DType::Q8_0;

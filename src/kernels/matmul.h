@@ -20,6 +20,7 @@ enum class Layout {
   Q4_Kx16,  // Q4_K likewise, scales unpacked (see repack_x16)
   Q5_Kx16,  // Q5_K likewise: Q4_Kx16's, with each quant's fifth bit as 64-bit masks
   Q6_Kx16,  // Q6_K likewise, quants unpacked to bytes
+  IQ4_XSx16,  // IQ4_XS likewise: Q4_Kx16's arrangement, int8 scales and no mins
   F16x4,    // F16, 4 rows interleaved 16 columns at a time (see repack_x16)
   BF16x4,   // BF16 likewise
 };
@@ -149,6 +150,9 @@ float dot_f32(const float* a, const float* b, std::size_t n);
 // sub-block-major: 16 x 16 bytes), then the 6-bit quants as bytes (0..63) in 64 four-element groups
 // of 16 rows. 4384 bytes for 16 x 210 (30% larger: unpacking 6-bit fields per token would cost more
 // than reading the bytes; Q6_K is a minority of a Q4_K_M file).
+// IQ4_XS: per group and super-block: the 16 fp16 d, per 32-element sub-block s the 16 rows' signed
+// scales (int8, -32..31), then the 4-bit level indices arranged as Q4_Kx16's quants (per pair of
+// sub-blocks, low nibbles sub-block 2p, high 2p + 1). 2208 bytes for 16 x 136 (1.5% larger).
 // F16 by 4 rows: per group of 4 rows and per 16 columns, those 16 halves of rows 0..3 (128 bytes);
 // rows a multiple of 4, cols of 16. Why: the float kernel takes 4 rows at a time (4 sums in flight
 // hide the FMA latency), and from the plain layout that is 4 streams a row apart, each started cold

@@ -270,14 +270,16 @@ namespace {
 
 // The types no kernel reads, and the type each becomes at load, exactly: Q5_0 as Q8_0 (the same
 // scales, each level a byte), Q3_K as Q6_K (the same d, each sub-block scale an int8 one, levels
-// -4..3 among Q6_K's -32..31). The int8 kernels, repacked or on the GPU, read those. A token streams
-// more bytes (Q5_0: 34 against 22 a block; Q3_K: 210 against 110), and still decodes several times
-// faster than through the dequantizing path (docs/performance.md, 2026-12-07).
+// -4..3 among Q6_K's -32..31), IQ4_NL as Q8_0 (the same scale, each index's level a byte). The int8
+// kernels, repacked or on the GPU, read those. A token streams more bytes (Q5_0: 34 against 22 a
+// block; Q3_K: 210 against 110; IQ4_NL: 34 against 18), and still decodes several times faster than
+// through the dequantizing path (docs/performance.md, 2026-12-07). IQ4_XS has kernels of its own.
 struct LoadConversion {
   DType from, to;
   void (*convert)(const void* src, void* dst, std::size_t n);
 };
-constexpr LoadConversion kLoadConversions[] = {{DType::Q5_0, DType::Q8_0, q5_0_to_q8_0}, {DType::Q3_K, DType::Q6_K, q3_k_to_q6_k}};
+constexpr LoadConversion kLoadConversions[] = {
+    {DType::Q5_0, DType::Q8_0, q5_0_to_q8_0}, {DType::Q3_K, DType::Q6_K, q3_k_to_q6_k}, {DType::IQ4_NL, DType::Q8_0, iq4_nl_to_q8_0}};
 
 const LoadConversion* load_conversion_of(DType stored) {
   for (const LoadConversion& c : kLoadConversions) {

@@ -22,8 +22,8 @@ constexpr std::array kTable = {
     Entry{14, {"Q6_K", 256, 210, true}},  Entry{15, {"Q8_K", 256, 292, false}},
     Entry{16, {"IQ2_XXS", 256, 66, false}}, Entry{17, {"IQ2_XS", 256, 74, false}},
     Entry{18, {"IQ3_XXS", 256, 98, false}}, Entry{19, {"IQ1_S", 256, 50, false}},
-    Entry{20, {"IQ4_NL", 32, 18, false}}, Entry{21, {"IQ3_S", 256, 110, false}},
-    Entry{22, {"IQ2_S", 256, 82, false}}, Entry{23, {"IQ4_XS", 256, 136, false}},
+    Entry{20, {"IQ4_NL", 32, 18, true}}, Entry{21, {"IQ3_S", 256, 110, false}},
+    Entry{22, {"IQ2_S", 256, 82, false}}, Entry{23, {"IQ4_XS", 256, 136, true}},
     Entry{24, {"I8", 1, 1, false}},       Entry{25, {"I16", 1, 2, false}},
     Entry{26, {"I32", 1, 4, false}},      Entry{27, {"I64", 1, 8, false}},
     Entry{28, {"F64", 1, 8, false}},      Entry{29, {"IQ1_M", 256, 56, false}},
@@ -55,7 +55,7 @@ std::optional<DType> dtype_from_name(std::string_view name) {
 }
 
 std::string supported_dtype_list() {
-  return "F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K, Q6_K";
+  return "F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS";
 }
 
 }  // namespace promptly

@@ -97,4 +97,23 @@ struct BlockQ6_K {
 };
 static_assert(sizeof(BlockQ6_K) == 210);
 
+// The non-linear 4-bit formats: each 4-bit index selects one of 16 int8 levels (kIQ4Levels, ggml's
+// kvalues_iq4nl), denser near zero where most weights are.
+constexpr std::int8_t kIQ4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+constexpr int kQK4_NL = 32;
+struct BlockIQ4_NL {
+  std::uint16_t d;                // fp16 scale
+  std::uint8_t qs[kQK4_NL / 2];   // level indices: element j in the low nibble of qs[j], element j+16 in the high
+};
+static_assert(sizeof(BlockIQ4_NL) == 18);
+
+struct BlockIQ4_XS {
+  std::uint16_t d;                  // fp16 super-block scale
+  std::uint16_t scales_h;           // sub-block j's scale's high 2 bits in bits 2j
+  std::uint8_t scales_l[kQK_K / 64];  // its low 4 bits in the low (even j) or high nibble of scales_l[j / 2]; stored + 32
+  std::uint8_t qs[kQK_K / 2];       // per 32-element sub-block, 16 bytes packed as an IQ4_NL block's
+};
+static_assert(sizeof(BlockIQ4_XS) == 136);
+
 }  // namespace promptly

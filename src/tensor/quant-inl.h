@@ -79,5 +79,33 @@ inline void dequantize_q6_k(const BlockQ6_K* b, float* y, std::size_t nb) {
   }
 }
 
+// Sub-block j's (0..7) signed scale, -32..31, from an IQ4_XS block.
+inline int iq4_xs_scale(const BlockIQ4_XS& b, int j) {
+  const int low = (b.scales_l[j / 2] >> (4 * (j % 2))) & 0xf;
+  const int high = (b.scales_h >> (2 * j)) & 3;
+  return (low | (high << 4)) - 32;
+}
+
+// 32 elements of IQ4_NL-packed indices (element j low nibble of qs[j], j + 16 high) times ds.
+inline void dequantize_iq4_32(const std::uint8_t* qs, float ds, float* y) {
+  for (int j = 0; j < 16; ++j) {
+    y[j] = ds * static_cast<float>(kIQ4Levels[qs[j] & 0xf]);
+    y[j + 16] = ds * static_cast<float>(kIQ4Levels[qs[j] >> 4]);
+  }
+}
+
+inline void dequantize_iq4_nl(const BlockIQ4_NL* b, float* y, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i) dequantize_iq4_32(b[i].qs, fp16_to_fp32(b[i].d), y + i * kQK4_NL);
+}
+
+inline void dequantize_iq4_xs(const BlockIQ4_XS* b, float* y, std::size_t nb) {
+  for (std::size_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(b[i].d);
+    for (int j = 0; j < kQK_K / 32; ++j) {
+      dequantize_iq4_32(b[i].qs + 16 * j, d * static_cast<float>(iq4_xs_scale(b[i], j)), y + i * kQK_K + 32 * j);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace promptly

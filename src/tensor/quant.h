@@ -24,4 +24,8 @@ void q5_0_to_q8_0(const void* src, void* dst, std::size_t n);
 // -4..3 as Q6_K's (n elements, a multiple of 256). What the kernels read instead of Q3_K (model.cpp).
 void q3_k_to_q6_k(const void* src, void* dst, std::size_t n);
 
+// IQ4_NL blocks as Q8_0 ones, exactly: the same scale, each index's level as the byte (n elements,
+// a multiple of 32). What the kernels read instead of IQ4_NL (model.cpp).
+void iq4_nl_to_q8_0(const void* src, void* dst, std::size_t n);
+
 }  // namespace promptly

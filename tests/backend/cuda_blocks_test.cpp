@@ -46,8 +46,13 @@ INSTANTIATE_TEST_SUITE_P(Formats, BlocksTest,
                          ::testing::Values(Case{DType::F32, WeightFormat::F32}, Case{DType::F16, WeightFormat::F16},
                                            Case{DType::BF16, WeightFormat::BF16}, Case{DType::Q8_0, WeightFormat::Q8_0},
                                            Case{DType::Q4_0, WeightFormat::Q4_0}, Case{DType::Q4_K, WeightFormat::Q4_K},
-                                           Case{DType::Q5_K, WeightFormat::Q5_K}, Case{DType::Q6_K, WeightFormat::Q6_K}),
+                                           Case{DType::Q5_K, WeightFormat::Q5_K}, Case{DType::Q6_K, WeightFormat::Q6_K},
+                                           Case{DType::IQ4_XS, WeightFormat::IQ4_XS}),
                          [](const auto& info) { return std::string(dtype_name(info.param.dtype)); });
+
+TEST(Blocks, IQ4LevelsAreTheTensorModules) {
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(iq4_level(i), kIQ4Levels[i]) << i;
+}
 
 TEST(Blocks, HalfConversionCoversSubnormalsInfinitiesAndSigns) {
   // Every 16-bit pattern but NaNs converts as the reference does.

@@ -196,6 +196,26 @@ TEST(Quantize, Q3KMMixIsLlamaCpps) {
   }
 }
 
+// IQ4_XS as llama.cpp's quantizer writes it from the code model's F16 file (checked with its
+// llama_model_quantize, file type 30): every matrix IQ4_XS but the tied output, Q6_K. Rows that do
+// not divide into 256-element blocks fall back to IQ4_NL, as there.
+TEST(Quantize, IQ4_XSIsLlamaCpps) {
+  test::TempDir dir;
+  ThreadPool pool(2);
+  quantize_model(test::shared_model("code/code-target-f16.gguf"), dir.file("iq4xs.gguf"), "IQ4_XS", pool);
+  auto f = gguf::File::open(dir.file("iq4xs.gguf"));
+  EXPECT_EQ(f->get_int("general.file_type"), 30);
+  for (const gguf::TensorInfo& t : f->tensors()) {
+    if (t.dims.size() != 2) continue;
+    EXPECT_EQ(t.type, t.name == "token_embd.weight" ? DType::Q6_K : DType::IQ4_XS) << t.name;
+  }
+  EXPECT_EQ(quantized_matrix_type(DType::IQ4_XS, false, "blk.0.attn_q.weight", 96, 4, true), DType::IQ4_NL);
+  EXPECT_EQ(quantized_matrix_type(DType::IQ4_XS, false, "blk.0.attn_q.weight", 100, 4, true), DType::F16);
+  EXPECT_EQ(quantized_matrix_type(DType::Q4_K, false, "blk.0.attn_q.weight", 96, 4, true), DType::Q8_0);
+  EXPECT_EQ(file_type_for(DType::IQ4_NL), 25u);
+  EXPECT_FALSE(parse_quant_target("IQ4_XS_K_M"));
+}
+
 // gen-model's Q3_K_M, Q4_K_M and Q5_K_M write the mixes quantize writes, tensor for tensor, with llama.cpp's
 // file types.
 TEST(GenModel, KMMixesAreTheMixesQuantizeWrites) {

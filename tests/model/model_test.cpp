@@ -156,10 +156,10 @@ TEST(Model, ClearErrorsForModelsItCannotRun) {
   expect_load_error(rewrite(base, dir.file("type.gguf"),
                             {{}, [](const gguf::TensorInfo& t, gguf::Writer& w) {
                                if (t.name != "blk.0.attn_q.weight") return false;
-                               w.add_tensor(t.name, t.dims, DType::IQ4_NL, [](std::uint8_t*) {});
+                               w.add_tensor(t.name, t.dims, DType::Q4_1, [](std::uint8_t*) {});
                                return true;
                              }}),
-                    "unsupported tensor type IQ4_NL in tensor 'blk.0.attn_q.weight'; supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K, Q6_K");
+                    "unsupported tensor type Q4_1 in tensor 'blk.0.attn_q.weight'; supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS");
   expect_load_error(rewrite(base, dir.file("shape.gguf"),
                             {{}, [](const gguf::TensorInfo& t, gguf::Writer& w) {
                                if (t.name != "blk.0.attn_k.weight") return false;
@@ -267,7 +267,7 @@ TEST(Model, FloatMatricesConvertAtLoadExactlyAsStoredInTheType) {
   as_f16.float_matrices_as = DType::F16;
   EXPECT_THROW(Model(gguf::File::open(base), nullptr, as_f16), Error);
   // Types the kernels do not read as stored (they load as Q8_0 and Q6_K from files) are refused too.
-  for (const DType other : {DType::Q5_0, DType::Q3_K}) {
+  for (const DType other : {DType::Q5_0, DType::Q3_K, DType::IQ4_NL}) {
     ModelLoadOptions as_other;
     as_other.float_matrices_as = other;
     EXPECT_THROW(Model(gguf::File::open(base), nullptr, as_other), Error) << dtype_name(other);

@@ -122,6 +122,44 @@ TEST(Dequantize, Q3_KHandBlock) {
   }
 }
 
+// IQ4_NL: each nibble indexes the 16 levels (-127 .. 113); element j in the low nibble of qs[j],
+// element j + 16 in the high.
+TEST(Dequantize, IQ4_NLHandBlock) {
+  BlockIQ4_NL b{};
+  b.d = 0x3800;  // 0.5
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<std::uint8_t>(j | ((15 - j) << 4));
+  const auto y = dequant(DType::IQ4_NL, &b, 32);
+  const float levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], 0.5f * levels[j]) << j;
+    EXPECT_EQ(y[j + 16], 0.5f * levels[15 - j]) << j;
+  }
+}
+
+// IQ4_XS: sub-block j's scale has its low 4 bits in the low (even j) or high nibble of
+// scales_l[j / 2], its high 2 bits in bits 2j of scales_h, stored + 32; each 32-element sub-block's
+// 16 bytes of qs are an IQ4_NL block's.
+TEST(Dequantize, IQ4_XSHandBlock) {
+  BlockIQ4_XS b{};
+  b.d = 0x3400;  // 0.25
+  const int scale_of[8] = {-32, -1, 0, 31, 5, -20, 17, 1};
+  for (int j = 0; j < 8; ++j) {
+    const int stored = scale_of[j] + 32;
+    b.scales_l[j / 2] |= static_cast<std::uint8_t>((stored & 0xf) << (4 * (j % 2)));
+    b.scales_h |= static_cast<std::uint16_t>((stored >> 4) << (2 * j));
+  }
+  EXPECT_EQ(b.scales_l[0], 0xf0);  // scales -32 (stored 0) and -1 (stored 31 = 0b01'1111)
+  EXPECT_EQ(b.scales_h & 0xf, 0x4);
+  for (int i = 0; i < 128; ++i) b.qs[i] = static_cast<std::uint8_t>(i * 37 + 11);
+  const auto y = dequant(DType::IQ4_XS, &b, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int sub = e / 32, at = e % 32;
+    const std::uint8_t byte = b.qs[16 * sub + at % 16];
+    const int index = at < 16 ? byte & 0xf : byte >> 4;
+    EXPECT_EQ(y[e], 0.25f * static_cast<float>(scale_of[sub]) * static_cast<float>(kIQ4Levels[index])) << e;
+  }
+}
+
 TEST(Dequantize, Q6_KHandBlocks) {
   BlockQ6_K b{};
   b.d = 0x3400;  // 0.25
@@ -273,6 +311,21 @@ TEST(Quantize, Q3_KBecomesQ6_KExactly) {
   EXPECT_THROW(q3_k_to_q6_k(q3.data(), q6.data(), 128), Error);
 }
 
+// IQ4_NL loads as Q8_0 (model.cpp): the same values, bit for bit, for every index.
+TEST(Quantize, IQ4_NLBecomesQ8_0Exactly) {
+  std::mt19937 rng(6);
+  std::vector<BlockIQ4_NL> q4(64);
+  for (BlockIQ4_NL& b : q4) {
+    b.d = fp32_to_fp16(std::uniform_real_distribution<float>(-3.0f, 3.0f)(rng));
+    for (std::uint8_t& v : b.qs) v = static_cast<std::uint8_t>(rng());
+  }
+  std::vector<BlockQ8_0> q8(q4.size());
+  const std::size_t n = q4.size() * 32;
+  iq4_nl_to_q8_0(q4.data(), q8.data(), n);
+  expect_same_values(DType::IQ4_NL, q4.data(), DType::Q8_0, q8.data(), n);
+  EXPECT_THROW(iq4_nl_to_q8_0(q4.data(), q8.data(), 48), Error);
+}
+
 // Relative RMS error of quantize -> dequantize on Gaussian data, against each format's resolution.
 struct RoundTripCase {
   DType type;
@@ -309,10 +362,11 @@ INSTANTIATE_TEST_SUITE_P(Formats, RoundTrip,
                          ::testing::Values(RoundTripCase{DType::F16, 1e-3}, RoundTripCase{DType::BF16, 5e-3},
                                            RoundTripCase{DType::Q8_0, 0.012}, RoundTripCase{DType::Q4_0, 0.13},
                                            RoundTripCase{DType::Q5_0, 0.065}, RoundTripCase{DType::Q3_K, 0.18}, RoundTripCase{DType::Q4_K, 0.11},
-                                           RoundTripCase{DType::Q5_K, 0.055}, RoundTripCase{DType::Q6_K, 0.035}));
+                                           RoundTripCase{DType::Q5_K, 0.055}, RoundTripCase{DType::Q6_K, 0.035},
+                                           RoundTripCase{DType::IQ4_NL, 0.12}, RoundTripCase{DType::IQ4_XS, 0.12}));
 
 TEST(Quantize, ZeroBlocksStayZero) {
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS}) {
     std::vector<float> x(256, 0.0f), y(256, 1.0f);
     std::vector<std::uint8_t> q(row_bytes(t, 256));
     quantize_row(t, x.data(), q.data(), 256);

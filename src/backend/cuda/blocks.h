@@ -17,7 +17,7 @@ namespace promptly::backend::cuda {
 
 // The formats the device kernels decode (a subset of DType, numbered apart so that this header
 // needs nothing from the host-only code).
-enum class WeightFormat : int { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K };
+enum class WeightFormat : int { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS };
 
 PROMPTLY_HD std::uint16_t load_u16(const std::uint8_t* p) { return static_cast<std::uint16_t>(p[0] | (p[1] << 8)); }
 
@@ -70,6 +70,7 @@ PROMPTLY_HD FormatSize format_size(WeightFormat f) {
     case WeightFormat::Q4_K: return {256, 144};
     case WeightFormat::Q5_K: return {256, 176};
     case WeightFormat::Q6_K: return {256, 210};
+    case WeightFormat::IQ4_XS: return {256, 136};
   }
   return {32, 0};
 }
@@ -91,6 +92,21 @@ struct BytesAt {
   PROMPTLY_HD int operator()(int k) const { return p[k]; }
 };
 PROMPTLY_HD void q4k_scale_min(int j, const std::uint8_t* q, int& sc, int& m) { q4k_scale_min_of(j, BytesAt{q}, sc, m); }
+
+// The 16 IQ4 levels (tensor/dtype.h's kIQ4Levels), four to a word: byte k of kIQ4LevelsFrom4w is
+// level 4w + k. Scalars, which device code can read as immediates (an array would be host memory).
+constexpr std::uint32_t kIQ4LevelsFrom0 = 0xbfad9881u, kIQ4LevelsFrom4 = 0xf6eaddcfu, kIQ4LevelsFrom8 = 0x26190d01u,
+                        kIQ4LevelsFrom12 = 0x71594535u;
+// Level i (0..15): the word chosen by comparisons, not an array a lane would index dynamically.
+PROMPTLY_HD int iq4_level(int i) {
+  const std::uint32_t word = i < 8 ? (i < 4 ? kIQ4LevelsFrom0 : kIQ4LevelsFrom4) : (i < 12 ? kIQ4LevelsFrom8 : kIQ4LevelsFrom12);
+  return static_cast<std::int8_t>((word >> (8 * (i % 4))) & 0xffu);
+}
+
+// IQ4_XS sub-block j's (0..7) scale, -32..31, from its block's bytes 2..7.
+PROMPTLY_HD int iq4_xs_scale_of(const std::uint8_t* block, int j) {
+  return (((block[4 + j / 2] >> (4 * (j % 2))) & 0xf) | (((load_u16(block + 2) >> (2 * j)) & 3) << 4)) - 32;
+}
 
 // Elements [32 * chunk, 32 * chunk + 32) of the row starting at `row`, as floats.
 template <WeightFormat F>
@@ -144,6 +160,15 @@ PROMPTLY_HD void decode_chunk(const std::uint8_t* row, int chunk, float* out) {
       const int q = (((ql[l] >> low_shift) & 0xf) | (((qh[l] >> high_shift) & 3) << 4)) - 32;
       out[l] = d * static_cast<float>(sc[l / 16]) * static_cast<float>(q);
     }
+  } else if constexpr (F == WeightFormat::IQ4_XS) {
+    const std::uint8_t* b = row + (chunk / 8) * 136;
+    const int j = chunk % 8;
+    const float scale = half_to_float(load_u16(b)) * static_cast<float>(iq4_xs_scale_of(b, j));
+    const std::uint8_t* q = b + 8 + 16 * j;  // element l in the low nibble of q[l], l + 16 in the high
+    for (int l = 0; l < 16; ++l) {
+      out[l] = scale * static_cast<float>(iq4_level(q[l] & 0xf));
+      out[l + 16] = scale * static_cast<float>(iq4_level(q[l] >> 4));
+    }
   }
 }
 
@@ -158,6 +183,7 @@ PROMPTLY_HD void decode_chunk(WeightFormat f, const std::uint8_t* row, int chunk
     case WeightFormat::Q4_K: decode_chunk<WeightFormat::Q4_K>(row, chunk, out); break;
     case WeightFormat::Q5_K: decode_chunk<WeightFormat::Q5_K>(row, chunk, out); break;
     case WeightFormat::Q6_K: decode_chunk<WeightFormat::Q6_K>(row, chunk, out); break;
+    case WeightFormat::IQ4_XS: decode_chunk<WeightFormat::IQ4_XS>(row, chunk, out); break;
   }
 }
 

@@ -365,6 +365,48 @@ __device__ __forceinline__ void q5k_row_q8(const std::uint8_t* wr, bool active, 
   }
 }
 
+// Four IQ4 levels as int8 bytes (what dp4a takes) from four level indices (0..15), one per byte of
+// idx: __byte_perm looks the low 3 bits up in levels 0..7 and in levels 8..15 (two words each), and
+// the fourth bit picks between the two, byte by byte.
+__device__ __forceinline__ int iq4_levels4(unsigned idx) {
+  const unsigned select = (idx & 0x7u) | ((idx >> 4) & 0x70u) | ((idx >> 8) & 0x700u) | ((idx >> 12) & 0x7000u);
+  const unsigned low = __byte_perm(kIQ4LevelsFrom0, kIQ4LevelsFrom4, select);
+  const unsigned high = __byte_perm(kIQ4LevelsFrom8, kIQ4LevelsFrom12, select);
+  const unsigned upper = ((idx >> 3) & 0x01010101u) * 0xffu;
+  return static_cast<int>((low & ~upper) | (high & upper));
+}
+
+// The same for an IQ4_XS row, mapped as Q5_K's: lane = (superblock lane / 8 of every 4, sub-block
+// j = lane % 8). A sub-block's 32 levels are looked up once, in 8 registers (iq4_levels4); they are
+// signed, as dp4a takes them, so no offset term.
+__device__ __forceinline__ void iq4xs_row_q8(const std::uint8_t* wr, bool active, int cols, const std::int8_t* xq, const float2* xds, int T,
+                                             float (&acc)[kGemvMaxTokens]) {
+  const int lane = threadIdx.x % kWarp;
+  const int n_super = cols / 256, x_blocks = cols / 32, j = lane % 8;
+  for (int sb = lane / 8; active && sb < n_super; sb += kWarp / 8) {
+    const std::uint8_t* block = wr + static_cast<std::size_t>(sb) * 136;  // 136 = 17 x 8: 8-aligned
+    const uint2 qa = *reinterpret_cast<const uint2*>(block + 8 + 16 * j), qb = *reinterpret_cast<const uint2*>(block + 16 + 16 * j);
+    const float scale = half_to_float(load_u16(block)) * static_cast<float>(iq4_xs_scale_of(block, j));
+    const unsigned q[4] = {qa.x, qa.y, qb.x, qb.y};  // element l's index in the low nibble of byte l, l + 16's in the high
+    int v[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[i] = iq4_levels4(q[i] & 0x0f0f0f0fu);
+      v[i + 4] = iq4_levels4((q[i] >> 4) & 0x0f0f0f0fu);
+    }
+#pragma unroll
+    for (int t = 0; t < kGemvMaxTokens; ++t) {
+      if (t < T) {
+        const XChunk x = x_chunk(xq, t, cols, sb * 256 + j * 32);
+        int dot = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot = __dp4a(v[i], x.w[i], dot);
+        acc[t] += scale * xds[static_cast<std::size_t>(t) * x_blocks + sb * 8 + j].x * static_cast<float>(dot);
+      }
+    }
+  }
+}
+
 // Four bytes at an address only 2-aligned (Q6_K's 210-byte blocks), as two 16-bit loads.
 __device__ __forceinline__ unsigned load_u32_2aligned(const std::uint8_t* p) {
   const std::uint16_t* h = reinterpret_cast<const std::uint16_t*>(p);
@@ -511,6 +553,7 @@ __device__ __forceinline__ GemvBlock gemv_q8_block(const GemvParts& parts, const
       case WeightFormat::Q4_K: q4k_row_q8(wr, active, cols, xq_at, xds_at, n, acc); break;
       case WeightFormat::Q5_K: q5k_row_q8(wr, active, cols, xq_at, xds_at, n, acc); break;
       case WeightFormat::Q6_K: q6k_row_q8(wr, active, cols, xq_at, xds_at, n, acc); break;
+      case WeightFormat::IQ4_XS: iq4xs_row_q8(wr, active, cols, xq_at, xds_at, n, acc); break;
       case WeightFormat::Q8_0: q8_0_or_q4_0_row_q8<WeightFormat::Q8_0>(wr, active, cols, xq_at, xds_at, n, acc); break;
       default: q8_0_or_q4_0_row_q8<WeightFormat::Q4_0>(wr, active, cols, xq_at, xds_at, n, acc); break;
     }
@@ -639,6 +682,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_experts_kernel(Expert
       case WeightFormat::Q4_K: q4k_row_q8(wr, active, g.cols, q, ds, 1, acc); break;
       case WeightFormat::Q5_K: q5k_row_q8(wr, active, g.cols, q, ds, 1, acc); break;
       case WeightFormat::Q6_K: q6k_row_q8(wr, active, g.cols, q, ds, 1, acc); break;
+      case WeightFormat::IQ4_XS: iq4xs_row_q8(wr, active, g.cols, q, ds, 1, acc); break;
       case WeightFormat::Q8_0: q8_0_or_q4_0_row_q8<WeightFormat::Q8_0>(wr, active, g.cols, q, ds, 1, acc); break;
       default: q8_0_or_q4_0_row_q8<WeightFormat::Q4_0>(wr, active, g.cols, q, ds, 1, acc); break;
     }
@@ -1426,6 +1470,7 @@ void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const 
     case WeightFormat::Q4_K: launch(gemv_kernel<WeightFormat::Q4_K>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
     case WeightFormat::Q5_K: launch(gemv_kernel<WeightFormat::Q5_K>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
     case WeightFormat::Q6_K: launch(gemv_kernel<WeightFormat::Q6_K>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
+    case WeightFormat::IQ4_XS: launch(gemv_kernel<WeightFormat::IQ4_XS>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
   }
 }
 
@@ -1438,7 +1483,8 @@ bool gemv_q8_takes(WeightFormat format, int cols) {
   switch (format) {
     case WeightFormat::Q4_K:
     case WeightFormat::Q5_K:
-    case WeightFormat::Q6_K: return cols % 256 == 0;
+    case WeightFormat::Q6_K:
+    case WeightFormat::IQ4_XS: return cols % 256 == 0;
     case WeightFormat::Q8_0:
     case WeightFormat::Q4_0: return cols % 32 == 0;
     default: return false;
