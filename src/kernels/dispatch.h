@@ -18,6 +18,7 @@ constexpr std::size_t kQ4KGroupBytes = 2368;      // one super-block of 16 rows 
 constexpr std::size_t kQ5KGroupBytes = 2368 + 512;  // ... in the Q5_Kx16 layout: Q4_Kx16's, then the fifth bits
 constexpr std::size_t kQ6KGroupBytes = 4384;      // ... and in the Q6_Kx16 layout
 constexpr std::size_t kIQ4XSGroupBytes = 2208;    // ... and in the IQ4_XSx16 layout
+constexpr std::size_t kQ3KGroupBytes = 1824;      // ... and in the Q3_Kx16 layout
 
 // Activations quantized to Q8_0 for integer dot products: per token, n_blocks blocks, plus
 // d * sum(q) per block (Q4_0's -8 offset is applied through it).
@@ -136,6 +137,8 @@ struct KernelTable {
                         std::size_t n_tokens, float* y, std::size_t ldy);
   void (*gemm_iq4_xs_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                           std::size_t n_tokens, float* y, std::size_t ldy);
+  void (*gemm_q3_k_x16)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                        std::size_t n_tokens, float* y, std::size_t ldy);
   // F16x4 / BF16x4 layouts against F32 activations (cols values per token); r0 and r1 are multiples of 4.
   void (*gemm_f16_x4)(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const float* x, std::size_t n_tokens,
                       float* y, std::size_t ldy);
@@ -206,6 +209,8 @@ void gemm_q4_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
 void gemm_q5_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                              std::size_t n_tokens, float* y, std::size_t ldy);
 void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                             std::size_t n_tokens, float* y, std::size_t ldy);
+void gemm_q3_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                              std::size_t n_tokens, float* y, std::size_t ldy);
 void gemm_iq4_xs_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                                std::size_t n_tokens, float* y, std::size_t ldy);

@@ -53,7 +53,8 @@ const KernelTable& avx2_kernels() {
   static const KernelTable table{"avx2",         avx2::quantize_activations, avx2::gemm_q8_0, avx2::gemm_q4_0,
                                  avx2::gemm_float<DType::F16>, avx2::gemm_float<DType::BF16>, avx2::gemm_float<DType::F32>, avx2::Isa::dot_f32, avx2::attention,
                                  gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
-                                 gemm_q4_k_x16_reference, gemm_q5_k_x16_reference, gemm_q6_k_x16_reference, gemm_iq4_xs_x16_reference, gemm_f16_x4_reference,
+                                 gemm_q4_k_x16_reference, gemm_q5_k_x16_reference, gemm_q6_k_x16_reference, gemm_iq4_xs_x16_reference, gemm_q3_k_x16_reference,
+                                 gemm_f16_x4_reference,
                                  gemm_bf16_x4_reference, avx2::gemm_dequant,
                                  attention_tile_each<avx2::attention>, false, false, silu_mul_reference,
                                  gelu_tanh_mul_reference, nullptr};

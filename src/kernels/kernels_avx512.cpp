@@ -475,6 +475,61 @@ void tile_q6_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
 }
 
 
+// Q3_Kx16: 16 rows x C tokens. Per 16-element sub-block, one 64-byte load holds its four weight
+// vectors' low 2 bits (a shift and a mask each) and four 64-bit masks their third bits (added as 4
+// by one masked byte add): levels 0..7, unsigned bytes for VNNI. The -4 offset through the
+// activation half-block sums, then the sub-block scale (d * sc): Q6_Kx16's tile otherwise.
+template <int C>
+void tile_q3_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+  constexpr int A = C >= 8 ? 1 : C >= 4 ? 2 : 4;
+  __m512 acc[C];
+#pragma GCC unroll 16
+  for (int j = 0; j < C; ++j) acc[j] = _mm512_setzero_ps();
+  const float* half_sums[C];
+  for (int j = 0; j < C; ++j) half_sums[j] = x.half_sums + 2 * (t + j) * x.n_blocks;
+  const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+  for (std::size_t sb = 0; sb < nsb; ++sb) {
+    const std::uint8_t* g = group + sb * kQ3KGroupBytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
+    for (int s = 0; s < 16; ++s) {
+      if constexpr (C <= 2) {  // few tokens wait on memory: fetch the next super-block's bits ahead
+        _mm_prefetch(reinterpret_cast<const char*>(g) + kQ3KGroupBytes + 288 + 64 * s, _MM_HINT_T0);
+        if (s % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(g) + kQ3KGroupBytes + 1312 + 32 * s, _MM_HINT_T0);
+      }
+      const std::size_t k_block = sb * 8 + static_cast<std::size_t>(s / 2);
+      const ActivationBlock* xb = x.act + k_block * x.act_stride + t;
+      const int half = s % 2;
+      __m512i dot[C][A];
+#pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) {
+        for (int a = 0; a < A; ++a) dot[j][a] = _mm512_setzero_si512();
+      }
+      const __m512i low = _mm512_loadu_si512(g + 288 + 64 * s);
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        std::uint64_t third;
+        std::memcpy(&third, g + 1312 + 32 * s + 8 * k, sizeof third);
+        __m512i q = _mm512_and_si512(_mm512_srli_epi16(low, 2 * k), three);
+        q = _mm512_mask_add_epi8(q, _cvtu64_mask64(third), q, four);
+#pragma GCC unroll 16
+        for (int j = 0; j < C; ++j) dot[j][k % A] = dpbusd_broadcast(dot[j][k % A], q, xb[j].qs + 16 * half + 4 * k);
+      }
+      const __m512 scale =
+          _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 32 + 16 * s)))));
+#pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) {
+        for (int a = 1; a < A; ++a) dot[j][0] = _mm512_add_epi32(dot[j][0], dot[j][a]);
+        // d_x * dot - 4 * d_x * sum(x half)
+        const __m512 corrected = _mm512_fmsub_ps(_mm512_set1_ps(xb[j].d), _mm512_cvtepi32_ps(dot[j][0]),
+                                                 _mm512_set1_ps(4.0f * half_sums[j][2 * k_block + half]));
+        acc[j] = _mm512_fmadd_ps(scale, corrected, acc[j]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < C; ++j) _mm512_storeu_ps(y + (t + j) * ldy, acc[j]);
+}
+
 // Near-equal token tiles: the fewest of at most kMax tokens (9 tokens: one tile of 9, 14: 7 + 7)
 // rather than full tiles plus a remainder: a tile of 1-3 tokens pays the group's unpacking and its
 // latency for little work (13% of a mixed decode/prefill step's time went to such remainders).
@@ -485,7 +540,7 @@ struct TokenTiles {
   std::size_t size(std::size_t i) const { return base + (i < larger); }
 };
 
-// No two-group tile (Q4_K, Q5_K, Q6_K, IQ4_XS).
+// No two-group tile (the K-quants, IQ4_XS).
 template <int C>
 struct NoPairTile {
   static void run(const std::uint8_t*, std::size_t, std::size_t, const QuantizedRows&, std::size_t, float*, std::size_t) {}
@@ -567,6 +622,12 @@ template <int C>
 struct Q6_KTile {
   static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
     tile_q6_k_x16<C>(g, n, x, t, y, ldy);
+  }
+};
+template <int C>
+struct Q3_KTile {
+  static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+    tile_q3_k_x16<C>(g, n, x, t, y, ldy);
   }
 };
 template <int C>
@@ -1167,7 +1228,8 @@ const KernelTable& avx512_kernels() {
                                  avx512::x16_driver<kQ4KGroupBytes, kQK_K, 12, avx512::Q4_KTile>,
                                  avx512::x16_driver<kQ5KGroupBytes, kQK_K, 12, avx512::Q5_KTile>,
                                  avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Q6_KTile>,
-                                 avx512::x16_driver<kIQ4XSGroupBytes, kQK_K, 12, avx512::IQ4_XSTile>, avx512::gemm_half_x4<DType::F16>,
+                                 avx512::x16_driver<kIQ4XSGroupBytes, kQK_K, 12, avx512::IQ4_XSTile>,
+                                 avx512::x16_driver<kQ3KGroupBytes, kQK_K, 12, avx512::Q3_KTile>, avx512::gemm_half_x4<DType::F16>,
                                  avx512::gemm_half_x4<DType::BF16>, avx512::gemm_dequant,
                                  avx512::attention_tile, false, true, avx512::silu_mul, avx512::gelu_tanh_mul,
                                  avx512::int8_throughput_probe};

@@ -334,6 +334,38 @@ void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
   }
 }
 
+void gemm_q3_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                             std::size_t n_tokens, float* y, std::size_t ldy) {
+  const std::size_t nsb = cols / kQK_K;
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::uint8_t* group = w + (r / 16) * nsb * kQ3KGroupBytes;
+    const std::size_t lane = r % 16;
+    for (std::size_t t = 0; t < n_tokens; ++t) {
+      const BlockQ8_0* xb = x.blocks + t * x.n_blocks;
+      float acc = 0.0f;
+      for (std::size_t sb = 0; sb < nsb; ++sb) {
+        const std::uint8_t* g = group + sb * kQ3KGroupBytes;
+        std::uint16_t d16;
+        std::memcpy(&d16, g + 2 * lane, 2);
+        const float d = fp16_to_fp32(d16);
+        for (int s = 0; s < 16; ++s) {
+          const float sc = static_cast<float>(static_cast<std::int8_t>(g[32 + 16 * s + lane]));
+          const BlockQ8_0& xk = xb[sb * 8 + static_cast<std::size_t>(s / 2)];
+          int dot = 0;
+          for (int e = 0; e < 16; ++e) {
+            const std::size_t at = 4 * lane + static_cast<std::size_t>(e % 4);
+            const int k = e / 4;
+            const int low = (g[288 + 64 * s + at] >> (2 * k)) & 3, third = (g[1312 + 32 * s + 8 * k + at / 8] >> (at % 8)) & 1;
+            dot += (low + 4 * third - 4) * xk.qs[16 * (s % 2) + e];
+          }
+          acc += d * sc * fp16_to_fp32(xk.d) * static_cast<float>(dot);
+        }
+      }
+      y[t * ldy + r] = acc;
+    }
+  }
+}
+
 void gemm_iq4_xs_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                                std::size_t n_tokens, float* y, std::size_t ldy) {
   const std::size_t nsb = cols / kQK_K;
@@ -368,7 +400,8 @@ void gemm_iq4_xs_x16_reference(const std::uint8_t* w, std::size_t cols, std::siz
 const KernelTable& scalar_kernels() {
   static const KernelTable table{"scalar", quantize_activations, gemm_q8_0, gemm_q4_0, gemm_half<fp16_to_fp32>, gemm_half<bf16_to_fp32>,
                                  gemm_f32, dot_f32, attention, gemm_q4_0_x16_reference, gemm_q8_0_x16_reference,
-                                 gemm_q4_k_x16_reference, gemm_q5_k_x16_reference, gemm_q6_k_x16_reference, gemm_iq4_xs_x16_reference, gemm_f16_x4_reference,
+                                 gemm_q4_k_x16_reference, gemm_q5_k_x16_reference, gemm_q6_k_x16_reference, gemm_iq4_xs_x16_reference, gemm_q3_k_x16_reference,
+                                 gemm_f16_x4_reference,
                                  gemm_bf16_x4_reference, gemm_dequant,
                                  attention_tile_each<attention>, false, false, silu_mul_reference,
                                  gelu_tanh_mul_reference, nullptr};

@@ -115,6 +115,7 @@ void matmul_rows(const KernelTable& kt, const WeightMatrix& w, const Activations
                       : w.layout == Layout::Q4_Kx16 ? kt.gemm_q4_k_x16
                       : w.layout == Layout::Q5_Kx16 ? kt.gemm_q5_k_x16
                       : w.layout == Layout::Q6_Kx16 ? kt.gemm_q6_k_x16
+                      : w.layout == Layout::Q3_Kx16 ? kt.gemm_q3_k_x16
                                                     : kt.gemm_iq4_xs_x16;
     gemm(w.data, w.cols, b, e, x.rows(w.cols / kQK8_0), n_tokens, y, ldy);
     return;
@@ -184,7 +185,7 @@ bool can_repack_x16(const WeightMatrix& w) {
   if (w.layout != Layout::Plain || w.rows == 0) return false;
   if (w.type == DType::F16 || w.type == DType::BF16) return w.rows % 4 == 0 && w.cols % 16 == 0 && w.cols > 0;
   return (w.type == DType::Q4_0 || w.type == DType::Q8_0 || w.type == DType::Q4_K || w.type == DType::Q5_K || w.type == DType::Q6_K ||
-          w.type == DType::IQ4_XS) &&
+          w.type == DType::Q3_K || w.type == DType::IQ4_XS) &&
          w.rows % 16 == 0;
 }
 
@@ -193,6 +194,7 @@ std::size_t repacked_bytes(const WeightMatrix& w) {
   if (w.type == DType::Q5_K) return w.rows / 16 * (w.cols / kQK_K) * kQ5KGroupBytes;
   if (w.type == DType::Q6_K) return w.rows / 16 * (w.cols / kQK_K) * kQ6KGroupBytes;
   if (w.type == DType::IQ4_XS) return w.rows / 16 * (w.cols / kQK_K) * kIQ4XSGroupBytes;
+  if (w.type == DType::Q3_K) return w.rows / 16 * (w.cols / kQK_K) * kQ3KGroupBytes;
   return w.rows * w.row_stride();
 }
 
@@ -262,6 +264,36 @@ void repack_q6_k_x16(const WeightMatrix& w, std::uint8_t* out) {
   }
 }
 
+void repack_q3_k_x16(const WeightMatrix& w, std::uint8_t* out) {
+  const std::size_t nsb = w.cols / kQK_K;
+  std::int8_t levels[kQK_K];
+  for (std::size_t grp = 0; grp < w.rows / 16; ++grp) {
+    for (std::size_t sb = 0; sb < nsb; ++sb) {
+      std::uint8_t* g = out + (grp * nsb + sb) * kQ3KGroupBytes;
+      std::memset(g + 1312, 0, kQ3KGroupBytes - 1312);
+      for (std::size_t lane = 0; lane < 16; ++lane) {
+        const BlockQ3_K& src = reinterpret_cast<const BlockQ3_K*>(w.row(grp * 16 + lane))[sb];
+        std::memcpy(g + 2 * lane, &src.d, 2);
+        for (int s = 0; s < 16; ++s) g[32 + 16 * s + lane] = static_cast<std::uint8_t>(static_cast<std::int8_t>(q3k_scale(s, src.scales)));
+        q3_k_levels(src, levels);  // stored + 4: 0..7
+        for (int s = 0; s < 16; ++s) {
+          const std::int8_t* sub = levels + 16 * s;
+          for (int e = 0; e < 4; ++e) {  // byte 4 * lane + e: the low 2 bits of the four vectors' element e
+            int low = 0;
+            for (int k = 0; k < 4; ++k) low |= ((sub[4 * k + e] + 4) & 3) << (2 * k);
+            g[288 + 64 * s + 4 * lane + e] = static_cast<std::uint8_t>(low);
+          }
+          for (int k = 0; k < 4; ++k) {  // mask k: this row's four third bits are nibble lane % 2 of byte lane / 2
+            int third = 0;
+            for (int e = 0; e < 4; ++e) third |= (((sub[4 * k + e] + 4) >> 2) & 1) << e;
+            g[1312 + 32 * s + 8 * k + lane / 2] |= static_cast<std::uint8_t>(third << (4 * (lane % 2)));
+          }
+        }
+      }
+    }
+  }
+}
+
 void repack_iq4_xs_x16(const WeightMatrix& w, std::uint8_t* out) {
   const std::size_t nsb = w.cols / kQK_K;
   for (std::size_t grp = 0; grp < w.rows / 16; ++grp) {
@@ -313,6 +345,10 @@ Layout repack_x16(const WeightMatrix& w, std::uint8_t* out) {
   if (w.type == DType::IQ4_XS) {
     repack_iq4_xs_x16(w, out);
     return Layout::IQ4_XSx16;
+  }
+  if (w.type == DType::Q3_K) {
+    repack_q3_k_x16(w, out);
+    return Layout::Q3_Kx16;
   }
   const std::size_t nb = w.cols / 32;
   const bool q8 = w.type == DType::Q8_0;

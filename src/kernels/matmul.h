@@ -20,6 +20,7 @@ enum class Layout {
   Q4_Kx16,  // Q4_K likewise, scales unpacked (see repack_x16)
   Q5_Kx16,  // Q5_K likewise: Q4_Kx16's, with each quant's fifth bit as 64-bit masks
   Q6_Kx16,  // Q6_K likewise, quants unpacked to bytes
+  Q3_Kx16,  // Q3_K likewise: Q6_Kx16's scales, each level's low 2 bits packed four vectors to a byte, third bits as masks
   IQ4_XSx16,  // IQ4_XS likewise: Q4_Kx16's arrangement, int8 scales and no mins
   F16x4,    // F16, 4 rows interleaved 16 columns at a time (see repack_x16)
   BF16x4,   // BF16 likewise
@@ -150,6 +151,11 @@ float dot_f32(const float* a, const float* b, std::size_t n);
 // sub-block-major: 16 x 16 bytes), then the 6-bit quants as bytes (0..63) in 64 four-element groups
 // of 16 rows. 4384 bytes for 16 x 210 (30% larger: unpacking 6-bit fields per token would cost more
 // than reading the bytes; Q6_K is a minority of a Q4_K_M file).
+// Q3_K: per group and super-block: the 16 fp16 d, the 16 sub-block scales of each row (int8,
+// -32..31, placed as Q6_Kx16's), then for each 16-element sub-block s 64 bytes whose bits 2k, 2k + 1
+// at byte 4 * row + e are the low 2 bits of element 16s + 4k + e's level (stored + 4: 0..7), then
+// per sub-block four 64-bit masks, bit 4 * row + e of mask k its third bit. 1824 bytes for 16 x 110
+// (3.6% larger): one load and a shift per weight vector, where Q6_Kx16's bytes would be 2.4x the file.
 // IQ4_XS: per group and super-block: the 16 fp16 d, per 32-element sub-block s the 16 rows' signed
 // scales (int8, -32..31), then the 4-bit level indices arranged as Q4_Kx16's quants (per pair of
 // sub-blocks, low nibbles sub-block 2p, high 2p + 1). 2208 bytes for 16 x 136 (1.5% larger).

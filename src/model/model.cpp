@@ -209,7 +209,7 @@ Model::Model(std::shared_ptr<const gguf::File> file, std::shared_ptr<parallel::C
     config_ = tensor_parallel::local_config(c, ranks);
   }
 
-  convert_matrices(options.float_matrices_as);
+  convert_matrices(options.float_matrices_as, options.keep_file_layout);
   if (!options.keep_file_layout) repack_for_kernels();
   if (converted_.data()) {  // the repacking may have copied every converted matrix away
     const std::uint8_t *lo = converted_.data(), *hi = lo + converted_.size();
@@ -268,37 +268,46 @@ std::vector<kernels::WeightMatrix*> Model::layer_and_output_matrices() {
 
 namespace {
 
-// The types no kernel reads, and the type each becomes at load, exactly: Q5_0 as Q8_0 (the same
-// scales, each level a byte), Q3_K as Q6_K (the same d, each sub-block scale an int8 one, levels
+// The types no kernel reads as stored, and the type each becomes at load, exactly: Q5_0 as Q8_0 (the
+// same scales, each level a byte), Q3_K as Q6_K (the same d, each sub-block scale an int8 one, levels
 // -4..3 among Q6_K's -32..31), IQ4_NL as Q8_0 (the same scale, each index's level a byte). The int8
 // kernels, repacked or on the GPU, read those. A token streams more bytes (Q5_0: 34 against 22 a
 // block; Q3_K: 210 against 110; IQ4_NL: 34 against 18), and still decodes several times faster than
-// through the dequantizing path (docs/performance.md, 2026-12-07). IQ4_XS has kernels of its own.
+// through the dequantizing path (docs/performance.md, 2026-12-07). unless_repacked: the AVX-512
+// kernels read the type repacked (Q3_Kx16), so a matrix that will be repacked keeps it. IQ4_XS has
+// kernels of its own everywhere.
 struct LoadConversion {
   DType from, to;
   void (*convert)(const void* src, void* dst, std::size_t n);
+  bool unless_repacked;
 };
-constexpr LoadConversion kLoadConversions[] = {
-    {DType::Q5_0, DType::Q8_0, q5_0_to_q8_0}, {DType::Q3_K, DType::Q6_K, q3_k_to_q6_k}, {DType::IQ4_NL, DType::Q8_0, iq4_nl_to_q8_0}};
+constexpr LoadConversion kLoadConversions[] = {{DType::Q5_0, DType::Q8_0, q5_0_to_q8_0, false},
+                                               {DType::Q3_K, DType::Q6_K, q3_k_to_q6_k, true},
+                                               {DType::IQ4_NL, DType::Q8_0, iq4_nl_to_q8_0, false}};
 
-const LoadConversion* load_conversion_of(DType stored) {
+const LoadConversion* load_conversion_of(DType stored, bool repacked) {
   for (const LoadConversion& c : kLoadConversions) {
-    if (c.from == stored) return &c;
+    if (c.from == stored && !(c.unless_repacked && repacked)) return &c;
   }
   return nullptr;
 }
 
+// Whether the CPU kernels will read this matrix repacked (Model::repack_for_kernels).
+bool will_repack(const kernels::WeightMatrix& m, bool keep_file_layout) {
+  return !keep_file_layout && kernels::active_isa() >= kernels::Isa::Avx512 && kernels::can_repack_x16(m);
+}
+
 }  // namespace
 
-DType kernel_type_of(DType stored) {
-  const LoadConversion* c = load_conversion_of(stored);
+DType kernel_type_of(DType stored, bool repacked) {
+  const LoadConversion* c = load_conversion_of(stored, repacked);
   return c ? c->to : stored;
 }
 
 // The matrices of the types kLoadConversions lists become their kernel types. With floats_to (one
 // of the types the int8 kernels read as stored: what a draft's F16 matrices may become), the float
 // matrices (F32, F16, BF16) are quantized to it.
-void Model::convert_matrices(std::optional<DType> floats_to) {
+void Model::convert_matrices(std::optional<DType> floats_to, bool keep_file_layout) {
   constexpr DType kFloatsTo[] = {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K};
   if (floats_to && std::find(std::begin(kFloatsTo), std::end(kFloatsTo), *floats_to) == std::end(kFloatsTo)) {
     throw Error("model '" + file_->path() + "': float matrices convert at load to Q8_0, Q4_0, Q4_K or Q6_K, not " +
@@ -306,7 +315,7 @@ void Model::convert_matrices(std::optional<DType> floats_to) {
   }
   const auto target = [&](const kernels::WeightMatrix& m) -> std::optional<DType> {
     if (m.layout != kernels::Layout::Plain) return std::nullopt;
-    if (const LoadConversion* exact = load_conversion_of(m.type)) return exact->to;
+    if (const LoadConversion* exact = load_conversion_of(m.type, will_repack(m, keep_file_layout))) return exact->to;
     const bool is_float = m.type == DType::F32 || m.type == DType::F16 || m.type == DType::BF16;
     if (is_float && floats_to && m.cols % dtype_info(*floats_to).block_size == 0) return floats_to;
     return std::nullopt;
@@ -326,7 +335,7 @@ void Model::convert_matrices(std::optional<DType> floats_to) {
   for (const auto& [m, to] : conversions) {
     row.resize(m->cols);
     const std::size_t stride = row_bytes(to, m->cols);
-    const LoadConversion* exact = load_conversion_of(m->type);
+    const LoadConversion* exact = load_conversion_of(m->type, false);  // m is converting: no exemption applied
     for (std::size_t r = 0; r < m->rows; ++r) {
       if (exact) {
         exact->convert(m->row(r), next + r * stride, m->cols);

@@ -45,16 +45,17 @@ struct LayerWeights {
   bool local = false;  // sliding-window attention (see ModelConfig::layer_is_local)
 };
 
-// The type the model's kernels read a matrix stored as `stored` in: Q5_0's exact Q8_0 or Q3_K's
-// exact Q6_K (see Model::convert_matrices), else the stored type. What a decode step streams, and so its floor.
-DType kernel_type_of(DType stored);
+// The type the model's kernels read a matrix stored as `stored` in: Q5_0's and IQ4_NL's exact Q8_0,
+// or Q3_K's exact Q6_K unless the CPU kernels read it repacked (see Model::convert_matrices), else the
+// stored type. What a decode step streams, and so its floor.
+DType kernel_type_of(DType stored, bool repacked);
 
 struct ModelLoadOptions {
   // Converts the float matrices (F32, F16, BF16; the token embedding table and norms stay) to this
   // type as they load, into memory of the model's own. For a draft model, whose numbers only steer
   // which tokens are guessed: a Q8_0 draft streams half an F16 one's bytes at the same guesses
-  // (README, Speculative decoding). Q8_0, Q4_0, Q4_K or Q6_K. (Q5_0 and Q3_K matrices always load as
-  // Q8_0 and Q6_K, exactly: see convert_matrices.)
+  // (README, Speculative decoding). Q8_0, Q4_0, Q4_K or Q6_K. (Q5_0 and IQ4_NL matrices always load
+  // as Q8_0, and Q3_K ones not repacked as Q6_K, exactly: see convert_matrices.)
   std::optional<DType> float_matrices_as;
   // Leaves every matrix as the file stores it (no repacking into the CPU kernels' layouts): for a
   // device backend that uploads the file's blocks (backend::place_on_device). The CPU forward pass
@@ -166,7 +167,7 @@ class Model {
   bool device_pass_of_rank(const Batch& batch, KvCache& cache, std::vector<float>& logits) const;
   void gather_logits(const std::vector<float>& rank_logits, std::size_t n_out, std::vector<float>& logits) const;
   void repack_for_kernels();
-  void convert_matrices(std::optional<DType> floats_to);
+  void convert_matrices(std::optional<DType> floats_to, bool keep_file_layout);
   std::vector<kernels::WeightMatrix*> layer_and_output_matrices();
   // out[t] = the layer's expert mixture for each of the T rows of xn (n_embd each).
   void moe_ffn(const LayerWeights& L, const float* xn, std::size_t T, float* out, ThreadPool& pool) const;

@@ -79,6 +79,24 @@ inline void dequantize_q6_k(const BlockQ6_K* b, float* y, std::size_t nb) {
   }
 }
 
+// Sub-block j's (0..15) signed scale from a Q3_K block's 12 packed bytes: the low 4 bits in the
+// low (j < 8) or high nibble of byte j % 8, the high 2 bits in bits 2 (j / 4) of byte 8 + j % 4;
+// stored with 32 added.
+inline int q3k_scale(int j, const std::uint8_t* s) {
+  const int low = j < 8 ? s[j] & 0xf : s[j - 8] >> 4;
+  const int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (low | (high << 4)) - 32;
+}
+
+// A Q3_K block's 256 levels, -4..3: element 128h + 32c + m's low 2 bits in bits 2c of qs[32h + m],
+// its third bit (clear: minus 4) in bit 4h + c of hmask[m].
+inline void q3_k_levels(const BlockQ3_K& b, std::int8_t* levels) {
+  for (int e = 0; e < kQK_K; ++e) {
+    const int h = e / 128, c = e % 128 / 32, m = e % 32;
+    levels[e] = static_cast<std::int8_t>(((b.qs[32 * h + m] >> (2 * c)) & 3) - ((b.hmask[m] >> (4 * h + c)) & 1 ? 0 : 4));
+  }
+}
+
 // Sub-block j's (0..7) signed scale, -32..31, from an IQ4_XS block.
 inline int iq4_xs_scale(const BlockIQ4_XS& b, int j) {
   const int low = (b.scales_l[j / 2] >> (4 * (j % 2))) & 0xf;

@@ -107,23 +107,6 @@ void q5_0_levels(const BlockQ5_0& b, std::int8_t* levels) {
   }
 }
 
-// Sub-block j's (0..15) signed scale from a Q3_K block's 12 packed bytes: the low 4 bits in the
-// low (j < 8) or high nibble of byte j % 8, the high 2 bits in bits 2 (j / 4) of byte 8 + j % 4;
-// stored with 32 added.
-int q3k_scale(int j, const std::uint8_t* s) {
-  const int low = j < 8 ? s[j] & 0xf : s[j - 8] >> 4;
-  const int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-  return (low | (high << 4)) - 32;
-}
-
-// A Q3_K block's 256 levels, -4..3: element 128h + 32c + m's low 2 bits in bits 2c of qs[32h + m],
-// its third bit (clear: minus 4) in bit 4h + c of hmask[m].
-void q3_k_levels(const BlockQ3_K& b, std::int8_t* levels) {
-  for (int e = 0; e < kQK_K; ++e) {
-    const int h = e / 128, c = e % 128 / 32, m = e % 32;
-    levels[e] = static_cast<std::int8_t>(((b.qs[32 * h + m] >> (2 * c)) & 3) - ((b.hmask[m] >> (4 * h + c)) & 1 ? 0 : 4));
-  }
-}
 
 // Q3_K: 16-element sub-blocks, each with its own scale.
 void dequantize_q3_k(const BlockQ3_K* b, float* y, std::size_t nb) {

@@ -99,7 +99,7 @@ TEST(Dispatch, MatmulEveryTypeMatchesScalar) {
   std::mt19937 rng(5);
   std::normal_distribution<float> dist;
   for (DType type : {DType::Q4_0, DType::Q8_0, DType::F16, DType::F32, DType::Q4_K, DType::Q6_K, DType::BF16, DType::Q5_0, DType::Q5_K,
-                     DType::IQ4_XS}) {
+                     DType::IQ4_XS, DType::Q3_K}) {
     const bool k_quant = dtype_info(type).block_size == 256;
     const bool per_element = dtype_info(type).block_size == 1;  // F16, F32, BF16: any row length (vector tails)
     for (std::size_t cols : k_quant       ? std::vector<std::size_t>{256, 768}
@@ -226,7 +226,7 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
   IsaGuard guard;
   std::mt19937 rng(9);
   std::normal_distribution<float> dist;
-  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS})
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS, DType::Q3_K})
   for (std::size_t cols : {256u, 512u, 768u}) {
     for (std::size_t rows : {16u, 48u}) {
       for (std::size_t tokens : {1u, 2u, 5u, 9u, 23u, 700u}) {
@@ -245,6 +245,7 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
         EXPECT_EQ(layout == Layout::Q5_Kx16, type == DType::Q5_K);
         EXPECT_EQ(layout == Layout::Q6_Kx16, type == DType::Q6_K);
         EXPECT_EQ(layout == Layout::IQ4_XSx16, type == DType::IQ4_XS);
+        EXPECT_EQ(layout == Layout::Q3_Kx16, type == DType::Q3_K);
         const WeightMatrix inter{type, packed.data(), rows, cols, layout};
         ThreadPool pool(2);
         set_isa(Isa::Scalar);
@@ -258,7 +259,7 @@ TEST(Dispatch, InterleavedLayoutsMatchPlainOnEveryPath) {
           dequantize_row(type, &w[r * row_bytes(type, cols)], deq.data(), cols);
           for (std::size_t t = 0; t < tokens; ++t) {
             double bound = 1e-4 * std::sqrt(static_cast<double>(cols)) + 1e-5 * std::fabs(plain_ref[t * rows + r]);
-            if (type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::IQ4_XS) {
+            if (dtype_info(type).block_size == kQK_K) {  // the K-quants and IQ4_XS
               for (std::size_t b = 0; b < cols / 32; ++b) {
                 double amax = 0, wsum = 0;
                 for (std::size_t c = 32 * b; c < 32 * b + 32; ++c) {

@@ -329,6 +329,14 @@ __device__ __forceinline__ XChunk x_chunk(const std::int8_t* xq, int t, int cols
   return {{x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w}};
 }
 
+// The dot product of 32 int8 weights (four to a word) with a chunk of x.
+__device__ __forceinline__ int chunk_dot(const int (&v)[8], const XChunk& x) {
+  int dot = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) dot = __dp4a(v[i], x.w[i], dot);
+  return dot;
+}
+
 // The same for a Q5_K row (Q4_K's superblock with 32 bytes of fifth bits between the scales and
 // the nibbles), mapped as Q6_K's: lane = (superblock lane / 8 of every 4, sub-block j = lane % 8).
 // A sub-block's 32 levels (nibble | fifth bit << 4, 0..31) are rebuilt once, in 8 registers; two
@@ -354,10 +362,7 @@ __device__ __forceinline__ void q5k_row_q8(const std::uint8_t* wr, bool active, 
 #pragma unroll
     for (int t = 0; t < kGemvMaxTokens; ++t) {
       if (t < T) {
-        const XChunk x = x_chunk(xq, t, cols, sb * 256 + j * 32);
-        int dot = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) dot = __dp4a(v[i], x.w[i], dot);
+        const int dot = chunk_dot(v, x_chunk(xq, t, cols, sb * 256 + j * 32));
         const float2 ds = xds[static_cast<std::size_t>(t) * x_blocks + sb * 8 + j];
         acc[t] += d * static_cast<float>(sc) * ds.x * static_cast<float>(dot) - dmin * static_cast<float>(m) * ds.y;
       }
@@ -397,10 +402,7 @@ __device__ __forceinline__ void iq4xs_row_q8(const std::uint8_t* wr, bool active
 #pragma unroll
     for (int t = 0; t < kGemvMaxTokens; ++t) {
       if (t < T) {
-        const XChunk x = x_chunk(xq, t, cols, sb * 256 + j * 32);
-        int dot = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) dot = __dp4a(v[i], x.w[i], dot);
+        const int dot = chunk_dot(v, x_chunk(xq, t, cols, sb * 256 + j * 32));
         acc[t] += scale * xds[static_cast<std::size_t>(t) * x_blocks + sb * 8 + j].x * static_cast<float>(dot);
       }
     }
@@ -851,8 +853,10 @@ __global__ void __launch_bounds__(kPostWarps * kWarp) qkv_post_kernel(QkvPost p,
 // The q/k/v launch with qkv_post's work at its end (gemv_q8_qkv): the last of a q head's blocks
 // rotates that head for every token; the last of a KV head's key and value blocks (one counter for
 // both) stores its keys and values. A warp a token; a block never straddles two heads (head_dim a
-// multiple of kGemvWarps).
-__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_q8_qkv_kernel(GemvParts parts, const std::int8_t* xq, const float2* xds, int T,
+// multiple of kGemvWarps). Nine blocks an SM: ptxas -v gives 56 registers and no spills on sm_90 and
+// sm_80; unbounded, IQ4_XS's branch made sm_80's 48 registers with 64 bytes of spill loads (sm_90's
+// stayed at 56).
+__global__ void __launch_bounds__(kGemvWarps * kWarp, 9) gemv_q8_qkv_kernel(GemvParts parts, const std::int8_t* xq, const float2* xds, int T,
                                                                          QkvPost post, StepMeta meta, DeviceKv kv, int* arrivals) {
   dependent_launch_prologue();
   const GemvBlock which = gemv_q8_block(parts, xq, xds, T);
