@@ -195,6 +195,13 @@ if [ -n "$q4" ]; then
   rm -f "$q4"
 fi
 
+# IQ4_XS (the integer GEMV looks its levels up with __byte_perm, ~2.5 integer instructions a weight):
+# an 8-layer slice's decode against its floor, beside the Q4_K_M file's above.
+if [ "$SECONDS" -le 380 ] && iq4=$(gen IQ4_XS "$slice" 60) && [ -n "$iq4" ]; then
+  row "$iq4" IQ4_XS-decode "IQ4_XS decode (layers: ${slice/#0/all})" PROMPTLY_CHECK_ROW=iq4xs -p 0 -n 64 -r 2
+  rm -f "$iq4"
+fi
+
 # A mixture of experts (Qwen3-30B-A3B's shape, a 4-layer slice, Q4_K_M): decode routed on the device
 # (graphs), then on the host (PROMPTLY_CUDA_MOE=host: a wait for the router each layer, no graphs),
 # for the ratio.

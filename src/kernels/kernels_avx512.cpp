@@ -426,76 +426,55 @@ void tile_iq4_xs_x16(const std::uint8_t* group, std::size_t nsb, const Quantized
   for (int j = 0; j < C; ++j) _mm512_storeu_ps(y + (t + j) * ldy, acc[j]);
 }
 
-// Q6_Kx16: 16 rows x C tokens. Per 16-element sub-block: 4 VNNI instructions per token on the
-// unsigned 6-bit values, the -32 offset through the activation half-block sums, then the sub-block
-// scale (d * sc). Issued weight vector by weight vector across the tokens, as in tile_groups.
-template <int C>
-void tile_q6_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
-  constexpr int A = C >= 8 ? 1 : C >= 4 ? 2 : 4;
-  __m512 acc[C];
-#pragma GCC unroll 16
-  for (int j = 0; j < C; ++j) acc[j] = _mm512_setzero_ps();
-  const float* half_sums[C];
-  for (int j = 0; j < C; ++j) half_sums[j] = x.half_sums + 2 * (t + j) * x.n_blocks;
-  for (std::size_t sb = 0; sb < nsb; ++sb) {
-    const std::uint8_t* g = group + sb * kQ6KGroupBytes;
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
-    for (int s = 0; s < 16; ++s) {
-      if constexpr (C <= 2) {  // few tokens wait on memory: fetch the next super-block's quants ahead
-        for (int l = 0; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(g) + kQ6KGroupBytes + 288 + 64 * (4 * s + l), _MM_HINT_T0);
-      }
-      const std::size_t k_block = sb * 8 + static_cast<std::size_t>(s / 2);
-      const ActivationBlock* xb = x.act + k_block * x.act_stride + t;
-      const int half = s % 2;
-      __m512i dot[C][A];
-#pragma GCC unroll 16
-      for (int j = 0; j < C; ++j) {
-        for (int a = 0; a < A; ++a) dot[j][a] = _mm512_setzero_si512();
-      }
-#pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) {
-        const __m512i q = _mm512_loadu_si512(g + 288 + 64 * (4 * s + k));
-#pragma GCC unroll 16
-        for (int j = 0; j < C; ++j) dot[j][k % A] = dpbusd_broadcast(dot[j][k % A], q, xb[j].qs + 16 * half + 4 * k);
-      }
-      const __m512 scale =
-          _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 32 + 16 * s)))));
-#pragma GCC unroll 16
-      for (int j = 0; j < C; ++j) {
-        for (int a = 1; a < A; ++a) dot[j][0] = _mm512_add_epi32(dot[j][0], dot[j][a]);
-        // d_x * dot - 32 * d_x * sum(x half)
-        const __m512 corrected = _mm512_fmsub_ps(_mm512_set1_ps(xb[j].d), _mm512_cvtepi32_ps(dot[j][0]),
-                                                 _mm512_set1_ps(32.0f * half_sums[j][2 * k_block + half]));
-        acc[j] = _mm512_fmadd_ps(scale, corrected, acc[j]);
-      }
-    }
+// The 16-element sub-block layouts, 16 rows x C tokens: per sub-block, 4 VNNI instructions per
+// token on its four weight vectors (unsigned levels, stored + kOffset), the offset through the
+// activation half-block sums, then the sub-block scale (d * sc). Issued weight vector by weight
+// vector across the tokens, as in tile_groups. Sub16 gives the layout's bytes, the prefetch of the
+// next super-block, and sub-block s's weight vector k.
+// Q6_Kx16: the levels are bytes (0..63), one load each.
+struct Q6Sub16 {
+  static constexpr std::size_t kGroupBytes = kQ6KGroupBytes;
+  static constexpr float kOffset = 32.0f;
+  static void prefetch(const std::uint8_t* g, int s) {
+    for (int l = 0; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(g) + kGroupBytes + 288 + 64 * (4 * s + l), _MM_HINT_T0);
   }
-#pragma GCC unroll 16
-  for (int j = 0; j < C; ++j) _mm512_storeu_ps(y + (t + j) * ldy, acc[j]);
-}
+  const std::uint8_t* v;
+  Q6Sub16(const std::uint8_t* g, int s) : v(g + 288 + 256 * s) {}
+  __m512i vector(int k) const { return _mm512_loadu_si512(v + 64 * k); }
+};
+// Q3_Kx16: one 64-byte load holds the four vectors' low 2 bits (a shift and a mask each), and four
+// 64-bit masks their third bits (added as 4 by one masked byte add): levels 0..7.
+struct Q3Sub16 {
+  static constexpr std::size_t kGroupBytes = kQ3KGroupBytes;
+  static constexpr float kOffset = 4.0f;
+  static void prefetch(const std::uint8_t* g, int s) {
+    _mm_prefetch(reinterpret_cast<const char*>(g) + kGroupBytes + 288 + 64 * s, _MM_HINT_T0);
+    if (s % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(g) + kGroupBytes + 1312 + 32 * s, _MM_HINT_T0);
+  }
+  __m512i low;
+  const std::uint8_t* third;
+  Q3Sub16(const std::uint8_t* g, int s) : low(_mm512_loadu_si512(g + 288 + 64 * s)), third(g + 1312 + 32 * s) {}
+  __m512i vector(int k) const {
+    std::uint64_t bits;
+    std::memcpy(&bits, third + 8 * k, sizeof bits);
+    const __m512i q = _mm512_and_si512(_mm512_srli_epi16(low, 2 * k), _mm512_set1_epi8(3));
+    return _mm512_mask_add_epi8(q, _cvtu64_mask64(bits), q, _mm512_set1_epi8(4));
+  }
+};
 
-
-// Q3_Kx16: 16 rows x C tokens. Per 16-element sub-block, one 64-byte load holds its four weight
-// vectors' low 2 bits (a shift and a mask each) and four 64-bit masks their third bits (added as 4
-// by one masked byte add): levels 0..7, unsigned bytes for VNNI. The -4 offset through the
-// activation half-block sums, then the sub-block scale (d * sc): Q6_Kx16's tile otherwise.
-template <int C>
-void tile_q3_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+template <typename Sub16, int C>
+void tile_sub16_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
   constexpr int A = C >= 8 ? 1 : C >= 4 ? 2 : 4;
   __m512 acc[C];
 #pragma GCC unroll 16
   for (int j = 0; j < C; ++j) acc[j] = _mm512_setzero_ps();
   const float* half_sums[C];
   for (int j = 0; j < C; ++j) half_sums[j] = x.half_sums + 2 * (t + j) * x.n_blocks;
-  const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
   for (std::size_t sb = 0; sb < nsb; ++sb) {
-    const std::uint8_t* g = group + sb * kQ3KGroupBytes;
+    const std::uint8_t* g = group + sb * Sub16::kGroupBytes;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
     for (int s = 0; s < 16; ++s) {
-      if constexpr (C <= 2) {  // few tokens wait on memory: fetch the next super-block's bits ahead
-        _mm_prefetch(reinterpret_cast<const char*>(g) + kQ3KGroupBytes + 288 + 64 * s, _MM_HINT_T0);
-        if (s % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(g) + kQ3KGroupBytes + 1312 + 32 * s, _MM_HINT_T0);
-      }
+      if constexpr (C <= 2) Sub16::prefetch(g, s);  // few tokens wait on memory: fetch the next super-block ahead
       const std::size_t k_block = sb * 8 + static_cast<std::size_t>(s / 2);
       const ActivationBlock* xb = x.act + k_block * x.act_stride + t;
       const int half = s % 2;
@@ -504,13 +483,10 @@ void tile_q3_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
       for (int j = 0; j < C; ++j) {
         for (int a = 0; a < A; ++a) dot[j][a] = _mm512_setzero_si512();
       }
-      const __m512i low = _mm512_loadu_si512(g + 288 + 64 * s);
+      const Sub16 sub(g, s);
 #pragma GCC unroll 4
       for (int k = 0; k < 4; ++k) {
-        std::uint64_t third;
-        std::memcpy(&third, g + 1312 + 32 * s + 8 * k, sizeof third);
-        __m512i q = _mm512_and_si512(_mm512_srli_epi16(low, 2 * k), three);
-        q = _mm512_mask_add_epi8(q, _cvtu64_mask64(third), q, four);
+        const __m512i q = sub.vector(k);
 #pragma GCC unroll 16
         for (int j = 0; j < C; ++j) dot[j][k % A] = dpbusd_broadcast(dot[j][k % A], q, xb[j].qs + 16 * half + 4 * k);
       }
@@ -519,9 +495,9 @@ void tile_q3_k_x16(const std::uint8_t* group, std::size_t nsb, const QuantizedRo
 #pragma GCC unroll 16
       for (int j = 0; j < C; ++j) {
         for (int a = 1; a < A; ++a) dot[j][0] = _mm512_add_epi32(dot[j][0], dot[j][a]);
-        // d_x * dot - 4 * d_x * sum(x half)
+        // d_x * dot - offset * d_x * sum(x half)
         const __m512 corrected = _mm512_fmsub_ps(_mm512_set1_ps(xb[j].d), _mm512_cvtepi32_ps(dot[j][0]),
-                                                 _mm512_set1_ps(4.0f * half_sums[j][2 * k_block + half]));
+                                                 _mm512_set1_ps(Sub16::kOffset * half_sums[j][2 * k_block + half]));
         acc[j] = _mm512_fmadd_ps(scale, corrected, acc[j]);
       }
     }
@@ -618,17 +594,14 @@ struct Q5_KTile {
     tile_k_x16<true, C>(g, n, x, t, y, ldy);
   }
 };
-template <int C>
-struct Q6_KTile {
-  static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
-    tile_q6_k_x16<C>(g, n, x, t, y, ldy);
-  }
-};
-template <int C>
-struct Q3_KTile {
-  static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
-    tile_q3_k_x16<C>(g, n, x, t, y, ldy);
-  }
+template <typename Sub16>
+struct Sub16Tiles {
+  template <int C>
+  struct Single {
+    static void run(const std::uint8_t* g, std::size_t n, const QuantizedRows& x, std::size_t t, float* y, std::size_t ldy) {
+      tile_sub16_x16<Sub16, C>(g, n, x, t, y, ldy);
+    }
+  };
 };
 template <int C>
 struct IQ4_XSTile {
@@ -1227,9 +1200,9 @@ const KernelTable& avx512_kernels() {
                                  avx512::x16_driver<kQ8_0GroupBytes, 32, 12, avx512::GroupTiles<true>::Single, 8, avx512::GroupTiles<true>::Pair>,
                                  avx512::x16_driver<kQ4KGroupBytes, kQK_K, 12, avx512::Q4_KTile>,
                                  avx512::x16_driver<kQ5KGroupBytes, kQK_K, 12, avx512::Q5_KTile>,
-                                 avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Q6_KTile>,
+                                 avx512::x16_driver<kQ6KGroupBytes, kQK_K, 12, avx512::Sub16Tiles<avx512::Q6Sub16>::Single>,
                                  avx512::x16_driver<kIQ4XSGroupBytes, kQK_K, 12, avx512::IQ4_XSTile>,
-                                 avx512::x16_driver<kQ3KGroupBytes, kQK_K, 12, avx512::Q3_KTile>, avx512::gemm_half_x4<DType::F16>,
+                                 avx512::x16_driver<kQ3KGroupBytes, kQK_K, 12, avx512::Sub16Tiles<avx512::Q3Sub16>::Single>, avx512::gemm_half_x4<DType::F16>,
                                  avx512::gemm_half_x4<DType::BF16>, avx512::gemm_dequant,
                                  avx512::attention_tile, false, true, avx512::silu_mul, avx512::gelu_tanh_mul,
                                  avx512::int8_throughput_probe};

@@ -304,17 +304,22 @@ void gemm_q5_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
   gemm_k_x16_reference(true, w, cols, r0, r1, x, n_tokens, y, ldy);
 }
 
-void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
-                             std::size_t n_tokens, float* y, std::size_t ldy) {
+namespace {
+
+// The 16-element sub-block layouts (Q6_Kx16, Q3_Kx16): the 16 fp16 d, each sub-block's int8 scales
+// at 32 + 16s, and level(g, s, e, lane) element 16s + e's signed level.
+template <std::size_t kGroupBytes, typename Level>
+void gemm_sub16_x16_reference(const Level& level, const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1,
+                              const QuantizedRows& x, std::size_t n_tokens, float* y, std::size_t ldy) {
   const std::size_t nsb = cols / kQK_K;
   for (std::size_t r = r0; r < r1; ++r) {
-    const std::uint8_t* group = w + (r / 16) * nsb * kQ6KGroupBytes;
+    const std::uint8_t* group = w + (r / 16) * nsb * kGroupBytes;
     const std::size_t lane = r % 16;
     for (std::size_t t = 0; t < n_tokens; ++t) {
       const BlockQ8_0* xb = x.blocks + t * x.n_blocks;
       float acc = 0.0f;
       for (std::size_t sb = 0; sb < nsb; ++sb) {
-        const std::uint8_t* g = group + sb * kQ6KGroupBytes;
+        const std::uint8_t* g = group + sb * kGroupBytes;
         std::uint16_t d16;
         std::memcpy(&d16, g + 2 * lane, 2);
         const float d = fp16_to_fp32(d16);
@@ -322,10 +327,7 @@ void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
           const float sc = static_cast<float>(static_cast<std::int8_t>(g[32 + 16 * s + lane]));
           const BlockQ8_0& xk = xb[sb * 8 + static_cast<std::size_t>(s / 2)];
           int dot = 0;
-          for (int e = 0; e < 16; ++e) {
-            const int el = 16 * s + e;  // element within the super-block
-            dot += (static_cast<int>(g[288 + 64 * (el / 4) + 4 * lane + el % 4]) - 32) * xk.qs[16 * (s % 2) + e];
-          }
+          for (int e = 0; e < 16; ++e) dot += level(g, s, e, lane) * xk.qs[16 * (s % 2) + e];
           acc += d * sc * fp16_to_fp32(xk.d) * static_cast<float>(dot);
         }
       }
@@ -334,36 +336,26 @@ void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_
   }
 }
 
+}  // namespace
+
+void gemm_q6_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
+                             std::size_t n_tokens, float* y, std::size_t ldy) {
+  const auto level = [](const std::uint8_t* g, int s, int e, std::size_t lane) {
+    const int el = 16 * s + e;  // element within the super-block: a byte, stored + 32
+    return static_cast<int>(g[288 + 64 * (el / 4) + 4 * lane + el % 4]) - 32;
+  };
+  gemm_sub16_x16_reference<kQ6KGroupBytes>(level, w, cols, r0, r1, x, n_tokens, y, ldy);
+}
+
 void gemm_q3_k_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,
                              std::size_t n_tokens, float* y, std::size_t ldy) {
-  const std::size_t nsb = cols / kQK_K;
-  for (std::size_t r = r0; r < r1; ++r) {
-    const std::uint8_t* group = w + (r / 16) * nsb * kQ3KGroupBytes;
-    const std::size_t lane = r % 16;
-    for (std::size_t t = 0; t < n_tokens; ++t) {
-      const BlockQ8_0* xb = x.blocks + t * x.n_blocks;
-      float acc = 0.0f;
-      for (std::size_t sb = 0; sb < nsb; ++sb) {
-        const std::uint8_t* g = group + sb * kQ3KGroupBytes;
-        std::uint16_t d16;
-        std::memcpy(&d16, g + 2 * lane, 2);
-        const float d = fp16_to_fp32(d16);
-        for (int s = 0; s < 16; ++s) {
-          const float sc = static_cast<float>(static_cast<std::int8_t>(g[32 + 16 * s + lane]));
-          const BlockQ8_0& xk = xb[sb * 8 + static_cast<std::size_t>(s / 2)];
-          int dot = 0;
-          for (int e = 0; e < 16; ++e) {
-            const std::size_t at = 4 * lane + static_cast<std::size_t>(e % 4);
-            const int k = e / 4;
-            const int low = (g[288 + 64 * s + at] >> (2 * k)) & 3, third = (g[1312 + 32 * s + 8 * k + at / 8] >> (at % 8)) & 1;
-            dot += (low + 4 * third - 4) * xk.qs[16 * (s % 2) + e];
-          }
-          acc += d * sc * fp16_to_fp32(xk.d) * static_cast<float>(dot);
-        }
-      }
-      y[t * ldy + r] = acc;
-    }
-  }
+  const auto level = [](const std::uint8_t* g, int s, int e, std::size_t lane) {
+    const std::size_t at = 4 * lane + static_cast<std::size_t>(e % 4);
+    const int k = e / 4;  // the weight vector: low 2 bits at bits 2k of the sub-block's bytes, third bit in mask k
+    const int low = (g[288 + 64 * s + at] >> (2 * k)) & 3, third = (g[1312 + 32 * s + 8 * k + at / 8] >> (at % 8)) & 1;
+    return low + 4 * third - 4;
+  };
+  gemm_sub16_x16_reference<kQ3KGroupBytes>(level, w, cols, r0, r1, x, n_tokens, y, ldy);
 }
 
 void gemm_iq4_xs_x16_reference(const std::uint8_t* w, std::size_t cols, std::size_t r0, std::size_t r1, const QuantizedRows& x,

@@ -8,6 +8,7 @@
 #include "kernels/dispatch.h"
 #include "tensor/quant-inl.h"
 #include "tensor/quant.h"
+#include "util/error.h"
 
 namespace promptly::kernels {
 
@@ -21,12 +22,41 @@ bool reads_quantized_input(const WeightMatrix& w) {
          w.type == DType::Q4_0;
 }
 
+// The block formats' 16-row interleaved layouts (see repack_x16): the type each is made from, its
+// bytes per 16 rows and kElems columns, how it is made, the kernel that reads it, and whether that
+// kernel reads nothing of its input but the ActivationBlocks (on tables where
+// x16_reads_activation_blocks_only; the 16-element sub-block formats also read the half-block sums).
+using GemmX16 = decltype(KernelTable::gemm_q4_k_x16);
+struct InterleavedLayout {
+  DType type;
+  Layout layout;
+  std::size_t elems, group_bytes;
+  void (*repack)(const WeightMatrix& w, std::uint8_t* out);
+  GemmX16 KernelTable::*gemm;
+  bool activation_blocks_only;
+};
+extern const InterleavedLayout kInterleavedLayouts[7];
+
+const InterleavedLayout* interleaved_layout_of(Layout layout) {
+  for (const InterleavedLayout& l : kInterleavedLayouts) {
+    if (l.layout == layout) return &l;
+  }
+  return nullptr;
+}
+
+const InterleavedLayout* interleaved_layout_for(DType type) {
+  for (const InterleavedLayout& l : kInterleavedLayouts) {
+    if (l.type == type) return &l;
+  }
+  return nullptr;
+}
+
 // Whether the ActivationBlocks alone serve every one of `readers` (on the active kernel path).
 bool activation_blocks_suffice(std::span<const WeightMatrix* const> readers) {
   const bool x16_only = kernel_table(active_isa()).x16_reads_activation_blocks_only;
   return std::all_of(readers.begin(), readers.end(), [&](const WeightMatrix* w) {
-    return x16_only && (w->layout == Layout::Q4_0x16 || w->layout == Layout::Q8_0x16 || w->layout == Layout::Q4_Kx16 ||
-                        w->layout == Layout::Q5_Kx16 || w->layout == Layout::IQ4_XSx16);
+    const InterleavedLayout* l = interleaved_layout_of(w->layout);
+    return x16_only && l && l->activation_blocks_only;
   });
 }
 
@@ -109,15 +139,8 @@ void matmul_rows(const KernelTable& kt, const WeightMatrix& w, const Activations
     (w.layout == Layout::F16x4 ? kt.gemm_f16_x4 : kt.gemm_bf16_x4)(w.data, w.cols, b, e, x.data(), n_tokens, y, ldy);
     return;
   }
-  if (w.layout != Layout::Plain) {
-    const auto gemm = w.layout == Layout::Q4_0x16   ? kt.gemm_q4_0_x16
-                      : w.layout == Layout::Q8_0x16 ? kt.gemm_q8_0_x16
-                      : w.layout == Layout::Q4_Kx16 ? kt.gemm_q4_k_x16
-                      : w.layout == Layout::Q5_Kx16 ? kt.gemm_q5_k_x16
-                      : w.layout == Layout::Q6_Kx16 ? kt.gemm_q6_k_x16
-                      : w.layout == Layout::Q3_Kx16 ? kt.gemm_q3_k_x16
-                                                    : kt.gemm_iq4_xs_x16;
-    gemm(w.data, w.cols, b, e, x.rows(w.cols / kQK8_0), n_tokens, y, ldy);
+  if (const InterleavedLayout* l = interleaved_layout_of(w.layout)) {
+    (kt.*(l->gemm))(w.data, w.cols, b, e, x.rows(w.cols / kQK8_0), n_tokens, y, ldy);
     return;
   }
   switch (w.type) {
@@ -184,18 +207,12 @@ void matmul_fused(std::span<const WeightMatrix* const> ws, Activations& x, std::
 bool can_repack_x16(const WeightMatrix& w) {
   if (w.layout != Layout::Plain || w.rows == 0) return false;
   if (w.type == DType::F16 || w.type == DType::BF16) return w.rows % 4 == 0 && w.cols % 16 == 0 && w.cols > 0;
-  return (w.type == DType::Q4_0 || w.type == DType::Q8_0 || w.type == DType::Q4_K || w.type == DType::Q5_K || w.type == DType::Q6_K ||
-          w.type == DType::Q3_K || w.type == DType::IQ4_XS) &&
-         w.rows % 16 == 0;
+  return interleaved_layout_for(w.type) && w.rows % 16 == 0;
 }
 
 std::size_t repacked_bytes(const WeightMatrix& w) {
-  if (w.type == DType::Q4_K) return w.rows / 16 * (w.cols / kQK_K) * kQ4KGroupBytes;
-  if (w.type == DType::Q5_K) return w.rows / 16 * (w.cols / kQK_K) * kQ5KGroupBytes;
-  if (w.type == DType::Q6_K) return w.rows / 16 * (w.cols / kQK_K) * kQ6KGroupBytes;
-  if (w.type == DType::IQ4_XS) return w.rows / 16 * (w.cols / kQK_K) * kIQ4XSGroupBytes;
-  if (w.type == DType::Q3_K) return w.rows / 16 * (w.cols / kQK_K) * kQ3KGroupBytes;
-  return w.rows * w.row_stride();
+  if (const InterleavedLayout* l = interleaved_layout_for(w.type)) return w.rows / 16 * (w.cols / l->elems) * l->group_bytes;
+  return w.rows * w.row_stride();  // F16x4, BF16x4: the same bytes moved
 }
 
 namespace {
@@ -316,40 +333,8 @@ void repack_iq4_xs_x16(const WeightMatrix& w, std::uint8_t* out) {
   }
 }
 
-}  // namespace
-
-Layout repack_x16(const WeightMatrix& w, std::uint8_t* out) {
-  if (w.type == DType::F16 || w.type == DType::BF16) {  // the same 2-byte elements moved the same way
-    constexpr std::size_t kStepBytes = 16 * 2;
-    for (std::size_t g = 0; g < w.rows / 4; ++g) {
-      for (std::size_t step = 0; step < w.cols / 16; ++step) {
-        for (std::size_t lane = 0; lane < 4; ++lane) {
-          std::memcpy(out + ((g * (w.cols / 16) + step) * 4 + lane) * kStepBytes, w.row(g * 4 + lane) + step * kStepBytes, kStepBytes);
-        }
-      }
-    }
-    return w.type == DType::F16 ? Layout::F16x4 : Layout::BF16x4;
-  }
-  if (w.type == DType::Q4_K) {
-    repack_k_x16<BlockQ4_K>(w, out);
-    return Layout::Q4_Kx16;
-  }
-  if (w.type == DType::Q5_K) {
-    repack_k_x16<BlockQ5_K>(w, out);
-    return Layout::Q5_Kx16;
-  }
-  if (w.type == DType::Q6_K) {
-    repack_q6_k_x16(w, out);
-    return Layout::Q6_Kx16;
-  }
-  if (w.type == DType::IQ4_XS) {
-    repack_iq4_xs_x16(w, out);
-    return Layout::IQ4_XSx16;
-  }
-  if (w.type == DType::Q3_K) {
-    repack_q3_k_x16(w, out);
-    return Layout::Q3_Kx16;
-  }
+// Q4_0 or Q8_0: per 32-element block, the 16 rows' scales, then their quants 4 bytes at a time.
+void repack_q4_0_or_q8_0_x16(const WeightMatrix& w, std::uint8_t* out) {
   const std::size_t nb = w.cols / 32;
   const bool q8 = w.type == DType::Q8_0;
   const std::size_t block_bytes = q8 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
@@ -369,7 +354,39 @@ Layout repack_x16(const WeightMatrix& w, std::uint8_t* out) {
       }
     }
   }
-  return q8 ? Layout::Q8_0x16 : Layout::Q4_0x16;
+}
+
+void repack_q4_k_x16(const WeightMatrix& w, std::uint8_t* out) { repack_k_x16<BlockQ4_K>(w, out); }
+void repack_q5_k_x16(const WeightMatrix& w, std::uint8_t* out) { repack_k_x16<BlockQ5_K>(w, out); }
+
+const InterleavedLayout kInterleavedLayouts[7] = {
+    {DType::Q4_0, Layout::Q4_0x16, 32, kQ4_0GroupBytes, repack_q4_0_or_q8_0_x16, &KernelTable::gemm_q4_0_x16, true},
+    {DType::Q8_0, Layout::Q8_0x16, 32, kQ8_0GroupBytes, repack_q4_0_or_q8_0_x16, &KernelTable::gemm_q8_0_x16, true},
+    {DType::Q4_K, Layout::Q4_Kx16, kQK_K, kQ4KGroupBytes, repack_q4_k_x16, &KernelTable::gemm_q4_k_x16, true},
+    {DType::Q5_K, Layout::Q5_Kx16, kQK_K, kQ5KGroupBytes, repack_q5_k_x16, &KernelTable::gemm_q5_k_x16, true},
+    {DType::Q6_K, Layout::Q6_Kx16, kQK_K, kQ6KGroupBytes, repack_q6_k_x16, &KernelTable::gemm_q6_k_x16, false},
+    {DType::Q3_K, Layout::Q3_Kx16, kQK_K, kQ3KGroupBytes, repack_q3_k_x16, &KernelTable::gemm_q3_k_x16, false},
+    {DType::IQ4_XS, Layout::IQ4_XSx16, kQK_K, kIQ4XSGroupBytes, repack_iq4_xs_x16, &KernelTable::gemm_iq4_xs_x16, true},
+};
+
+}  // namespace
+
+Layout repack_x16(const WeightMatrix& w, std::uint8_t* out) {
+  if (w.type == DType::F16 || w.type == DType::BF16) {  // the same 2-byte elements moved the same way
+    constexpr std::size_t kStepBytes = 16 * 2;
+    for (std::size_t g = 0; g < w.rows / 4; ++g) {
+      for (std::size_t step = 0; step < w.cols / 16; ++step) {
+        for (std::size_t lane = 0; lane < 4; ++lane) {
+          std::memcpy(out + ((g * (w.cols / 16) + step) * 4 + lane) * kStepBytes, w.row(g * 4 + lane) + step * kStepBytes, kStepBytes);
+        }
+      }
+    }
+    return w.type == DType::F16 ? Layout::F16x4 : Layout::BF16x4;
+  }
+  const InterleavedLayout* l = interleaved_layout_for(w.type);
+  if (!l) throw Error("internal: no interleaved layout for " + std::string(dtype_name(w.type)));
+  l->repack(w, out);
+  return l->layout;
 }
 
 void matmul(const WeightMatrix& w, const float* x, std::size_t n_tokens, float* y, ThreadPool& pool) {

@@ -107,7 +107,6 @@ void q5_0_levels(const BlockQ5_0& b, std::int8_t* levels) {
   }
 }
 
-
 // Q3_K: 16-element sub-blocks, each with its own scale.
 void dequantize_q3_k(const BlockQ3_K* b, float* y, std::size_t nb) {
   for (std::size_t i = 0; i < nb; ++i, y += kQK_K) {
@@ -444,7 +443,8 @@ float fit_iq4_scale(const float* x) {
     try_scale(mx / static_cast<float>(kIQ4Levels[0] + step));
     try_scale(mx / static_cast<float>(kIQ4Levels[15] + step));
   }
-  for (int round = 0; round < 4 && try_scale(scale); ++round) {
+  for (int round = 0; round < 4; ++round) {
+    if (!try_scale(scale)) break;
   }
   return scale;
 }
@@ -467,6 +467,7 @@ void quantize_iq4_xs(const float* x, BlockIQ4_XS* b, std::size_t nb) {
     if (max_scale == 0) continue;  // d = 0 decodes every element to 0
     b[i].d = fp32_to_fp16(max_scale / -32.0f);
     const float d = fp16_to_fp32(b[i].d);
+    if (d == 0) continue;  // below fp16's range: the block decodes to 0
     for (int j = 0; j < 8; ++j) {
       const int stored = std::clamp(nearest_int(scales[j] / d), -32, 31) + 32;
       b[i].scales_l[j / 2] |= static_cast<std::uint8_t>((stored & 0xf) << (4 * (j % 2)));
