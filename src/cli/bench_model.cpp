@@ -135,7 +135,7 @@ int bench_model(const BenchModelOptions& o) {
   // wanted; the embedding table is a lookup.
   std::uint64_t layer_matrix_params = 0, output_params = 0;
   std::map<std::string, std::uint64_t> bytes_by_type;
-  const bool repacked = !device.is_cuda() && kernels::active_isa() >= kernels::Isa::Avx512;  // as Model::repack_for_kernels
+  const bool cpu_plain = !device.is_cuda() && kernels::active_isa() < kernels::Isa::Avx512;  // as Model::repack_for_kernels
   for (const auto& t : file->tensors()) {
     params += t.n_elements;
     const bool experts = c.is_moe() && t.name.ends_with("_exps.weight");
@@ -144,7 +144,7 @@ int bench_model(const BenchModelOptions& o) {
     if (t.name == "output.weight" || (t.name == "token_embd.weight" && !file->find_tensor("output.weight"))) output_params = t.n_elements;
     if (t.name == "token_embd.weight" && file->find_tensor("output.weight")) continue;
     active_params += active(t.n_elements);
-    const DType run_as = kernel_type_of(t.type, repacked);
+    const DType run_as = kernel_type_of(t.type, cpu_plain);
     weight_bytes += active(run_as == t.type ? t.n_bytes : row_bytes(run_as, t.n_elements));
     bytes_by_type[std::string(dtype_name(t.type))] += t.n_bytes;
   }

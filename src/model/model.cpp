@@ -273,34 +273,36 @@ namespace {
 // -4..3 among Q6_K's -32..31), IQ4_NL as Q8_0 (the same scale, each index's level a byte). The int8
 // kernels, repacked or on the GPU, read those. A token streams more bytes (Q5_0: 34 against 22 a
 // block; Q3_K: 210 against 110; IQ4_NL: 34 against 18), and still decodes several times faster than
-// through the dequantizing path (docs/performance.md, 2026-12-07). unless_repacked: the AVX-512
-// kernels read the type repacked (Q3_Kx16), so a matrix that will be repacked keeps it. IQ4_XS has
-// kernels of its own everywhere.
+// through the dequantizing path (docs/performance.md, 2026-12-07). cpu_plain_only: the AVX-512
+// kernels (repacked, Q3_Kx16) and the GPU read the type as it is, so only a matrix the CPU reads in
+// the file's layout (no AVX-512, or rows not a multiple of 16) converts. IQ4_XS has kernels of its
+// own everywhere.
 struct LoadConversion {
   DType from, to;
   void (*convert)(const void* src, void* dst, std::size_t n);
-  bool unless_repacked;
+  bool cpu_plain_only;
 };
 constexpr LoadConversion kLoadConversions[] = {{DType::Q5_0, DType::Q8_0, q5_0_to_q8_0, false},
                                                {DType::Q3_K, DType::Q6_K, q3_k_to_q6_k, true},
                                                {DType::IQ4_NL, DType::Q8_0, iq4_nl_to_q8_0, false}};
 
-const LoadConversion* load_conversion_of(DType stored, bool repacked) {
+const LoadConversion* load_conversion_of(DType stored, bool cpu_plain) {
   for (const LoadConversion& c : kLoadConversions) {
-    if (c.from == stored && !(c.unless_repacked && repacked)) return &c;
+    if (c.from == stored && (cpu_plain || !c.cpu_plain_only)) return &c;
   }
   return nullptr;
 }
 
-// Whether the CPU kernels will read this matrix repacked (Model::repack_for_kernels).
-bool will_repack(const kernels::WeightMatrix& m, bool keep_file_layout) {
-  return !keep_file_layout && kernels::active_isa() >= kernels::Isa::Avx512 && kernels::can_repack_x16(m);
+// Whether the CPU will read this matrix in the file's layout: it stays on the host (no device
+// uploads it) and Model::repack_for_kernels will not repack it.
+bool read_plain_on_cpu(const kernels::WeightMatrix& m, bool keep_file_layout) {
+  return !keep_file_layout && !(kernels::active_isa() >= kernels::Isa::Avx512 && kernels::can_repack_x16(m));
 }
 
 }  // namespace
 
-DType kernel_type_of(DType stored, bool repacked) {
-  const LoadConversion* c = load_conversion_of(stored, repacked);
+DType kernel_type_of(DType stored, bool cpu_plain) {
+  const LoadConversion* c = load_conversion_of(stored, cpu_plain);
   return c ? c->to : stored;
 }
 
@@ -315,7 +317,7 @@ void Model::convert_matrices(std::optional<DType> floats_to, bool keep_file_layo
   }
   const auto target = [&](const kernels::WeightMatrix& m) -> std::optional<DType> {
     if (m.layout != kernels::Layout::Plain) return std::nullopt;
-    if (const LoadConversion* exact = load_conversion_of(m.type, will_repack(m, keep_file_layout))) return exact->to;
+    if (const LoadConversion* exact = load_conversion_of(m.type, read_plain_on_cpu(m, keep_file_layout))) return exact->to;
     const bool is_float = m.type == DType::F32 || m.type == DType::F16 || m.type == DType::BF16;
     if (is_float && floats_to && m.cols % dtype_info(*floats_to).block_size == 0) return floats_to;
     return std::nullopt;
@@ -335,7 +337,7 @@ void Model::convert_matrices(std::optional<DType> floats_to, bool keep_file_layo
   for (const auto& [m, to] : conversions) {
     row.resize(m->cols);
     const std::size_t stride = row_bytes(to, m->cols);
-    const LoadConversion* exact = load_conversion_of(m->type, false);  // m is converting: no exemption applied
+    const LoadConversion* exact = load_conversion_of(m->type, true);  // m is converting: its conversion, whatever its condition
     for (std::size_t r = 0; r < m->rows; ++r) {
       if (exact) {
         exact->convert(m->row(r), next + r * stride, m->cols);

@@ -46,16 +46,17 @@ struct LayerWeights {
 };
 
 // The type the model's kernels read a matrix stored as `stored` in: Q5_0's and IQ4_NL's exact Q8_0,
-// or Q3_K's exact Q6_K unless the CPU kernels read it repacked (see Model::convert_matrices), else the
-// stored type. What a decode step streams, and so its floor.
-DType kernel_type_of(DType stored, bool repacked);
+// or, where the CPU reads the matrix in the file's layout (cpu_plain: no AVX-512 repacking, no
+// device), Q3_K's exact Q6_K (see Model::convert_matrices); else the stored type. What a decode
+// step streams, and so its floor.
+DType kernel_type_of(DType stored, bool cpu_plain);
 
 struct ModelLoadOptions {
   // Converts the float matrices (F32, F16, BF16; the token embedding table and norms stay) to this
   // type as they load, into memory of the model's own. For a draft model, whose numbers only steer
   // which tokens are guessed: a Q8_0 draft streams half an F16 one's bytes at the same guesses
   // (README, Speculative decoding). Q8_0, Q4_0, Q4_K or Q6_K. (Q5_0 and IQ4_NL matrices always load
-  // as Q8_0, and Q3_K ones not repacked as Q6_K, exactly: see convert_matrices.)
+  // as Q8_0, and Q3_K ones the CPU reads unrepacked as Q6_K, exactly: see convert_matrices.)
   std::optional<DType> float_matrices_as;
   // Leaves every matrix as the file stores it (no repacking into the CPU kernels' layouts): for a
   // device backend that uploads the file's blocks (backend::place_on_device). The CPU forward pass

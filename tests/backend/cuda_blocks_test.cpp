@@ -47,7 +47,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, BlocksTest,
                                            Case{DType::BF16, WeightFormat::BF16}, Case{DType::Q8_0, WeightFormat::Q8_0},
                                            Case{DType::Q4_0, WeightFormat::Q4_0}, Case{DType::Q4_K, WeightFormat::Q4_K},
                                            Case{DType::Q5_K, WeightFormat::Q5_K}, Case{DType::Q6_K, WeightFormat::Q6_K},
-                                           Case{DType::IQ4_XS, WeightFormat::IQ4_XS}),
+                                           Case{DType::IQ4_XS, WeightFormat::IQ4_XS}, Case{DType::Q3_K, WeightFormat::Q3_K}),
                          [](const auto& info) { return std::string(dtype_name(info.param.dtype)); });
 
 TEST(Blocks, IQ4LevelsAreTheTensorModules) {

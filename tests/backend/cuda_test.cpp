@@ -142,12 +142,12 @@ INSTANTIATE_TEST_SUITE_P(Formats, GemvTest,
                                            FormatCase{DType::BF16, WeightFormat::BF16, 96}, FormatCase{DType::Q8_0, WeightFormat::Q8_0, 352},
                                            FormatCase{DType::Q4_0, WeightFormat::Q4_0, 160}, FormatCase{DType::Q4_K, WeightFormat::Q4_K, 768},
                                            FormatCase{DType::Q5_K, WeightFormat::Q5_K, 512}, FormatCase{DType::Q6_K, WeightFormat::Q6_K, 512},
-                                           FormatCase{DType::IQ4_XS, WeightFormat::IQ4_XS, 768},
+                                           FormatCase{DType::IQ4_XS, WeightFormat::IQ4_XS, 768}, FormatCase{DType::Q3_K, WeightFormat::Q3_K, 512},
                                            // float rows that are not whole 32-element chunks (stories260K's FFN is 172 wide)
                                            FormatCase{DType::F32, WeightFormat::F32, 172}, FormatCase{DType::F16, WeightFormat::F16, 37}),
                          [](const auto& info) { return std::string(dtype_name(info.param.dtype)) + "_" + std::to_string(info.param.cols); });
 
-// The integer GEMV (decode's Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0 and Q4_0 products, and batches past decode's in
+// The integer GEMV (decode's Q4_K, Q5_K, Q6_K, Q3_K, IQ4_XS, Q8_0 and Q4_0 products, and batches past decode's in
 // rounds): exact against the product with x quantized the same way on the host (blocks of 32,
 // scale max|x| / 127, round to nearest even), and within int8's rounding of the float product.
 TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
@@ -164,6 +164,7 @@ TEST(CudaKernels, IntegerGemvMatchesTheProductWithXInInt8) {
   };
   for (const Case& c : {Case{DType::Q4_K, WeightFormat::Q4_K, {256, 768, 2304}}, Case{DType::Q5_K, WeightFormat::Q5_K, {256, 768, 2304}},
                         Case{DType::Q6_K, WeightFormat::Q6_K, {256, 768, 2304}}, Case{DType::IQ4_XS, WeightFormat::IQ4_XS, {256, 768, 2304}},
+                        Case{DType::Q3_K, WeightFormat::Q3_K, {256, 768, 2304}},
                         Case{DType::Q8_0, WeightFormat::Q8_0, {96, 352, 2304}}, Case{DType::Q4_0, WeightFormat::Q4_0, {96, 352, 2304}}}) {
   const DType dtype = c.dtype;
   const WeightFormat format = c.format;
@@ -1002,7 +1003,7 @@ TEST(CudaModel, CodeModelsDecodeAsOnTheCpu) {
 }
 
 // Q4_K_M and Q5_K_M (Q4_K or Q5_K, and Q6_K for the tied output and some layers' attn_v and
-// ffn_down), Q3_K_M (Q3_K, loaded as Q6_K, with Q4_K and Q5_K) and IQ4_XS (its levels by table
+// ffn_down), Q3_K_M (Q3_K, with Q4_K and Q5_K) and IQ4_XS (its levels by table
 // lookup, the output Q6_K): decode's products go through the integer GEMV. (The CPU runs them
 // repacked, the GPU as the file stores them.)
 TEST(CudaModel, QuantizedMixesDecodeAsOnTheCpu) {

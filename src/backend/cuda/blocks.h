@@ -17,7 +17,7 @@ namespace promptly::backend::cuda {
 
 // The formats the device kernels decode (a subset of DType, numbered apart so that this header
 // needs nothing from the host-only code).
-enum class WeightFormat : int { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS };
+enum class WeightFormat : int { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS, Q3_K };
 
 PROMPTLY_HD std::uint16_t load_u16(const std::uint8_t* p) { return static_cast<std::uint16_t>(p[0] | (p[1] << 8)); }
 
@@ -71,6 +71,7 @@ PROMPTLY_HD FormatSize format_size(WeightFormat f) {
     case WeightFormat::Q5_K: return {256, 176};
     case WeightFormat::Q6_K: return {256, 210};
     case WeightFormat::IQ4_XS: return {256, 136};
+    case WeightFormat::Q3_K: return {256, 110};
   }
   return {32, 0};
 }
@@ -101,6 +102,13 @@ constexpr std::uint32_t kIQ4LevelsFrom0 = 0xbfad9881u, kIQ4LevelsFrom4 = 0xf6ead
 PROMPTLY_HD int iq4_level(int i) {
   const std::uint32_t word = i < 8 ? (i < 4 ? kIQ4LevelsFrom0 : kIQ4LevelsFrom4) : (i < 12 ? kIQ4LevelsFrom8 : kIQ4LevelsFrom12);
   return static_cast<std::int8_t>((word >> (8 * (i % 4))) & 0xffu);
+}
+
+// Q3_K sub-block j's (0..15) scale, -32..31, from its 12 packed bytes: the low 4 bits in the low
+// (j < 8) or high nibble of byte j % 8, the high 2 bits in bits 2 (j / 4) of byte 8 + j % 4.
+PROMPTLY_HD int q3k_scale_of(int j, const std::uint8_t* s) {
+  const int low = j < 8 ? s[j] & 0xf : s[j - 8] >> 4;
+  return (low | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
 }
 
 // IQ4_XS sub-block j's (0..7) scale, -32..31, from its block's bytes 2..7.
@@ -160,6 +168,17 @@ PROMPTLY_HD void decode_chunk(const std::uint8_t* row, int chunk, float* out) {
       const int q = (((ql[l] >> low_shift) & 0xf) | (((qh[l] >> high_shift) & 3) << 4)) - 32;
       out[l] = d * static_cast<float>(sc[l / 16]) * static_cast<float>(q);
     }
+  } else if constexpr (F == WeightFormat::Q3_K) {
+    // hmask (32 bytes), qs (64), scales (12), d: element 128h + 32c + l's low 2 bits in bits 2c of
+    // qs[32h + l], its third bit (clear: minus 4) in bit 4h + c of hmask[l]; a scale per 16.
+    const std::uint8_t* b = row + (chunk / 8) * 110;
+    const int j = chunk % 8, h = j / 4, c = j % 4;
+    const float d = half_to_float(load_u16(b + 108));
+    const float scale0 = d * static_cast<float>(q3k_scale_of(2 * j, b + 96)), scale1 = d * static_cast<float>(q3k_scale_of(2 * j + 1, b + 96));
+    for (int l = 0; l < 32; ++l) {
+      const int level = ((b[32 + 32 * h + l] >> (2 * c)) & 3) - (((b[l] >> (4 * h + c)) & 1) ? 0 : 4);
+      out[l] = (l < 16 ? scale0 : scale1) * static_cast<float>(level);
+    }
   } else if constexpr (F == WeightFormat::IQ4_XS) {
     const std::uint8_t* b = row + (chunk / 8) * 136;
     const int j = chunk % 8;
@@ -184,6 +203,7 @@ PROMPTLY_HD void decode_chunk(WeightFormat f, const std::uint8_t* row, int chunk
     case WeightFormat::Q5_K: decode_chunk<WeightFormat::Q5_K>(row, chunk, out); break;
     case WeightFormat::Q6_K: decode_chunk<WeightFormat::Q6_K>(row, chunk, out); break;
     case WeightFormat::IQ4_XS: decode_chunk<WeightFormat::IQ4_XS>(row, chunk, out); break;
+    case WeightFormat::Q3_K: decode_chunk<WeightFormat::Q3_K>(row, chunk, out); break;
   }
 }
 

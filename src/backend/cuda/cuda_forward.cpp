@@ -53,6 +53,7 @@ WeightFormat format_of(DType type, const std::string& what) {
     case DType::Q5_K: return WeightFormat::Q5_K;
     case DType::Q6_K: return WeightFormat::Q6_K;
     case DType::IQ4_XS: return WeightFormat::IQ4_XS;
+    case DType::Q3_K: return WeightFormat::Q3_K;
     default: break;
   }
   throw Error("--device cuda: " + what + " is stored as " + std::string(dtype_name(type)) +

@@ -415,10 +415,24 @@ __device__ __forceinline__ unsigned load_u32_2aligned(const std::uint8_t* p) {
   return static_cast<unsigned>(h[0]) | (static_cast<unsigned>(h[1]) << 16);
 }
 
+// A 32-element chunk's two 16-element scale groups against token t's x: levels v stored with
+// `offset` added (unsigned bytes, four to a word), so (v - offset) . x = v . x - offset sum(x), the
+// sums by dp4a against ones; returns sc0 * group 0's product + sc1 * group 1's.
+__device__ __forceinline__ int offset_pair_dot(const int (&v)[8], const XChunk& x, int offset, int sc0, int sc1) {
+  int dot0 = 0, dot1 = 0, sum0 = 0, sum1 = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    dot0 = __dp4a(v[i], x.w[i], dot0);
+    sum0 = __dp4a(0x01010101, x.w[i], sum0);
+    dot1 = __dp4a(v[i + 4], x.w[i + 4], dot1);
+    sum1 = __dp4a(0x01010101, x.w[i + 4], sum1);
+  }
+  return sc0 * (dot0 - offset * sum0) + sc1 * (dot1 - offset * sum1);
+}
+
 // The same for a Q6_K row: lane = (superblock lane / 8 of every 4, 32-element chunk j = lane % 8).
 // A chunk's 6-bit values v (q = v - 32) are rebuilt from its low and high bits once, in registers;
-// per token dp4a gives v . x and the sums of x over each 16-element scale group, and
-// (v - 32) . x = v . x - 32 sum(x).
+// per token dp4a gives v . x and the sums of x over each 16-element scale group (offset_pair_dot).
 __device__ __forceinline__ void q6k_row_q8(const std::uint8_t* wr, bool active, int cols, const std::int8_t* xq, const float2* xds, int T,
                                            float (&acc)[kGemvMaxTokens]) {
   const int lane = threadIdx.x % kWarp;
@@ -440,17 +454,35 @@ __device__ __forceinline__ void q6k_row_q8(const std::uint8_t* wr, bool active, 
 #pragma unroll
     for (int t = 0; t < kGemvMaxTokens; ++t) {
       if (t < T) {
-        const XChunk x = x_chunk(xq, t, cols, sb * 256 + j * 32);
-        int dot0 = 0, dot1 = 0, sum0 = 0, sum1 = 0;
+        const int dot = offset_pair_dot(v, x_chunk(xq, t, cols, sb * 256 + j * 32), 32, sc0, sc1);
+        acc[t] += d * xds[static_cast<std::size_t>(t) * x_blocks + sb * 8 + j].x * static_cast<float>(dot);
+      }
+    }
+  }
+}
+
+// The same for a Q3_K row, mapped as Q6_K's (a lane a 32-element chunk j = 32h + c of its
+// super-block): the chunk's levels + 4 (0..7) rebuilt once from qs (2 bits, shift 2c) and hmask
+// (bit 4h + c), in registers; offset_pair_dot with offset 4.
+__device__ __forceinline__ void q3k_row_q8(const std::uint8_t* wr, bool active, int cols, const std::int8_t* xq, const float2* xds, int T,
+                                           float (&acc)[kGemvMaxTokens]) {
+  const int lane = threadIdx.x % kWarp;
+  const int n_super = cols / 256, x_blocks = cols / 32, j = lane % 8, h = j / 4, c = j % 4;
+  for (int sb = lane / 8; active && sb < n_super; sb += kWarp / 8) {
+    const std::uint8_t* b = wr + static_cast<std::size_t>(sb) * 110;  // 2-aligned only
+    const int sc0 = q3k_scale_of(2 * j, b + 96), sc1 = q3k_scale_of(2 * j + 1, b + 96);
+    const float d = half_to_float(load_u16(b + 108));
+    int v[8];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          dot0 = __dp4a(v[i], x.w[i], dot0);
-          sum0 = __dp4a(0x01010101, x.w[i], sum0);
-          dot1 = __dp4a(v[i + 4], x.w[i + 4], dot1);
-          sum1 = __dp4a(0x01010101, x.w[i + 4], sum1);
-        }
-        const float dx = xds[static_cast<std::size_t>(t) * x_blocks + sb * 8 + j].x;
-        acc[t] += d * dx * static_cast<float>(sc0 * (dot0 - 32 * sum0) + sc1 * (dot1 - 32 * sum1));
+    for (int i = 0; i < 8; ++i) {
+      v[i] = static_cast<int>(((load_u32_2aligned(b + 32 + 32 * h + 4 * i) >> (2 * c)) & 0x03030303u) |
+                              (((load_u32_2aligned(b + 4 * i) >> (4 * h + c)) & 0x01010101u) << 2));
+    }
+#pragma unroll
+    for (int t = 0; t < kGemvMaxTokens; ++t) {
+      if (t < T) {
+        const int dot = offset_pair_dot(v, x_chunk(xq, t, cols, sb * 256 + j * 32), 4, sc0, sc1);
+        acc[t] += d * xds[static_cast<std::size_t>(t) * x_blocks + sb * 8 + j].x * static_cast<float>(dot);
       }
     }
   }
@@ -556,6 +588,7 @@ __device__ __forceinline__ GemvBlock gemv_q8_block(const GemvParts& parts, const
       case WeightFormat::Q5_K: q5k_row_q8(wr, active, cols, xq_at, xds_at, n, acc); break;
       case WeightFormat::Q6_K: q6k_row_q8(wr, active, cols, xq_at, xds_at, n, acc); break;
       case WeightFormat::IQ4_XS: iq4xs_row_q8(wr, active, cols, xq_at, xds_at, n, acc); break;
+      case WeightFormat::Q3_K: q3k_row_q8(wr, active, cols, xq_at, xds_at, n, acc); break;
       case WeightFormat::Q8_0: q8_0_or_q4_0_row_q8<WeightFormat::Q8_0>(wr, active, cols, xq_at, xds_at, n, acc); break;
       default: q8_0_or_q4_0_row_q8<WeightFormat::Q4_0>(wr, active, cols, xq_at, xds_at, n, acc); break;
     }
@@ -685,6 +718,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_experts_kernel(Expert
       case WeightFormat::Q5_K: q5k_row_q8(wr, active, g.cols, q, ds, 1, acc); break;
       case WeightFormat::Q6_K: q6k_row_q8(wr, active, g.cols, q, ds, 1, acc); break;
       case WeightFormat::IQ4_XS: iq4xs_row_q8(wr, active, g.cols, q, ds, 1, acc); break;
+      case WeightFormat::Q3_K: q3k_row_q8(wr, active, g.cols, q, ds, 1, acc); break;
       case WeightFormat::Q8_0: q8_0_or_q4_0_row_q8<WeightFormat::Q8_0>(wr, active, g.cols, q, ds, 1, acc); break;
       default: q8_0_or_q4_0_row_q8<WeightFormat::Q4_0>(wr, active, g.cols, q, ds, 1, acc); break;
     }
@@ -1475,6 +1509,7 @@ void gemv(const std::uint8_t* w, WeightFormat format, int rows, int cols, const 
     case WeightFormat::Q5_K: launch(gemv_kernel<WeightFormat::Q5_K>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
     case WeightFormat::Q6_K: launch(gemv_kernel<WeightFormat::Q6_K>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
     case WeightFormat::IQ4_XS: launch(gemv_kernel<WeightFormat::IQ4_XS>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
+    case WeightFormat::Q3_K: launch(gemv_kernel<WeightFormat::Q3_K>, grid, block, 0, stream, w, rows, cols, x, T, y); break;
   }
 }
 
@@ -1488,6 +1523,7 @@ bool gemv_q8_takes(WeightFormat format, int cols) {
     case WeightFormat::Q4_K:
     case WeightFormat::Q5_K:
     case WeightFormat::Q6_K:
+    case WeightFormat::Q3_K:
     case WeightFormat::IQ4_XS: return cols % 256 == 0;
     case WeightFormat::Q8_0:
     case WeightFormat::Q4_0: return cols % 32 == 0;
